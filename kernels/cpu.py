@@ -1,0 +1,207 @@
+"""CPU kernels (Numba ``njit``): batched copy, N-way reduce, scale and half casts.
+
+All kernels are compiled lazily on first use and cached on disk.  Loops run over
+blocks of ``_BLOCK`` elements so that an N-way reduce keeps its accumulator in
+L1 while it streams each source once.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ._lowlevel import as_voidptr, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
+from .base import HALF_KINDS, ReduceOp
+
+_BLOCK = 4096
+
+
+@njit(inline="always", cache=True)
+def _combine(a, b, op):
+    if op == 0:
+        return a + b
+    if op == 1:
+        return b if (b != b or b < a) else a  # nan propagates, like numpy.minimum
+    return b if (b != b or b > a) else a
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _copy_table(rows):
+    for r in prange(rows.shape[0]):
+        src, dst, nbytes = rows[r, 0], rows[r, 1], rows[r, 2]
+        if src % 8 == 0 and dst % 8 == 0:  # widest aligned word, then the tail
+            words = nbytes // 8
+            s8 = numba.carray(as_voidptr(src), words, np.uint64)
+            d8 = numba.carray(as_voidptr(dst), words, np.uint64)
+            for i in range(words):
+                d8[i] = s8[i]
+            done = words * 8
+        else:
+            done = 0
+        rest = nbytes - done
+        s1 = numba.carray(as_voidptr(src + done), rest, np.uint8)
+        d1 = numba.carray(as_voidptr(dst + done), rest, np.uint8)
+        for i in range(rest):
+            d1[i] = s1[i]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _scale_copy_table(rows, proto, factor):
+    for r in prange(rows.shape[0]):
+        n = rows[r, 2]
+        s = numba.carray(as_voidptr(rows[r, 0]), n, proto.dtype)
+        d = numba.carray(as_voidptr(rows[r, 1]), n, proto.dtype)
+        f = proto.dtype.type(factor)
+        for i in range(n):
+            d[i] = s[i] * f
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _scale_copy_table_half(rows, kind, factor):
+    f = np.float32(factor)
+    for r in prange(rows.shape[0]):
+        n = rows[r, 2]
+        s = numba.carray(as_voidptr(rows[r, 0]), n, np.uint16)
+        d = numba.carray(as_voidptr(rows[r, 1]), n, np.uint16)
+        if kind == 1:
+            for i in range(n):
+                d[i] = f32_to_f16(f16_to_f32(s[i]) * f)
+        else:
+            for i in range(n):
+                d[i] = f32_to_bf16(bf16_to_f32(s[i]) * f)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _reduce(out_addr, src_addrs, n, proto, op):
+    # The accumulator is a block-sized scratch (L1-resident) written to ``out`` last, so ``out``
+    # may alias any source: every source is read before any output element is written.
+    size = proto.itemsize
+    nblocks = (n + _BLOCK - 1) // _BLOCK
+    k = src_addrs.size
+    for b in prange(nblocks):
+        lo = b * _BLOCK
+        m = min(n, lo + _BLOCK) - lo
+        acc = np.empty(m, proto.dtype)
+        s0 = numba.carray(as_voidptr(src_addrs[0] + lo * size), m, proto.dtype)
+        if k == 1:
+            for i in range(m):
+                acc[i] = s0[i]
+        else:
+            s1 = numba.carray(as_voidptr(src_addrs[1] + lo * size), m, proto.dtype)
+            for i in range(m):
+                acc[i] = _combine(s0[i], s1[i], op)
+        for j in range(2, k):
+            sj = numba.carray(as_voidptr(src_addrs[j] + lo * size), m, proto.dtype)
+            for i in range(m):
+                acc[i] = _combine(acc[i], sj[i], op)
+        out = numba.carray(as_voidptr(out_addr + lo * size), m, proto.dtype)
+        for i in range(m):  # explicit loop: parfors may drop a slice store to a raw-pointer carray
+            out[i] = acc[i]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _reduce_half(out_addr, src_addrs, n, kind, op):
+    nblocks = (n + _BLOCK - 1) // _BLOCK
+    k = src_addrs.size
+    for b in prange(nblocks):
+        lo = b * _BLOCK
+        m = min(n, lo + _BLOCK) - lo
+        acc = np.empty(m, np.float32)
+        s0 = numba.carray(as_voidptr(src_addrs[0] + lo * 2), m, np.uint16)
+        for i in range(m):
+            acc[i] = f16_to_f32(s0[i]) if kind == 1 else bf16_to_f32(s0[i])
+        for j in range(1, k):
+            sj = numba.carray(as_voidptr(src_addrs[j] + lo * 2), m, np.uint16)
+            if kind == 1:
+                for i in range(m):
+                    acc[i] = _combine(acc[i], f16_to_f32(sj[i]), op)
+            else:
+                for i in range(m):
+                    acc[i] = _combine(acc[i], bf16_to_f32(sj[i]), op)
+        out = numba.carray(as_voidptr(out_addr + lo * 2), m, np.uint16)
+        if kind == 1:
+            for i in range(m):
+                out[i] = f32_to_f16(acc[i])
+        else:
+            for i in range(m):
+                out[i] = f32_to_bf16(acc[i])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _to_f32(src, dst, kind):
+    for i in prange(src.size):
+        dst[i] = f16_to_f32(src[i]) if kind == 1 else bf16_to_f32(src[i])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _from_f32(src, dst, kind):
+    for i in prange(src.size):
+        dst[i] = f32_to_f16(src[i]) if kind == 1 else f32_to_bf16(src[i])
+
+
+def _half_kind(dtype: np.dtype) -> int:
+    return HALF_KINDS.get(np.dtype(dtype).name, 0)
+
+
+def _as_rows(rows: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[1] != 3:
+        raise ValueError(f"copy table must have shape [rows, 3], got {rows.shape}")
+    return rows
+
+
+class CpuBackend:
+    """The Numba CPU implementation of :class:`kernels.base.KernelBackend`."""
+
+    name = "cpu"
+
+    def set_threads(self, n: int) -> None:
+        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+
+    def copy_table(self, rows: np.ndarray) -> None:
+        rows = _as_rows(rows)
+        if rows.shape[0]:
+            _copy_table(rows)
+
+    def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
+        rows = _as_rows(rows)
+        if not rows.shape[0]:
+            return
+        kind = _half_kind(dtype)
+        if kind:
+            _scale_copy_table_half(rows, kind, float(factor))
+        else:
+            _scale_copy_table(rows, np.empty(0, dtype), float(factor))
+
+    def reduce(self, out_addr: int, src_addrs: np.ndarray, count: int, dtype: np.dtype,
+               op: ReduceOp) -> None:
+        if count <= 0:
+            return
+        addrs = np.ascontiguousarray(src_addrs, dtype=np.intp)
+        if addrs.size == 0:
+            raise ValueError("reduce needs at least one source")
+        kind = _half_kind(dtype)
+        if kind:
+            _reduce_half(int(out_addr), addrs, int(count), kind, int(op))
+        else:
+            _reduce(int(out_addr), addrs, int(count), np.empty(0, dtype), int(op))
+
+    def scale(self, array: np.ndarray, factor: float) -> None:
+        if not array.flags.c_contiguous:
+            raise ValueError("scale needs a C-contiguous array")
+        n = array.size
+        if n:
+            row = np.array([[array.ctypes.data, array.ctypes.data, n]], np.int64)
+            self.scale_copy_table(row, array.dtype, factor)
+
+    def cast(self, src: np.ndarray, dst: np.ndarray) -> None:
+        if src.shape != dst.shape:
+            raise ValueError(f"cast shapes differ: {src.shape} vs {dst.shape}")
+        s, d = src.reshape(-1), dst.reshape(-1)
+        if d.dtype == np.float32 and _half_kind(s.dtype):
+            _to_f32(s.view(np.uint16), d, _half_kind(s.dtype))
+        elif s.dtype == np.float32 and _half_kind(d.dtype):
+            _from_f32(s, d.view(np.uint16), _half_kind(d.dtype))
+        else:
+            raise ValueError(f"cast supports float16/bfloat16 <-> float32, not {s.dtype} -> {d.dtype}")

@@ -1,0 +1,80 @@
+"""The one reader of ``TUNELAB_*`` environment variables.
+
+Precedence: explicit arguments (CLI, API) > scenario file > environment > defaults.
+Every knob ``k`` has the variable ``TUNELAB_<K>`` (e.g. ``TUNELAB_FUSION_THRESHOLD_BYTES=64MiB``).
+Knobs set explicitly anywhere are *pinned*: the tuner leaves them alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .knobs import SPECS, Knobs
+
+ENV_PREFIX = "TUNELAB_"
+ENV_RANKS_PER_NODE = "TUNELAB_RANKS_PER_NODE"
+ENV_TIMEOUT_S = "TUNELAB_TIMEOUT_S"
+ENV_BACKEND = "TUNELAB_KERNEL_BACKEND"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    knobs: Knobs = field(default_factory=Knobs)
+    ranks_per_node: int | None = None  # emulate nodes of this many ranks (None: real hosts)
+    timeout_s: float = 60.0            # how long a rank waits for the others before failing
+    backend: str = "cpu"
+    pinned: frozenset[str] = frozenset()
+
+
+def env_knobs(environ: Mapping[str, str]) -> dict[str, str]:
+    """Knob values found in ``environ`` as raw strings (validated by ``Knobs``)."""
+    return {name: environ[ENV_PREFIX + name.upper()] for name in SPECS
+            if ENV_PREFIX + name.upper() in environ}
+
+
+def load_engine_config(environ: Mapping[str, str] | None = None,
+                       scenario: Mapping[str, object] | None = None,
+                       **explicit: object) -> EngineConfig:
+    """Merge defaults, environment, scenario and explicit values (``None`` means unset)."""
+    env = os.environ if environ is None else environ
+    layers: list[Mapping[str, object]] = [_env_layer(env), scenario or {},
+                                          {k: v for k, v in explicit.items() if v is not None}]
+    merged: dict[str, object] = {}
+    for layer in layers:
+        merged.update(layer)
+    knob_values = {k: v for k, v in merged.items() if k in SPECS}
+    other = {k: v for k, v in merged.items() if k not in SPECS}
+    unknown = set(other) - {"ranks_per_node", "timeout_s", "backend"}
+    if unknown:
+        raise ValueError(f"unknown engine setting {sorted(unknown)[0]!r}")
+    rpn = other.get("ranks_per_node")
+    if rpn is not None:
+        rpn = _positive_int("ranks_per_node", rpn)
+    timeout = float(other.get("timeout_s", 60.0))  # type: ignore[arg-type]
+    if timeout <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout}")
+    return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
+                        backend=str(other.get("backend", "cpu")), pinned=frozenset(knob_values))
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
+    layer: dict[str, object] = dict(env_knobs(environ))
+    if ENV_RANKS_PER_NODE in environ:
+        layer["ranks_per_node"] = environ[ENV_RANKS_PER_NODE]
+    if ENV_TIMEOUT_S in environ:
+        layer["timeout_s"] = environ[ENV_TIMEOUT_S]
+    if ENV_BACKEND in environ:
+        layer["backend"] = environ[ENV_BACKEND]
+    return layer
+
+
+def _positive_int(name: str, value: object) -> int:
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number

@@ -1,0 +1,1 @@
+"""The collective engine: topology, transports, fusion and allreduce algorithms."""

@@ -1,0 +1,93 @@
+"""Rank agreement before any data moves.
+
+Each collective call hashes what this rank submitted (op, dtypes, shapes,
+groups).  A non-blocking allreduce of (hash, -hash) with MAX tells every rank at
+once whether all hashes are equal; it is polled against a deadline, so a rank
+that died or skipped the call produces an error instead of a hang.  On a
+mismatch every rank gathers the descriptions and raises the same message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..dtypes import dtype_name_from_code
+from ..errors import CollectiveTimeoutError, RankMismatchError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+_SPIN_TESTS = 200
+
+
+def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.asarray(header, dtype=np.int64).tobytes())
+    for row in rows:
+        h.update(np.asarray(row, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return int.from_bytes(h.digest(), "little") >> 1  # non-negative int63
+
+
+def wait_or_timeout(req: "MPI.Request", timeout_s: float, what: str, rank: int) -> None:
+    """Wait for ``req``; CollectiveTimeoutError after ``timeout_s``.  Spins briefly, then sleeps."""
+    if req.Test():
+        return
+    deadline = time.monotonic() + timeout_s
+    tests = 0
+    while not req.Test():
+        tests += 1
+        if tests > _SPIN_TESTS:
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(
+                    f"rank {rank}: other ranks did not reach {what} within {timeout_s:g} s "
+                    "(a rank died, stalled, or skipped the call)")
+            time.sleep(0.0002)
+
+
+def agree(comm: "MPI.Comm", header: tuple[int, ...], rows: list[tuple[int, ...]],
+          timeout_s: float, what: str) -> None:
+    """Raise RankMismatchError on every rank unless all ranks passed the same header and rows."""
+    from mpi4py import MPI
+
+    digest = signature_hash(header, rows)
+    send = np.array([digest, -digest], dtype=np.int64)
+    recv = np.empty(2, dtype=np.int64)
+    wait_or_timeout(comm.Iallreduce(send, recv, op=MPI.MAX), timeout_s, what, comm.rank)
+    if recv[0] == -recv[1]:
+        return
+    everyone = comm.allgather((header, rows))
+    raise RankMismatchError(f"ranks disagree on {what}: {describe_mismatch(everyone)}")
+
+
+def describe_mismatch(everyone: list[tuple[tuple[int, ...], list[tuple[int, ...]]]]) -> str:
+    """One line naming the first differing item and what each rank submitted there."""
+    headers = [h for h, _ in everyone]
+    if len(set(headers)) > 1:
+        return _by_rank("op/kind", [str(h) for h in headers])
+    counts = [len(rows) for _, rows in everyone]
+    if len(set(counts)) > 1:
+        return _by_rank("number of tensors", [str(c) for c in counts])
+    for i in range(counts[0]):
+        items = [rows[i] for _, rows in everyone]
+        if len(set(items)) > 1:
+            return _by_rank(f"tensor {i}", [_describe_row(r) for r in items])
+    return "signatures differ"
+
+
+def _describe_row(row: tuple[int, ...]) -> str:
+    code, group, *shape = row
+    grp = "" if group < 0 else f" group {group}"
+    return f"{dtype_name_from_code(code)}{list(shape)}{grp}"
+
+
+def _by_rank(label: str, values: list[str]) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        groups.setdefault(value, []).append(rank)
+    parts = [f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r))}: {v}" for v, r in groups.items()]
+    return f"{label} differs ({'; '.join(parts)})"

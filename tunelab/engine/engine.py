@@ -1,0 +1,219 @@
+"""The synchronous allreduce engine: agreement, fusion planning, and the two data paths.
+
+* shared memory (ranks of one node, and the node-local stages of hierarchical):
+  every rank packs a piece of the bucket into its own shared segment; rank r
+  reduces shard r of that piece straight from all peers' segments (in rank
+  order, so results never depend on how the bucket was cut); with
+  ``hierarchical`` the shard then goes round the cross-node MPI ring; finally
+  every rank unpacks all shards from their owners' segments (applying the
+  average's scale while it copies).
+* MPI ring (several nodes, ``hierarchical`` off): pack into a fusion buffer,
+  ring allreduce over the world communicator, unpack.
+
+All ranks must make the same calls in the same order (a mismatch is detected
+and reported on every rank before any data moves).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..kernels import ReduceOp, get_backend
+
+from ..config import EngineConfig, load_engine_config
+from ..dtypes import dtype_code, is_floating
+from ..errors import TopologyError
+from ..knobs import Knobs
+from .consensus import agree
+from .fusion import Bucket, Entry, Layout, plan_buckets
+from .mpi_ring import RingAllreduce
+from .shm import SharedArena
+from .topology import build_topology
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
+       "min": (ReduceOp.MIN, False), "max": (ReduceOp.MAX, False)}
+_OP_CODES = {name: i for i, name in enumerate(OPS)}
+_PLAN_CACHE_SIZE = 256
+
+
+def _op(op: str) -> tuple[str, ReduceOp, bool]:
+    name = {"avg": "average", "mean": "average"}.get(op, op)
+    if name not in OPS:
+        raise ValueError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
+    return (name, *OPS[name])
+
+
+class Engine:
+    """Allreduce engine for the ranks of ``comm`` (default: MPI.COMM_WORLD).  Collective to create."""
+
+    def __init__(self, comm: "MPI.Comm | None" = None, config: EngineConfig | None = None) -> None:
+        from mpi4py import MPI
+
+        self.config = config or load_engine_config()
+        self.topology = build_topology(comm or MPI.COMM_WORLD, self.config.ranks_per_node)
+        self.kernels = get_backend(self.config.backend)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self.kernels.set_threads(max(1, (cores or 1) // self.topology.host_size))
+        self.arena = SharedArena(self.topology.local)
+        self._ring_world = RingAllreduce(self.topology.world, self.kernels)
+        self._ring_cross = RingAllreduce(self.topology.cross, self.kernels)
+        self._fusion = np.empty(0, dtype=np.uint8)
+        self._plans: dict[tuple, list[Bucket]] = {}
+        self._calls = 0
+        self._knobs = Knobs()
+        self.set_knobs(self.config.knobs)
+
+    # ---- knobs -------------------------------------------------------------------------------
+    @property
+    def knobs(self) -> Knobs:
+        return self._knobs
+
+    def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
+        """Apply new knobs now.  Every rank must call this at the same point with the same value."""
+        new = (knobs or self._knobs).replace(**changes) if changes else (knobs or self._knobs)
+        topo = self.topology
+        if new.hierarchical and topo.num_nodes > 1 and not topo.homogeneous:
+            raise TopologyError("hierarchical allreduce needs the same number of ranks on every node, "
+                                f"got {list(topo.node_sizes)}")
+        self._knobs = new
+        return new
+
+    # ---- collectives -------------------------------------------------------------------------
+    def allreduce(self, tensor: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        """Allreduce one array.  Out-of-place by default; ``out=tensor`` reduces in place."""
+        return self.allreduce_batch([tensor], op, None if out is None else [out])[0]
+
+    def grouped_allreduce(self, tensors: Sequence[np.ndarray], op: str = "sum",
+                          outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Allreduce a list as one group: it is planned as a unit, and without group fusion it never
+        shares a fusion buffer with other tensors, so its results are bitwise reproducible."""
+        return self.allreduce_batch(tensors, op, outs, groups=[0] * len(tensors))
+
+    def allreduce_batch(self, tensors: Sequence[np.ndarray], op: str = "sum",
+                        outs: Sequence[np.ndarray] | None = None,
+                        groups: Sequence[int | None] | None = None) -> list[np.ndarray]:
+        """Allreduce many arrays at once, fused into buffers of at most ``fusion_threshold_bytes``."""
+        name, kop, average = _op(op)
+        arrays = [np.asarray(t) for t in tensors]
+        outs_ = _check_outs(arrays, outs)
+        groups_ = list(groups) if groups is not None else [None] * len(arrays)
+        if len(groups_) != len(arrays):
+            raise ValueError(f"{len(groups_)} group ids for {len(arrays)} tensors")
+        rows = [(_safe_code(a.dtype), -1 if g is None else int(g), *a.shape) for a, g in zip(arrays, groups_)]
+        self._calls += 1
+        agree(self.topology.world, (_OP_CODES[name], len(arrays)), rows,
+              self.config.timeout_s, f"allreduce call #{self._calls}")
+        for a in arrays:
+            dtype_code(a.dtype)  # same verdict on every rank: the dtypes were just agreed
+            if average and not is_floating(a.dtype):
+                raise TypeError(f"average needs a floating dtype, got {a.dtype.name}; use sum")
+        factor = 1.0 / self.topology.size if average else 1.0
+        for bucket in self._plan(arrays, groups_, rows):
+            srcs = [np.ascontiguousarray(arrays[i]).reshape(-1) for i in bucket.indices]
+            dsts = [outs_[i].reshape(-1) for i in bucket.indices]
+            self._run(Layout(srcs, dsts), kop, factor)
+        return outs_
+
+    def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
+        k = self._knobs
+        key = (tuple(rows), k.fusion_threshold_bytes, k.group_fusion)
+        plan = self._plans.get(key)
+        if plan is None:
+            entries = [Entry(a.nbytes, a.dtype.name, g) for a, g in zip(arrays, groups)]
+            plan = plan_buckets(entries, k.fusion_threshold_bytes, k.group_fusion)
+            if len(self._plans) >= _PLAN_CACHE_SIZE:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    # ---- data paths --------------------------------------------------------------------------
+    def _run(self, layout: Layout, op: ReduceOp, factor: float) -> None:
+        if layout.count == 0:
+            return
+        topo = self.topology
+        if topo.num_nodes == 1 or self._knobs.hierarchical:
+            self._shared_memory(layout, op, factor, cross=topo.num_nodes > 1)
+        else:
+            self._flat_ring(layout, op, factor)
+
+    def _shared_memory(self, layout: Layout, op: ReduceOp, factor: float, cross: bool) -> None:
+        isz, dtype = layout.itemsize, layout.dtype
+        local, me, nloc = self.topology.local, self.topology.local_rank, self.topology.local_size
+        piece = max(1, min(self._knobs.segment_bytes // isz, layout.count))
+        self.arena.ensure(piece * isz)
+        for p0 in range(0, layout.count, piece):
+            m = min(layout.count, p0 + piece) - p0
+            parity = self.arena.parity
+            addrs = self.arena.half_addrs(parity)
+            self.kernels.copy_table(_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
+            local.Barrier()
+            lo, hi = m * me // nloc, m * (me + 1) // nloc
+            if hi > lo:
+                self.kernels.reduce(int(addrs[me]) + lo * isz, addrs + lo * isz, hi - lo, dtype, op)
+                if cross:
+                    shard = self.arena.half(me, parity)[lo * isz:hi * isz].view(dtype)
+                    self._ring_cross(shard, op, self._knobs.segment_bytes)
+            local.Barrier()
+            parts = [layout.unpack_rows(p0 + m * q // nloc, p0 + m * (q + 1) // nloc,
+                                        int(addrs[q]) + (m * q // nloc) * isz) for q in range(nloc)]
+            self._unpack(np.concatenate(parts), dtype, factor)
+            self.arena.parity ^= 1
+
+    def _flat_ring(self, layout: Layout, op: ReduceOp, factor: float) -> None:
+        isz, nbytes = layout.itemsize, layout.count * layout.itemsize
+        if self._fusion.size < nbytes:
+            self._fusion = np.empty(nbytes, dtype=np.uint8)
+        buf = self._fusion[:nbytes].view(layout.dtype)
+        self.kernels.copy_table(_bytes(layout.pack_rows(0, layout.count, buf.ctypes.data), isz))
+        self._ring_world(buf, op, self._knobs.segment_bytes)
+        self._unpack(layout.unpack_rows(0, layout.count, buf.ctypes.data), layout.dtype, factor)
+
+    def _unpack(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
+        if factor == 1.0:
+            self.kernels.copy_table(_bytes(rows, dtype.itemsize))
+        else:
+            self.kernels.scale_copy_table(rows, dtype, factor)
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        self.arena.free()
+        self.topology.free()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _bytes(rows: np.ndarray, itemsize: int) -> np.ndarray:
+    out = rows.copy()
+    out[:, 2] *= itemsize
+    return out
+
+
+def _safe_code(dtype: np.dtype) -> int:
+    try:
+        return dtype_code(dtype)
+    except TypeError:
+        return 0  # agreed like any other code; rejected on every rank after agreement
+
+
+def _check_outs(arrays: list[np.ndarray], outs: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+    if outs is None:
+        return [np.empty_like(a, order="C") for a in arrays]
+    if len(outs) != len(arrays):
+        raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
+    for i, (a, o) in enumerate(zip(arrays, outs)):
+        if not isinstance(o, np.ndarray) or o.shape != a.shape or o.dtype != a.dtype:
+            raise ValueError(f"output {i} must be an array of shape {a.shape} and dtype {a.dtype}")
+        if not o.flags.c_contiguous or not o.flags.writeable:
+            raise ValueError(f"output {i} must be C-contiguous and writeable")
+    return list(outs)

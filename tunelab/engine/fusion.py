@@ -1,0 +1,97 @@
+"""Fusion planning and bucket layouts.
+
+``plan_buckets`` is pure: the same entries and knobs give the same buckets on
+every rank.  Tensors are packed in submission order into one open buffer per
+dtype (dtype look-ahead: an interleaved fp16/fp32 sequence still fills one fp16
+and one fp32 buffer); a buffer closes when the next tensor would push it past
+the threshold.  Without group fusion, a bucket never mixes tensors of different
+groups (nor grouped with ungrouped ones), so grouped results do not depend on
+what else was in flight.
+
+``Layout`` maps element ranges of a bucket onto its tensors' memory and emits
+the (src, dst, count) tables the kernels consume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Entry:
+    nbytes: int
+    dtype: str
+    group: int | None = None
+
+
+@dataclass(frozen=True)
+class Bucket:
+    dtype: str
+    indices: tuple[int, ...]
+    nbytes: int
+
+
+def plan_buckets(entries: Sequence[Entry], threshold_bytes: int, group_fusion: bool) -> list[Bucket]:
+    """Split ``entries`` into fusion buckets (ordered by their first entry)."""
+    domains: dict[object, list[int]] = {}
+    for i, e in enumerate(entries):
+        key = "all" if group_fusion else ("group", e.group)
+        domains.setdefault(key, []).append(i)
+    buckets: list[Bucket] = []
+    for members in domains.values():
+        buckets.extend(_fill(entries, members, threshold_bytes))
+    buckets.sort(key=lambda b: b.indices[0])
+    return buckets
+
+
+def _fill(entries: Sequence[Entry], members: list[int], threshold: int) -> list[Bucket]:
+    done: list[Bucket] = []
+    open_: dict[str, tuple[list[int], int]] = {}
+    for i in members:
+        e = entries[i]
+        idx, size = open_.get(e.dtype, ([], 0))
+        if idx and size + e.nbytes > threshold:
+            done.append(Bucket(e.dtype, tuple(idx), size))
+            idx, size = [], 0
+        idx.append(i)
+        open_[e.dtype] = (idx, size + e.nbytes)
+    done.extend(Bucket(dt, tuple(idx), size) for dt, (idx, size) in open_.items() if idx)
+    return done
+
+
+class Layout:
+    """A bucket: tensors ``srcs`` (read) and ``dsts`` (written), flat, C-contiguous, one dtype."""
+
+    def __init__(self, srcs: Sequence[np.ndarray], dsts: Sequence[np.ndarray]) -> None:
+        self.dtype = srcs[0].dtype
+        self.itemsize = self.dtype.itemsize
+        counts = np.array([a.size for a in srcs], dtype=np.int64)
+        self.ends = np.cumsum(counts)
+        self.starts = self.ends - counts
+        self.count = int(self.ends[-1]) if len(counts) else 0
+        self.src_addrs = np.array([a.ctypes.data for a in srcs], dtype=np.int64)
+        self.dst_addrs = np.array([a.ctypes.data for a in dsts], dtype=np.int64)
+        self.single = len(srcs) == 1
+
+    def _rows(self, lo: int, hi: int, buf_addr: int, tensor_addrs: np.ndarray,
+              to_buffer: bool) -> np.ndarray:
+        first = int(np.searchsorted(self.ends, lo, side="right"))
+        last = int(np.searchsorted(self.starts, hi, side="left"))
+        starts, ends = self.starts[first:last], self.ends[first:last]
+        s = np.maximum(starts, lo)
+        n = np.minimum(ends, hi) - s
+        tensor = tensor_addrs[first:last] + (s - starts) * self.itemsize
+        buf = buf_addr + (s - lo) * self.itemsize
+        rows = np.stack([tensor, buf, n] if to_buffer else [buf, tensor, n], axis=1)
+        return rows[n > 0]
+
+    def pack_rows(self, lo: int, hi: int, buf_addr: int) -> np.ndarray:
+        """Rows copying bucket elements [lo, hi) from the sources into a buffer at ``buf_addr``."""
+        return self._rows(lo, hi, buf_addr, self.src_addrs, to_buffer=True)
+
+    def unpack_rows(self, lo: int, hi: int, buf_addr: int) -> np.ndarray:
+        """Rows copying bucket elements [lo, hi) from a buffer at ``buf_addr`` to the destinations."""
+        return self._rows(lo, hi, buf_addr, self.dst_addrs, to_buffer=False)

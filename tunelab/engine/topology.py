@@ -1,0 +1,99 @@
+"""Who is where: world, node-local and cross-node communicators.
+
+A *node* is a set of ranks that share memory.  Real nodes come from
+``MPI.COMM_TYPE_SHARED``; ``ranks_per_node=K`` splits each real node further into
+emulated nodes of K ranks (which still share memory), so several "nodes" can be
+tested on one host.  Traffic between emulated nodes goes through MPI, as it
+would between hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import TopologyError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+@dataclass
+class Topology:
+    world: "MPI.Comm"      # private duplicate of the user's communicator
+    local: "MPI.Comm"      # ranks of this (possibly emulated) node, sharing memory
+    cross: "MPI.Comm"      # one rank per node: those with this rank's local rank
+    host_size: int         # ranks on this real host (they share its cores)
+    node_sizes: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def size(self) -> int:
+        return self.world.size
+
+    @property
+    def local_rank(self) -> int:
+        return self.local.rank
+
+    @property
+    def local_size(self) -> int:
+        return self.local.size
+
+    @property
+    def cross_rank(self) -> int:
+        return self.cross.rank
+
+    @property
+    def cross_size(self) -> int:
+        return self.cross.size
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_sizes)
+
+    @property
+    def homogeneous(self) -> bool:
+        return len(set(self.node_sizes)) == 1
+
+    def free(self) -> None:
+        for comm in (self.cross, self.local, self.world):
+            comm.Free()
+
+
+def build_topology(comm: "MPI.Comm", ranks_per_node: int | None = None) -> Topology:
+    """Split ``comm`` into nodes; collective over ``comm``.  Raises TopologyError on every rank
+    when ``ranks_per_node`` does not fit (never on some ranks only)."""
+    from mpi4py import MPI
+
+    world = comm.Dup()
+    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+    problem = ""
+    if ranks_per_node is not None and ranks_per_node < 1:
+        problem = f"ranks_per_node must be >= 1, got {ranks_per_node}"
+    elif ranks_per_node is not None and ranks_per_node > host.size:
+        problem = (f"ranks_per_node={ranks_per_node} but only {host.size} ranks share host "
+                   f"{MPI.Get_processor_name()}")
+    problems = [p for p in world.allgather(problem) if p]
+    if problems:
+        host.Free()
+        world.Free()
+        raise TopologyError(problems[0])
+    if ranks_per_node is None:
+        local = host.Dup()
+    else:
+        local = host.Split(color=host.rank // ranks_per_node, key=host.rank)
+    host_size = host.size
+    host.Free()
+    # Number nodes by their lowest world rank so every rank sees the same order.
+    leaders = world.allgather(local.allreduce(world.rank, op=MPI.MIN))
+    order = sorted(set(leaders))
+    node_index = order.index(leaders[world.rank])
+    cross = world.Split(color=local.rank, key=node_index)
+    sizes = [0] * len(order)
+    for leader in leaders:
+        sizes[order.index(leader)] += 1
+    return Topology(world=world, local=local, cross=cross, host_size=host_size,
+                    node_sizes=tuple(sizes))

@@ -1,0 +1,17 @@
+"""Exceptions tunelab raises.  Each carries a one-line message fit for a CLI error."""
+
+
+class TunelabError(Exception):
+    """Base class for tunelab errors."""
+
+
+class RankMismatchError(TunelabError):
+    """Ranks submitted different shapes, dtypes or ops for the same collective."""
+
+
+class CollectiveTimeoutError(TunelabError):
+    """A rank did not reach a collective within the timeout (dead, stalled or skipped)."""
+
+
+class TopologyError(TunelabError):
+    """The requested node layout or algorithm does not fit the ranks that were launched."""

@@ -1,0 +1,100 @@
+"""The engine's live knobs: one frozen value, validated, with the search space the tuner explores.
+
+Units are in the names.  ``Knobs()`` are the defaults; ``knobs.replace(x=...)``
+returns a validated copy; an invalid value raises ``ValueError`` naming the knob
+and its allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .units import format_size, parse_size
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    name: str
+    kind: type  # int, float or bool
+    low: float | None
+    high: float | None
+    help: str
+
+    def describe_range(self) -> str:
+        if self.kind is bool:
+            return "true or false"
+        if self.name.endswith("_bytes"):
+            return f"{format_size(int(self.low))} .. {format_size(int(self.high))}"
+        return f"{self.low:g} .. {self.high:g}"
+
+
+SPECS: dict[str, KnobSpec] = {s.name: s for s in (
+    KnobSpec("fusion_threshold_bytes", int, 0, 1 << 30,
+             "largest fusion buffer; tensors are packed into buffers up to this size (0 = no fusion)"),
+    KnobSpec("cycle_time_ms", float, 0.05, 1000.0,
+             "how often the background coordinator negotiates ready tensors"),
+    KnobSpec("hierarchical", bool, None, None,
+             "local reduce-scatter, cross-node allreduce of shards, local allgather"),
+    KnobSpec("group_fusion", bool, None, None,
+             "let different groups (and ungrouped tensors) share a fusion buffer"),
+    KnobSpec("segment_bytes", int, 4096, 256 * MiB,
+             "pipeline piece: shared-memory staging size and MPI ring message size"),
+)}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    fusion_threshold_bytes: int = 64 * MiB
+    cycle_time_ms: float = 1.0
+    hierarchical: bool = False
+    group_fusion: bool = True
+    segment_bytes: int = 4 * MiB
+
+    def __post_init__(self) -> None:
+        for spec in SPECS.values():
+            object.__setattr__(self, spec.name, _validate(spec, getattr(self, spec.name)))
+
+    def replace(self, **changes: object) -> "Knobs":
+        unknown = set(changes) - set(SPECS)
+        if unknown:
+            raise ValueError(f"unknown knob {sorted(unknown)[0]!r}; knobs are {', '.join(SPECS)}")
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _validate(spec: KnobSpec, value: object) -> object:
+    if spec.kind is bool:
+        if isinstance(value, str):
+            value = parse_bool(spec.name, value)
+        if not isinstance(value, bool):
+            raise ValueError(f"knob {spec.name} must be {spec.describe_range()}, got {value!r}")
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"knob {spec.name} must be a number in {spec.describe_range()}, got {value!r}")
+    try:
+        if spec.kind is int:
+            number: float = parse_size(value) if isinstance(value, str) else int(value)
+            if number != value and not isinstance(value, str):
+                raise ValueError
+        else:
+            number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"knob {spec.name} must be a number in {spec.describe_range()}, "
+                         f"got {value!r}") from None
+    if not (spec.low <= number <= spec.high):  # type: ignore[operator]
+        raise ValueError(f"knob {spec.name}={value!r} is out of range {spec.describe_range()}")
+    return number
+
+
+def parse_bool(name: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"knob {name} must be true or false, got {text!r}")
