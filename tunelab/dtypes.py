@@ -27,9 +27,17 @@ def dtype_from_name(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+_CODE_BY_DTYPE: dict[np.dtype, int] = {}
+
+
 def dtype_code(dtype: np.dtype) -> int:
     """Stable small integer for ``dtype``; TypeError for types the engine does not reduce."""
+    code = _CODE_BY_DTYPE.get(dtype)
+    if code is not None:
+        return code
     code = _CODES.get(np.dtype(dtype).name)
+    if code is not None:
+        _CODE_BY_DTYPE[dtype] = code
     if code is None:
         raise TypeError(f"tunelab cannot reduce dtype {np.dtype(dtype).name}; "
                         f"supported: {', '.join(_NAMES)}")
@@ -40,5 +48,8 @@ def dtype_name_from_code(code: int) -> str:
     return _NAMES[code - 1] if 1 <= code <= len(_NAMES) else f"?{code}"
 
 
+FLOAT_CODES = frozenset(_CODES[n] for n in ("float16", "bfloat16", "float32", "float64"))
+
+
 def is_floating(dtype: np.dtype) -> bool:
-    return np.dtype(dtype).name in ("float16", "bfloat16", "float32", "float64")
+    return _CODES.get(np.dtype(dtype).name) in FLOAT_CODES

@@ -9,7 +9,6 @@ mismatch every rank gathers the descriptions and raises the same message.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import TYPE_CHECKING
 
@@ -21,16 +20,15 @@ from ..errors import CollectiveTimeoutError, RankMismatchError
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from .shm import NodeBarrier
+
 _SPIN_TESTS = 200
 
 
 def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
-    h = hashlib.blake2b(digest_size=8)
-    h.update(np.asarray(header, dtype=np.int64).tobytes())
-    for row in rows:
-        h.update(np.asarray(row, dtype=np.int64).tobytes())
-        h.update(b"|")
-    return int.from_bytes(h.digest(), "little") >> 1  # non-negative int63
+    """A non-negative int63 digest.  Python hashes tuples of ints the same way in every process
+    (PYTHONHASHSEED only salts str and bytes), so ranks can compare digests."""
+    return hash((header, tuple(rows))) & 0x3FFF_FFFF_FFFF_FFFF
 
 
 def wait_or_timeout(req: "MPI.Request", timeout_s: float, what: str, rank: int) -> None:
@@ -49,26 +47,41 @@ def wait_or_timeout(req: "MPI.Request", timeout_s: float, what: str, rank: int) 
             time.sleep(0.0002)
 
 
+HeaderLabels = tuple[tuple[str, "tuple[str, ...] | None"], ...]
+
+
 def agree(comm: "MPI.Comm", header: tuple[int, ...], rows: list[tuple[int, ...]],
-          timeout_s: float, what: str) -> None:
-    """Raise RankMismatchError on every rank unless all ranks passed the same header and rows."""
-    from mpi4py import MPI
-
+          timeout_s: float, what: str, labels: HeaderLabels = (),
+          node_barrier: "NodeBarrier | None" = None) -> None:
+    """Raise RankMismatchError on every rank unless all ranks passed the same header and rows.
+    ``labels`` name the header fields (and optionally the names of their integer values).
+    With ``node_barrier`` (all of ``comm`` on one node) digests travel through shared memory."""
     digest = signature_hash(header, rows)
-    send = np.array([digest, -digest], dtype=np.int64)
-    recv = np.empty(2, dtype=np.int64)
-    wait_or_timeout(comm.Iallreduce(send, recv, op=MPI.MAX), timeout_s, what, comm.rank)
-    if recv[0] == -recv[1]:
-        return
+    if node_barrier is not None:
+        digests = node_barrier.wait(digest, what)
+        if len(set(digests)) == 1:  # type: ignore[arg-type]
+            return
+    else:
+        from mpi4py import MPI
+
+        send = np.array([digest, -digest], dtype=np.int64)
+        recv = np.empty(2, dtype=np.int64)
+        wait_or_timeout(comm.Iallreduce(send, recv, op=MPI.MAX), timeout_s, what, comm.rank)
+        if recv[0] == -recv[1]:
+            return
     everyone = comm.allgather((header, rows))
-    raise RankMismatchError(f"ranks disagree on {what}: {describe_mismatch(everyone)}")
+    raise RankMismatchError(f"ranks disagree on {what}: {describe_mismatch(everyone, labels)}")
 
 
-def describe_mismatch(everyone: list[tuple[tuple[int, ...], list[tuple[int, ...]]]]) -> str:
+def describe_mismatch(everyone: list[tuple[tuple[int, ...], list[tuple[int, ...]]]],
+                      labels: HeaderLabels = ()) -> str:
     """One line naming the first differing item and what each rank submitted there."""
     headers = [h for h, _ in everyone]
-    if len(set(headers)) > 1:
-        return _by_rank("op/kind", [str(h) for h in headers])
+    for i in range(len(headers[0])):
+        values = [h[i] for h in headers]
+        if len(set(values)) > 1:
+            label, names = labels[i] if i < len(labels) else (f"header field {i}", None)
+            return _by_rank(label, [names[v] if names and 0 <= v < len(names) else str(v) for v in values])
     counts = [len(rows) for _, rows in everyone]
     if len(set(counts)) > 1:
         return _by_rank("number of tensors", [str(c) for c in counts])

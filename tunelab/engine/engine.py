@@ -25,13 +25,13 @@ import numpy as np
 from ..kernels import ReduceOp, get_backend
 
 from ..config import EngineConfig, load_engine_config
-from ..dtypes import dtype_code, is_floating
+from ..dtypes import FLOAT_CODES, dtype_code
 from ..errors import TopologyError
 from ..knobs import Knobs
 from .consensus import agree
 from .fusion import Bucket, Entry, Layout, plan_buckets
 from .mpi_ring import RingAllreduce
-from .shm import SharedArena
+from .shm import NodeBarrier, SharedArena
 from .topology import build_topology
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
        "min": (ReduceOp.MIN, False), "max": (ReduceOp.MAX, False)}
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
+_HEADER_LABELS = (("op", tuple(OPS)), ("number of tensors", None))
 _PLAN_CACHE_SIZE = 256
 
 
@@ -62,6 +63,7 @@ class Engine:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         self.kernels.set_threads(max(1, (cores or 1) // self.topology.host_size))
         self.arena = SharedArena(self.topology.local)
+        self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s)
         self._ring_world = RingAllreduce(self.topology.world, self.kernels)
         self._ring_cross = RingAllreduce(self.topology.cross, self.kernels)
         self._fusion = np.empty(0, dtype=np.uint8)
@@ -109,16 +111,19 @@ class Engine:
         rows = [(_safe_code(a.dtype), -1 if g is None else int(g), *a.shape) for a, g in zip(arrays, groups_)]
         self._calls += 1
         agree(self.topology.world, (_OP_CODES[name], len(arrays)), rows,
-              self.config.timeout_s, f"allreduce call #{self._calls}")
-        for a in arrays:
-            dtype_code(a.dtype)  # same verdict on every rank: the dtypes were just agreed
-            if average and not is_floating(a.dtype):
+              self.config.timeout_s, f"allreduce call #{self._calls}", _HEADER_LABELS,
+              self.barrier if self.topology.num_nodes == 1 else None)
+        # The verdicts below are the same on every rank: the dtypes were just agreed.
+        for a, row in zip(arrays, rows):
+            if row[0] == 0:
+                dtype_code(a.dtype)  # raises TypeError naming the dtype
+            if average and row[0] not in FLOAT_CODES:
                 raise TypeError(f"average needs a floating dtype, got {a.dtype.name}; use sum")
         factor = 1.0 / self.topology.size if average else 1.0
         for bucket in self._plan(arrays, groups_, rows):
-            srcs = [np.ascontiguousarray(arrays[i]).reshape(-1) for i in bucket.indices]
-            dsts = [outs_[i].reshape(-1) for i in bucket.indices]
-            self._run(Layout(srcs, dsts), kop, factor)
+            srcs = [arrays[i] if arrays[i].flags.c_contiguous else np.ascontiguousarray(arrays[i])
+                    for i in bucket.indices]
+            self._run(Layout(srcs, [outs_[i] for i in bucket.indices]), kop, factor)
         return outs_
 
     def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
@@ -126,7 +131,7 @@ class Engine:
         key = (tuple(rows), k.fusion_threshold_bytes, k.group_fusion)
         plan = self._plans.get(key)
         if plan is None:
-            entries = [Entry(a.nbytes, a.dtype.name, g) for a, g in zip(arrays, groups)]
+            entries = [Entry(a.nbytes, str(row[0]), g) for a, g, row in zip(arrays, groups, rows)]
             plan = plan_buckets(entries, k.fusion_threshold_bytes, k.group_fusion)
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.clear()
@@ -145,7 +150,7 @@ class Engine:
 
     def _shared_memory(self, layout: Layout, op: ReduceOp, factor: float, cross: bool) -> None:
         isz, dtype = layout.itemsize, layout.dtype
-        local, me, nloc = self.topology.local, self.topology.local_rank, self.topology.local_size
+        me, nloc = self.topology.local_rank, self.topology.local_size
         piece = max(1, min(self._knobs.segment_bytes // isz, layout.count))
         self.arena.ensure(piece * isz)
         for p0 in range(0, layout.count, piece):
@@ -153,14 +158,14 @@ class Engine:
             parity = self.arena.parity
             addrs = self.arena.half_addrs(parity)
             self.kernels.copy_table(_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
-            local.Barrier()
+            self.barrier.wait()
             lo, hi = m * me // nloc, m * (me + 1) // nloc
             if hi > lo:
                 self.kernels.reduce(int(addrs[me]) + lo * isz, addrs + lo * isz, hi - lo, dtype, op)
                 if cross:
                     shard = self.arena.half(me, parity)[lo * isz:hi * isz].view(dtype)
                     self._ring_cross(shard, op, self._knobs.segment_bytes)
-            local.Barrier()
+            self.barrier.wait()
             parts = [layout.unpack_rows(p0 + m * q // nloc, p0 + m * (q + 1) // nloc,
                                         int(addrs[q]) + (m * q // nloc) * isz) for q in range(nloc)]
             self._unpack(np.concatenate(parts), dtype, factor)
@@ -183,6 +188,7 @@ class Engine:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
+        self.barrier.free()
         self.arena.free()
         self.topology.free()
 

@@ -5,8 +5,10 @@ every rank.  Tensors are packed in submission order into one open buffer per
 dtype (dtype look-ahead: an interleaved fp16/fp32 sequence still fills one fp16
 and one fp32 buffer); a buffer closes when the next tensor would push it past
 the threshold.  Without group fusion, a bucket never mixes tensors of different
-groups (nor grouped with ungrouped ones), so grouped results do not depend on
-what else was in flight.
+groups (nor grouped with ungrouped ones), and a group is one indivisible bucket
+per dtype whatever the threshold: grouped results then depend neither on what
+else was in flight nor on the fusion threshold, so they are bitwise
+reproducible while knobs change.
 
 ``Layout`` maps element ranges of a bucket onto its tensors' memory and emits
 the (src, dst, count) tables the kernels consume.
@@ -23,7 +25,7 @@ import numpy as np
 @dataclass(frozen=True)
 class Entry:
     nbytes: int
-    dtype: str
+    dtype: str  # any label that is equal for equal element types
     group: int | None = None
 
 
@@ -41,8 +43,9 @@ def plan_buckets(entries: Sequence[Entry], threshold_bytes: int, group_fusion: b
         key = "all" if group_fusion else ("group", e.group)
         domains.setdefault(key, []).append(i)
     buckets: list[Bucket] = []
-    for members in domains.values():
-        buckets.extend(_fill(entries, members, threshold_bytes))
+    for key, members in domains.items():
+        whole_group = key != "all" and key[1] is not None  # type: ignore[index]
+        buckets.extend(_fill(entries, members, 1 << 62 if whole_group else threshold_bytes))
     buckets.sort(key=lambda b: b.indices[0])
     return buckets
 
@@ -63,7 +66,7 @@ def _fill(entries: Sequence[Entry], members: list[int], threshold: int) -> list[
 
 
 class Layout:
-    """A bucket: tensors ``srcs`` (read) and ``dsts`` (written), flat, C-contiguous, one dtype."""
+    """A bucket: tensors ``srcs`` (read) and ``dsts`` (written), C-contiguous, one dtype, any shape."""
 
     def __init__(self, srcs: Sequence[np.ndarray], dsts: Sequence[np.ndarray]) -> None:
         self.dtype = srcs[0].dtype
@@ -78,6 +81,10 @@ class Layout:
 
     def _rows(self, lo: int, hi: int, buf_addr: int, tensor_addrs: np.ndarray,
               to_buffer: bool) -> np.ndarray:
+        if self.single:  # the common case of one tensor: no searching
+            tensor = int(tensor_addrs[0]) + lo * self.itemsize
+            row = (tensor, buf_addr, hi - lo) if to_buffer else (buf_addr, tensor, hi - lo)
+            return np.array([row] if hi > lo else [], dtype=np.int64).reshape(-1, 3)
         first = int(np.searchsorted(self.ends, lo, side="right"))
         last = int(np.searchsorted(self.starts, hi, side="left"))
         starts, ends = self.starts[first:last], self.ends[first:last]

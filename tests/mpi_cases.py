@@ -1,0 +1,265 @@
+"""Test bodies run on every rank by tests/mpi_harness.py: ``python mpi_cases.py CASE PARAMS OUTDIR``.
+
+Each case works at any world size and checks results against references that numpy
+computes from every rank's inputs (each rank regenerates all ranks' inputs from seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import zlib
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from tunelab.config import load_engine_config
+from tunelab.dtypes import dtype_from_name, supported_names
+from tunelab.engine.engine import Engine
+from tunelab.errors import CollectiveTimeoutError, RankMismatchError, TopologyError
+
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def exact_inputs(count: int, dtype: np.dtype, world: int, seed: int) -> list[np.ndarray]:
+    """Random small integers for every rank: any summation order gives the exact sum."""
+    span = 8 if world <= 16 else 2
+    return [np.random.default_rng((seed, r)).integers(-span, span + 1, count).astype(dtype)
+            for r in range(world)]
+
+
+def float_inputs(count: int, dtype: np.dtype, world: int, seed: int) -> list[np.ndarray]:
+    return [np.random.default_rng((seed, r)).standard_normal(count).astype(dtype) for r in range(world)]
+
+
+def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
+    """numpy reference; sums are exact (float64 accumulation of small integers)."""
+    dtype = inputs[0].dtype
+    if op == "min":
+        return np.minimum.reduce(inputs)
+    if op == "max":
+        return np.maximum.reduce(inputs)
+    total = np.sum([x.astype(np.float64) for x in inputs], axis=0)
+    if op == "sum":
+        return total.astype(dtype)
+    # average: the sum scaled by 1/N, computed in float32 for half types
+    work = np.float64 if dtype == np.float64 else np.float32
+    return (total.astype(work) * work(1.0 / len(inputs))).astype(dtype)
+
+
+def bit_mismatches(a: np.ndarray, b: np.ndarray) -> int:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.size, b.size, 1)
+    return int(np.any(a.reshape(a.size, -1).view(np.uint8) != b.reshape(b.size, -1).view(np.uint8),
+                      axis=-1).sum()) if a.size else 0
+
+
+def layouts(world: int) -> list[dict]:
+    """Node layouts worth testing at this world size (real host, emulated nodes)."""
+    out: list[dict] = [{"ranks_per_node": None, "hierarchical": False}]
+    for k in sorted({1, 2, world - 1} - {0}):
+        if k < world:
+            out.append({"ranks_per_node": k, "hierarchical": False})
+            if world % k == 0:
+                out.append({"ranks_per_node": k, "hierarchical": True})
+    return out
+
+
+# ---- cases ---------------------------------------------------------------------------------------
+def case_engine_sweep(comm: MPI.Comm, seed: int = 0) -> dict:
+    """Every dtype x op x size x layout x in/out-of-place; bitwise against numpy."""
+    n = comm.size
+    counts = sorted({0, 1, 2, n - 1 if n > 1 else 3, n, n + 1, 7, 13, 1000, 4099, 20011})
+    failures: list[str] = []
+    checks = 0
+    for lay in layouts(n):
+        for segment in (4096, 1 << 22):
+            engine = Engine(comm, load_engine_config(segment_bytes=segment, **lay))
+            for name in supported_names():
+                dt = dtype_from_name(name)
+                for op in ("sum", "average", "min", "max"):
+                    if op == "average" and name not in FLOATS:
+                        continue
+                    for count in counts:
+                        inputs = exact_inputs(count, dt, n, seed=zlib.crc32(f"{name}/{op}/{count}".encode()))
+                        ref = reference(inputs, op)
+                        mine = inputs[comm.rank].copy()
+                        inplace = (count % 2 == 1)
+                        out = engine.allreduce(mine, op, out=mine if inplace else None)
+                        bad = bit_mismatches(out, ref)
+                        checks += 1
+                        if bad:
+                            failures.append(f"{lay} seg={segment} {name} {op} n={count} "
+                                            f"inplace={inplace}: {bad} wrong")
+                        if not inplace and bit_mismatches(mine, inputs[comm.rank]):
+                            failures.append(f"{lay} {name} {op} n={count}: input was modified")
+            engine.close()
+    return {"checks": checks, "failures": failures[:20]}
+
+
+def case_random_batches(comm: MPI.Comm, seed: int = 1, rounds: int = 25) -> dict:
+    """Random batches (shapes, dtypes, groups) under random knobs and layouts."""
+    n = comm.size
+    failures: list[str] = []
+    checks = 0
+    rng = np.random.default_rng(seed)  # same stream on every rank: same choices everywhere
+    for rnd in range(rounds):
+        lay = layouts(n)[rng.integers(len(layouts(n)))]
+        knobs = {"fusion_threshold_bytes": int(rng.choice([0, 64, 4096, 1 << 16, 1 << 26])),
+                 "segment_bytes": int(rng.choice([4096, 1 << 14, 1 << 20])),
+                 "group_fusion": bool(rng.integers(2))}
+        engine = Engine(comm, load_engine_config(**lay, **knobs))
+        ntensors = int(rng.integers(1, 12))
+        names = [str(rng.choice(supported_names())) for _ in range(ntensors)]
+        shapes = [tuple(int(d) for d in rng.integers(0, 40, rng.integers(0, 3))) for _ in range(ntensors)]
+        groups = [None if rng.random() < 0.5 else int(rng.integers(3)) for _ in range(ntensors)]
+        op = str(rng.choice(["sum", "min", "max"]))
+        per_rank = [[] for _ in range(n)]
+        for i, (name, shape) in enumerate(zip(names, shapes)):
+            count = int(np.prod(shape))
+            for r, x in enumerate(exact_inputs(count, dtype_from_name(name), n, seed=rnd * 100 + i)):
+                per_rank[r].append(x.reshape(shape))
+        outs = engine.allreduce_batch(per_rank[comm.rank], op, groups=groups)
+        for i in range(ntensors):
+            checks += 1
+            ref = reference([per_rank[r][i] for r in range(n)], op)
+            if bit_mismatches(outs[i], ref):
+                failures.append(f"round {rnd} {lay} {knobs} tensor {i} {names[i]}{shapes[i]} {op}")
+        engine.close()
+    return {"checks": checks, "failures": failures[:20]}
+
+
+def case_grouped_determinism(comm: MPI.Comm, seed: int = 2) -> dict:
+    """A group of random floats gives the same bits whatever else is in flight, when group fusion is
+    off; fusion thresholds do not change grouped results either."""
+    n = comm.size
+    digests = []
+    for lay in layouts(n):
+        group = [x[comm.rank] for x in (float_inputs(c, np.dtype(np.float32), n, seed + c)
+                                         for c in (5, 1000, 333, 4097))]
+        others = [x[comm.rank] for x in (float_inputs(c, np.dtype(np.float32), n, seed + 7 * c)
+                                          for c in (17, 2048))]
+        results = []
+        for threshold, companions in ((1 << 26, []), (1 << 26, others), (0, others), (4096, others)):
+            engine = Engine(comm, load_engine_config(fusion_threshold_bytes=threshold, group_fusion=False,
+                                                     segment_bytes=4096, **lay))
+            tensors = companions[:1] + group + companions[1:]
+            ids = [None] * len(companions[:1]) + [5] * len(group) + [None] * len(companions[1:])
+            outs = engine.allreduce_batch(tensors, "sum", groups=ids)
+            mine = outs[len(companions[:1]):len(companions[:1]) + len(group)]
+            results.append(b"".join(o.tobytes() for o in mine))
+            engine.close()
+        digests.append(len(set(results)) == 1)
+        ref = reference([np.concatenate([x[r] for x in (float_inputs(c, np.dtype(np.float32), n, seed + c)
+                                                        for c in (5, 1000, 333, 4097))]) for r in range(n)],
+                        "sum")
+        got = np.frombuffer(results[0], np.float32)
+        digests.append(bool(np.allclose(got, ref, rtol=1e-5, atol=1e-5)))
+    return {"all_identical": all(digests)}
+
+
+def case_mismatch(comm: MPI.Comm) -> dict:
+    """Ranks submit different shapes, dtypes or tensor counts: every rank must get
+    RankMismatchError quickly, and the engine must keep working afterwards."""
+    engine = Engine(comm, load_engine_config(timeout_s=30))
+    r, last = comm.rank, comm.size - 1
+    calls = {
+        "shape": lambda: engine.allreduce(np.ones(100 + (r == last), np.float32)),
+        "dtype": lambda: engine.allreduce(np.ones(100, np.float64 if r == last else np.float32)),
+        "count": lambda: engine.allreduce_batch([np.ones(3, np.float32)] * (1 + (r == last))),
+        "op": lambda: engine.allreduce(np.ones(3, np.float32), "max" if r == last else "sum"),
+    }
+    out = {}
+    for kind, call in calls.items():
+        t0 = time.monotonic()
+        message = ""
+        try:
+            call()
+        except RankMismatchError as exc:
+            message = str(exc)
+        after = engine.allreduce(np.full(10, r, np.int64))
+        out[kind] = {"message": message, "elapsed_s": time.monotonic() - t0,
+                     "recovered": bool((after == sum(range(comm.size))).all())}
+    engine.close()
+    return out
+
+
+def case_bad_requests(comm: MPI.Comm) -> dict:
+    """Invalid requests raise the same clear error on every rank, without hanging."""
+    engine = Engine(comm, load_engine_config(timeout_s=30))
+    errors = {}
+    for label, call in (("average-int", lambda: engine.allreduce(np.ones(4, np.int32), "average")),
+                        ("dtype", lambda: engine.allreduce(np.ones(4, np.complex64))),
+                        ("op", lambda: engine.allreduce(np.ones(4, np.float32), "product"))):
+        try:
+            call()
+            errors[label] = ""
+        except (TypeError, ValueError) as exc:
+            errors[label] = str(exc)
+    try:
+        Engine(comm, load_engine_config(ranks_per_node=comm.size + 1))
+        errors["rpn"] = ""
+    except TopologyError as exc:
+        errors["rpn"] = str(exc)
+    engine.close()
+    return errors
+
+
+def case_skipped_call(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
+    """The last rank never calls allreduce: the others fail with a timeout instead of hanging."""
+    engine = Engine(comm, load_engine_config(timeout_s=timeout_s))
+    result = {"message": "", "elapsed_s": 0.0}
+    if comm.rank != comm.size - 1:
+        t0 = time.monotonic()
+        try:
+            engine.allreduce(np.ones(10, np.float32))
+        except CollectiveTimeoutError as exc:
+            result = {"message": str(exc), "elapsed_s": time.monotonic() - t0}
+    else:
+        time.sleep(timeout_s + 3)
+    return result | {"abort": True}  # the stuck collective cannot be finished: end the job
+
+
+def case_dead_rank(comm: MPI.Comm) -> dict:
+    """The last rank dies mid-run: the launcher must end the job (non-zero) instead of hanging."""
+    engine = Engine(comm, load_engine_config(timeout_s=20))
+    engine.allreduce(np.ones(10, np.float32))
+    if comm.rank == comm.size - 1:
+        os._exit(17)
+    for _ in range(1000):
+        engine.allreduce(np.ones(1 << 16, np.float32))
+    return {}
+
+
+def case_topology(comm: MPI.Comm) -> dict:
+    out = {}
+    for k in [None, *range(1, comm.size + 1)]:
+        engine = Engine(comm, load_engine_config(ranks_per_node=k))
+        t = engine.topology
+        out[str(k)] = [t.local_rank, t.local_size, t.cross_rank, t.cross_size, list(t.node_sizes)]
+        engine.close()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    case, params, outdir = argv
+    comm = MPI.COMM_WORLD
+    try:
+        result = globals()["case_" + case](comm, **json.loads(params))
+    except Exception:  # noqa: BLE001 - report and end the whole job
+        traceback.print_exc()
+        comm.Abort(1)
+        return 1
+    Path(outdir, f"rank{comm.rank}.json").write_text(json.dumps(result))
+    if result.get("abort"):
+        sys.stdout.flush()
+        comm.Abort(3)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""The tunelab command: bad input gets one line and exit 2; real runs write the documented JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def tunelab(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["bench", "allreduce", "--algorithms", "ring,nccl"], "unknown choice 'nccl'"),
+    (["bench", "allreduce", "--sizes", "12XB"], "invalid size '12XB'"),
+    (["bench", "allreduce", "--np", "0"], "expected a positive integer, got '0'"),
+    (["bench", "allreduce", "--np", "two"], "expected a positive integer"),
+    (["bench", "allreduce", "--dtype", "float8"], "invalid choice: 'float8'"),
+    (["bench", "allreduce", "--knob", "fusion=1"], "expected NAME=VALUE"),
+    (["bench", "allreduce", "--knob", "segment_bytes=1"], "out of range 4KiB .. 256MiB"),
+    (["bench", "fusion", "--model", "alexnet"], "invalid choice: 'alexnet'"),
+    (["bench", "allreduce", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bench"], "required"),
+    ([], "required"),
+])
+def test_bad_cli_input_is_one_line_and_exit_2(args, fragment):
+    proc = tunelab(*args, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert fragment in lines[0] and lines[0].startswith("tunelab")
+    assert proc.stdout == ""
+
+
+def test_import_tunelab_stays_light():
+    code = ("import sys, tunelab, tunelab.cli, tunelab.knobs, tunelab.config;"
+            "heavy = [m for m in ('numba', 'mpi4py', 'torch', 'tensorflow', 'cupy', 'numpy') if m in sys.modules];"
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.mpi
+def test_bench_allreduce_runs_and_writes_nccl_style_json(tmp_path):
+    path = tmp_path / "ar.json"
+    proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "4KiB,100KiB", "--dtype", "float32",
+                   "--iters", "3", "--warmup", "1", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    algorithms = {r["algorithm"] for r in rows}
+    assert {"ring", "hierarchical", "mpi"} <= algorithms
+    for r in rows:
+        assert set(r) >= {"algorithm", "size", "count", "dtype", "time_us", "algbw_gbps", "busbw_gbps", "wrong"}
+        assert r["wrong"] == 0 and r["time_us"] > 0
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
+        assert r["algbw_gbps"] == pytest.approx(r["size"] / (r["time_us"] * 1e-6) / 1e9)
+    assert {r["size"] for r in rows} == {4096, 102400}
+    assert data["hardware"]["world_size"] == 2 and data["hardware"]["cpu_cores"] >= 1
+    assert "busbw_GB/s" in proc.stdout and "#wrong" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_bench_allreduce_emulated_nodes_half_precision(tmp_path):
+    path = tmp_path / "ar.json"
+    proc = tunelab("bench", "allreduce", "--np", "4", "--ranks-per-node", "2", "--sizes", "3KiB",
+                   "--dtype", "bfloat16", "--algorithms", "ring,hierarchical,mpi", "--iters", "2",
+                   "--warmup", "1", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(path.read_text())
+    assert data["hardware"]["nodes"] == 2
+    assert [r["algorithm"] for r in data["rows"]] == ["ring", "hierarchical"]
+    assert all(r["wrong"] == 0 for r in data["rows"])
+    assert "MPI has no standard bfloat16 sum" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_bench_fusion_reports_three_modes(tmp_path):
+    path = tmp_path / "fu.json"
+    proc = tunelab("bench", "fusion", "--np", "2", "--iters", "1", "--warmup", "0", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["per-tensor", "fused", "contiguous"]
+    assert [r["tensors"] for r in rows] == [161, 161, 1]
+    assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["bytes"] == 25_557_032 * 4 for r in rows)
+
+
+@pytest.mark.mpi
+def test_rank_errors_reach_the_user_as_one_line():
+    proc = tunelab("bench", "allreduce", "--np", "2", "--ranks-per-node", "3", "--sizes", "1KiB",
+                   "--iters", "1", "--warmup", "0")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("tunelab: error:")
+    assert "ranks_per_node=3 but only 2 ranks share host" in proc.stderr

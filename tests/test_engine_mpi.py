@@ -1,0 +1,81 @@
+"""The allreduce engine on 1-4 ranks (real host and emulated nodes), against numpy references."""
+
+import pytest
+
+from mpi_harness import run_case, run_ok
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_dtype_op_size_layout_is_bit_exact(n):
+    results = run_ok("engine_sweep", n, limit_s=400)
+    for rank, res in enumerate(results):
+        assert res["checks"] > 300
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_random_batches_groups_and_knobs(n):
+    for rank, res in enumerate(run_ok("random_batches", n, seed=100 + n, rounds=20)):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_grouped_results_do_not_depend_on_companions_or_threshold(n):
+    assert all(r["all_identical"] for r in run_ok("grouped_determinism", n))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_disagreeing_ranks_get_one_clear_error_everywhere(n):
+    results = run_ok("mismatch", n, limit_s=120)
+    expect = {"shape": "float32[100]", "dtype": "float64", "count": "number of tensors differs",
+              "op": "op differs"}
+    for kind, fragment in expect.items():
+        messages = {res[kind]["message"] for res in results}
+        assert len(messages) == 1, f"{kind}: ranks report different messages {messages}"
+        (message,) = messages
+        assert message.startswith("ranks disagree on allreduce"), message
+        assert fragment in message and "\n" not in message
+        if kind == "op":
+            assert "sum" in message and "max" in message
+        for res in results:
+            assert res[kind]["elapsed_s"] < 10
+            assert res[kind]["recovered"]
+
+
+def test_invalid_requests_fail_on_every_rank_with_a_reason():
+    results = run_ok("bad_requests", 2, limit_s=120)
+    for res in results:
+        assert "average needs a floating dtype" in res["average-int"]
+        assert "complex64" in res["dtype"]
+        assert "unknown reduction 'product'" in res["op"]
+        assert "ranks_per_node=3" in res["rpn"]
+
+
+def test_a_rank_that_skips_a_call_gives_a_timeout_not_a_hang():
+    run = run_case("skipped_call", 2, 60, timeout_s=3.0)
+    waiting = run.results[0]
+    assert waiting is not None, run.stderr[-2000:]
+    assert "did not reach allreduce call #1 within 3 s" in waiting["message"]
+    assert 2.5 < waiting["elapsed_s"] < 15
+    assert run.returncode != 0  # the job is ended, not left hanging
+
+
+def test_a_dead_rank_ends_the_job_with_an_error():
+    run = run_case("dead_rank", 3, limit_s=90)
+    assert run.returncode != 0
+    assert run.elapsed_s < 90
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_topology_splits(n):
+    results = run_ok("topology", n)
+    for rank, res in enumerate(results):
+        for k_text, (lrank, lsize, crank, csize, sizes) in res.items():
+            k = n if k_text == "None" else int(k_text)
+            assert lsize == min(k, n - (rank // k) * k)
+            assert lrank == rank % k
+            assert crank == rank // k
+            assert sizes == [min(k, n - i * k) for i in range(-(-n // k))]
+            assert csize == sum(1 for s in sizes if s > lrank)

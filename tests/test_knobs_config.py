@@ -1,0 +1,63 @@
+import pytest
+
+from tunelab.config import load_engine_config
+from tunelab.knobs import SPECS, Knobs
+from tunelab.units import format_size, parse_size
+
+
+def test_defaults_are_valid_and_replace_validates():
+    k = Knobs()
+    assert k.fusion_threshold_bytes == 64 << 20
+    assert k.replace(cycle_time_ms=5).cycle_time_ms == 5.0
+    with pytest.raises(ValueError, match=r"cycle_time_ms=0 is out of range 0.05 \.\. 1000"):
+        k.replace(cycle_time_ms=0)
+    with pytest.raises(ValueError, match=r"fusion_threshold_bytes=-1 is out of range 0B \.\. 1GiB"):
+        Knobs(fusion_threshold_bytes=-1)
+    with pytest.raises(ValueError, match="segment_bytes must be a number"):
+        Knobs(segment_bytes="lots")
+    with pytest.raises(ValueError, match="hierarchical must be true or false"):
+        Knobs(hierarchical="maybe")
+    with pytest.raises(ValueError, match="unknown knob 'fusion_mb'"):
+        k.replace(fusion_mb=3)
+    assert Knobs(segment_bytes="1MiB", hierarchical="on").segment_bytes == 1 << 20
+
+
+def test_every_knob_has_a_help_text_and_range():
+    for spec in SPECS.values():
+        assert spec.help and spec.describe_range()
+
+
+@pytest.mark.parametrize("text,value", [("4096", 4096), ("1KiB", 1024), ("64MiB", 64 << 20),
+                                        ("1GiB", 1 << 30), ("2k", 2048), ("0.5MiB", 1 << 19)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["12XB", "", "MiB", "-1", "1.3B"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_format_size():
+    assert [format_size(n) for n in (1024, 64 << 20, 1000, 3 << 30)] == ["1KiB", "64MiB", "1000B", "3GiB"]
+
+
+def test_precedence_explicit_over_scenario_over_env_over_default():
+    env = {"TUNELAB_FUSION_THRESHOLD_BYTES": "1MiB", "TUNELAB_CYCLE_TIME_MS": "7",
+           "TUNELAB_RANKS_PER_NODE": "2", "UNRELATED": "x"}
+    cfg = load_engine_config(env, scenario={"cycle_time_ms": 3}, segment_bytes=8192)
+    assert cfg.knobs.fusion_threshold_bytes == 1 << 20  # env
+    assert cfg.knobs.cycle_time_ms == 3.0                # scenario beats env
+    assert cfg.knobs.segment_bytes == 8192               # explicit
+    assert cfg.knobs.hierarchical is False               # default
+    assert cfg.ranks_per_node == 2
+    assert cfg.pinned == {"fusion_threshold_bytes", "cycle_time_ms", "segment_bytes"}
+    assert load_engine_config({}, cycle_time_ms=None).pinned == frozenset()
+
+
+def test_bad_environment_values_name_the_setting():
+    with pytest.raises(ValueError, match="cycle_time_ms"):
+        load_engine_config({"TUNELAB_CYCLE_TIME_MS": "fast"})
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        load_engine_config({"TUNELAB_RANKS_PER_NODE": "0"})

@@ -1,0 +1,77 @@
+"""Pieces every benchmark shares: exact-sum inputs, synchronised timing, tables."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+def exact_input(count: int, rank: int, world: int, dtype: np.dtype, salt: int = 0) -> np.ndarray:
+    """Small integers whose sum over ``world`` ranks is exact in every supported dtype and in any
+    order (|sum| stays within bfloat16's 8-bit significand), so results can be compared bit for bit."""
+    span = max(2, min(16, 512 // max(1, world)))
+    i = np.arange(count, dtype=np.int64)
+    values = (i * 7 + rank * 13 + salt * 5) % span - span // 2
+    return values.astype(dtype)
+
+
+def exact_sum(count: int, world: int, dtype: np.dtype, salt: int = 0) -> np.ndarray:
+    """The reference sum of ``exact_input`` over all ranks, computed in int64 by numpy."""
+    total = np.zeros(count, dtype=np.int64)
+    for r in range(world):
+        total += exact_input(count, r, world, np.dtype(np.int64), salt)
+    return total.astype(dtype)
+
+
+def count_wrong(result: np.ndarray, expected: np.ndarray) -> int:
+    """Elements whose bits differ."""
+    if result.shape != expected.shape:
+        return int(max(result.size, expected.size))
+    a = result.reshape(-1).view(np.uint8).reshape(result.size, -1)
+    b = expected.reshape(-1).view(np.uint8).reshape(expected.size, -1)
+    return int(np.any(a != b, axis=1).sum())
+
+
+def timed_iterations(comm: "MPI.Comm", op: Callable[[], None], iters: int, warmup: int,
+                     reset: Callable[[], None] | None = None) -> np.ndarray:
+    """Seconds per iteration, each the slowest rank's time (ranks start together after a barrier)."""
+    times = np.empty(iters, dtype=np.float64)
+    for k in range(warmup + iters):
+        if reset is not None:
+            reset()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        op()
+        dt = time.perf_counter() - t0
+        if k >= warmup:
+            times[k - warmup] = dt
+    slowest = np.empty_like(times)
+    from mpi4py import MPI
+
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    return slowest
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """Fixed-width table; ``columns`` are (key, header, format spec)."""
+    cells = [[header for _, header, _ in columns]]
+    for row in rows:
+        cells.append([_cell(row.get(key), fmt) for key, _, fmt in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: object, fmt: str) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, (int, float)) and fmt:
+        return format(value, fmt)
+    return str(value)

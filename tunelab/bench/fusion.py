@@ -1,0 +1,68 @@
+"""``tunelab bench fusion``: a model's real gradient set reduced three ways (rank side).
+
+* ``per-tensor``: one allreduce per gradient tensor;
+* ``fused``: all tensors in one batch, packed into fusion buffers at the threshold;
+* ``contiguous``: one allreduce of a single array holding the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..config import load_engine_config
+from ..workloads.shapes import gradient_shapes
+from .common import count_wrong, exact_input, exact_sum, timed_iterations
+
+MODES = ("per-tensor", "fused", "contiguous")
+
+
+def run_rank(p: dict) -> dict:
+    from mpi4py import MPI
+
+    from ..engine.engine import Engine
+
+    comm = MPI.COMM_WORLD
+    engine = Engine(comm, load_engine_config(ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {})))
+    f32 = np.dtype(np.float32)
+    shapes = gradient_shapes(p["model"])
+    grads = [exact_input(math.prod(s), comm.rank, comm.size, f32, salt=i).reshape(s)
+             for i, s in enumerate(shapes)]
+    expected = [exact_sum(math.prod(s), comm.size, f32, salt=i).reshape(s) for i, s in enumerate(shapes)]
+    flat = np.concatenate([g.reshape(-1) for g in grads])
+    outs = [np.empty_like(g) for g in grads]
+    flat_out = np.empty_like(flat)
+
+    def per_tensor() -> None:
+        for g, o in zip(grads, outs):
+            engine.allreduce(g, out=o)
+
+    def fused() -> None:
+        engine.allreduce_batch(grads, outs=outs)
+
+    def contiguous() -> None:
+        engine.allreduce(flat, out=flat_out)
+
+    rows = []
+    for mode, op in zip(MODES, (per_tensor, fused, contiguous)):
+        for o in (*outs, flat_out):
+            o.view(np.uint8).fill(0xFF)
+        times = timed_iterations(comm, op, p["iters"], p["warmup"])
+        if mode == "contiguous":
+            wrong = count_wrong(flat_out, np.concatenate([e.reshape(-1) for e in expected]))
+        else:
+            wrong = sum(count_wrong(o, e) for o, e in zip(outs, expected))
+        rows.append({"mode": mode, "tensors": 1 if mode == "contiguous" else len(grads),
+                     "bytes": int(flat.nbytes), "time_us": float(np.median(times)) * 1e6,
+                     "time_us_p10": float(np.percentile(times, 10)) * 1e6,
+                     "time_us_p90": float(np.percentile(times, 90)) * 1e6,
+                     "wrong": int(comm.allreduce(wrong, op=MPI.SUM))})
+    knobs = engine.knobs.as_dict()
+    engine.close()
+    contig = rows[-1]["time_us"]
+    per = rows[0]["time_us"]
+    for r in rows:
+        r["vs_contiguous"] = r["time_us"] / contig
+        r["speedup_vs_per_tensor"] = per / r["time_us"]
+    return {"rows": rows, "model": p["model"], "world_size": comm.size, "knobs": knobs}

@@ -1,0 +1,206 @@
+"""The ``tunelab`` command line.
+
+Errors are one line on stderr: bad usage exits 2, a failed run exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import TunelabError
+from .units import format_size, parse_size
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _size_list(text: str) -> list[int]:
+    try:
+        sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not sizes:
+        raise argparse.ArgumentTypeError("no sizes given")
+    return sizes
+
+
+def _choice_list(choices: Sequence[str]):
+    def parse(text: str) -> list[str]:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        for item in items:
+            if item not in choices:
+                raise argparse.ArgumentTypeError(f"unknown choice {item!r} (choose from {', '.join(choices)})")
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        return list(dict.fromkeys(items))
+    return parse
+
+
+def _knob(text: str) -> tuple[str, str]:
+    from .knobs import SPECS
+
+    from .knobs import Knobs
+
+    name, sep, value = text.partition("=")
+    if not sep or name not in SPECS:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {', '.join(SPECS)}, "
+                                         f"got {text!r}")
+    try:
+        Knobs(**{name: value})
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return name, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench.allreduce import ALGORITHMS
+    from .dtypes import supported_names
+    from .workloads.shapes import MODELS
+
+    parser = _Parser(prog="tunelab", description="Bayesian autotuning lab for data-parallel communication.")
+    parser.add_argument("--version", action="version", version=f"tunelab {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    bench = sub.add_parser("bench", help="benchmarks (allreduce, fusion)")
+    bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+
+    def common(p: argparse.ArgumentParser, iters: int, warmup: int) -> None:
+        p.add_argument("--np", type=_positive_int, default=2, help="ranks to launch (default 2)")
+        p.add_argument("--ranks-per-node", type=_positive_int, default=None,
+                       help="emulate nodes of K ranks on one host")
+        p.add_argument("--iters", type=_positive_int, default=iters)
+        p.add_argument("--warmup", type=_non_negative_int, default=warmup)
+        p.add_argument("--knob", type=_knob, action="append", default=[], metavar="NAME=VALUE",
+                       help="set an engine knob, e.g. segment_bytes=1MiB (repeatable)")
+        p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results as JSON")
+
+    ar = bsub.add_parser("allreduce", help="allreduce time/algbw/busbw per size and algorithm")
+    common(ar, iters=20, warmup=5)
+    ar.add_argument("--sizes", type=_size_list, default=_size_list("1KiB,1MiB,64MiB"),
+                    help="comma-separated sizes (default 1KiB,1MiB,64MiB)")
+    ar.add_argument("--dtype", choices=supported_names(), default="float32")
+    ar.add_argument("--algorithms", type=_choice_list(ALGORITHMS), default=list(ALGORITHMS),
+                    help=f"comma-separated, from {','.join(ALGORITHMS)}")
+    ar.set_defaults(func=_cmd_bench_allreduce)
+
+    fu = bsub.add_parser("fusion", help="a model's gradients: per-tensor vs fused vs contiguous")
+    common(fu, iters=10, warmup=3)
+    fu.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    fu.set_defaults(func=_cmd_bench_fusion)
+
+    hw = sub.add_parser("hw", help="print this host's hardware and software facts")
+    hw.set_defaults(func=_cmd_hw)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _params(args: argparse.Namespace) -> dict:
+    return {"iters": args.iters, "warmup": args.warmup, "ranks_per_node": args.ranks_per_node,
+            "knobs": dict(args.knob)}
+
+
+def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
+    from .bench.allreduce import add_ratios
+    from .bench.common import format_table
+    from .launch import run_job
+
+    params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms}
+    result = run_job("bench-allreduce", params, args.np)
+    add_ratios(result["rows"])
+    hw = result["hardware"]
+    print(f"# allreduce  np={hw['world_size']}  nodes={hw['nodes']} {hw['ranks_per_node']}  "
+          f"dtype={args.dtype}  iters={args.iters}  warmup={args.warmup}  (time: median of slowest rank)")
+    rows = [{**r, "size_h": format_size(r["size"])} for r in result["rows"]]
+    print(format_table(rows, [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("count", "count", "d"),
+                              ("dtype", "type", ""), ("time_us", "time_us", ".1f"),
+                              ("algbw_gbps", "algbw_GB/s", ".2f"), ("busbw_gbps", "busbw_GB/s", ".2f"),
+                              ("busbw_vs_mpi", "busbw/mpi", ".2f"), ("wrong", "#wrong", "d")]))
+    for note in result.get("notes", []):
+        print(f"# note: {note}")
+    return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "algorithm")
+
+
+def _cmd_bench_fusion(args: argparse.Namespace) -> int:
+    from .bench.common import format_table
+    from .launch import run_job
+
+    params = {**_params(args), "model": args.model}
+    result = run_job("bench-fusion", params, args.np)
+    knobs = result["knobs"]
+    print(f"# fusion  model={result['model']}  np={result['world_size']}  "
+          f"fusion_threshold={format_size(knobs['fusion_threshold_bytes'])}  iters={args.iters}")
+    print(format_table(result["rows"], [("mode", "mode", ""), ("tensors", "tensors", "d"),
+                                        ("bytes", "bytes", "d"), ("time_us", "time_us", ".0f"),
+                                        ("time_us_p10", "p10_us", ".0f"), ("time_us_p90", "p90_us", ".0f"),
+                                        ("speedup_vs_per_tensor", "vs_per_tensor", ".2f"),
+                                        ("vs_contiguous", "vs_contiguous", ".3f"), ("wrong", "#wrong", "d")]))
+    return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "mode")
+
+
+def _finish(result: dict, json_path: Path | None, bad_rows: list[dict], key: str) -> int:
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"# wrote {json_path}")
+    if bad_rows:
+        names = ", ".join(sorted({str(r[key]) for r in bad_rows}))
+        sys.stderr.write(f"tunelab: error: wrong results from {names}\n")
+        return 1
+    return 0
+
+
+def _cmd_hw(args: argparse.Namespace) -> int:
+    from .hardware import host_info
+
+    for key, value in host_info().items():
+        print(f"{key}: {value}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TunelabError as exc:
+        sys.stderr.write(f"tunelab: error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("tunelab: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Launching ranks: the mpiexec beside this Python, or the user's own mpiexec/srun job.
+
+``tunelab bench ... --np N`` starts N ranks of ``python -m tunelab.rankmain JOB``;
+rank 0 writes the job's result as JSON to a file the parent reads back.  When
+tunelab already runs inside an MPI job (launched by the user's mpiexec or srun),
+jobs run in-process instead of launching again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import TunelabError
+
+
+def inside_mpi_job() -> bool:
+    """True when this process was started by a launcher with more than one rank."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
+        if os.environ.get(var, "1") not in ("", "1"):
+            return True
+    return False
+
+
+@lru_cache(maxsize=1)
+def mpiexec_command() -> tuple[str, ...]:
+    """mpiexec matching the installed libmpi (the one beside sys.executable first) and its flags."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    exe = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if not exe:
+        raise TunelabError("no mpiexec found: install the MPI runtime (pip install mpich)")
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    if "Open MPI" in version or "OpenRTE" in version:
+        return (exe, "--oversubscribe")
+    return (exe,)
+
+
+def _launch_env() -> dict[str, str]:
+    env = dict(os.environ)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | None = None) -> dict:
+    """Run ``job`` on ``np_`` ranks and return rank 0's result.  TunelabError on failure, carrying the
+    first error line a rank printed."""
+    if inside_mpi_job():
+        from .rankmain import run_in_process
+
+        return run_in_process(job, params)
+    with tempfile.TemporaryDirectory(prefix="tunelab-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        err_path = Path(tmp) / "stderr.txt"
+        cmd = [*mpiexec_command(), "-n", str(np_), sys.executable, "-m", "tunelab.rankmain", job,
+               json.dumps(params), str(result_path)]
+        with open(err_path, "w") as err:
+            try:
+                proc = subprocess.run(cmd, stderr=err, env=_launch_env(), timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise TunelabError(f"{job} did not finish within {timeout_s:g} s") from None
+        stderr = err_path.read_text(errors="replace")
+        if proc.returncode != 0 or not result_path.exists():
+            raise TunelabError(_first_error(stderr) or f"{job} failed (exit code {proc.returncode})")
+        if stderr.strip():
+            sys.stderr.write(stderr)
+        return json.loads(result_path.read_text())
+
+
+def _first_error(stderr: str) -> str:
+    for line in stderr.splitlines():
+        if line.startswith("tunelab: error: "):
+            return line[len("tunelab: error: "):]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
