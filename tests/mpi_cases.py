@@ -235,6 +235,51 @@ def case_dead_rank(comm: MPI.Comm) -> dict:
     return {}
 
 
+def case_coordinator_stall(comm: MPI.Comm, stall_s: float = 3.0) -> dict:
+    """Rank 0 submits a tensor nobody else does: every rank's coordinator must fail with a StallError
+    naming it and the missing ranks, soon after the stall timeout."""
+    from tunelab.engine.coordinator import Coordinator
+    from tunelab.errors import StallError
+
+    engine = Engine(comm, load_engine_config(timeout_s=30))
+    coord = Coordinator(engine, stall_timeout_s=stall_s)
+    both = coord.submit("both", np.ones(4, np.float32))
+    both.wait(20)
+    t0 = time.monotonic()
+    message = ""
+    if comm.rank == 0:
+        try:
+            coord.submit("lonely", np.ones(4, np.float32)).wait(60)
+        except StallError as exc:
+            message = str(exc)
+    else:
+        while time.monotonic() - t0 < 60 and not message:
+            try:
+                coord.submit(f"probe{time.monotonic()}", np.ones(1, np.float32))
+                time.sleep(0.2)
+            except StallError as exc:
+                message = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a stalled probe tensor may be named instead
+                message = f"{type(exc).__name__}: {exc}"
+    return {"message": message, "elapsed_s": time.monotonic() - t0}
+
+
+def case_coordinator_timeline(comm: MPI.Comm, path: str = "") -> dict:
+    from tunelab.engine.coordinator import Coordinator
+
+    engine = Engine(comm, load_engine_config())
+    coord = Coordinator(engine, timeline_path=path)
+    for step in range(3):
+        if comm.rank == 0:
+            coord.set_knobs(fusion_threshold_bytes=1024 * (step + 1))
+        hs = [coord.submit(f"t{i}", np.full(300, comm.rank, np.float32)) for i in range(4)]
+        for h in hs:
+            h.wait(20)
+    coord.shutdown()
+    engine.close()
+    return {"changes": [[c, k.fusion_threshold_bytes] for c, k in coord.knob_changes]}
+
+
 def case_topology(comm: MPI.Comm) -> dict:
     out = {}
     for k in [None, *range(1, comm.size + 1)]:
@@ -245,11 +290,19 @@ def case_topology(comm: MPI.Comm) -> dict:
     return out
 
 
+def _find_case(name: str):
+    if name in globals():
+        return globals()[name]
+    import mpi_torch_cases  # needs torch: imported only for torch cases
+
+    return getattr(mpi_torch_cases, name)
+
+
 def main(argv: list[str]) -> int:
     case, params, outdir = argv
     comm = MPI.COMM_WORLD
     try:
-        result = globals()["case_" + case](comm, **json.loads(params))
+        result = _find_case("case_" + case)(comm, **json.loads(params))
     except Exception:  # noqa: BLE001 - report and end the whole job
         traceback.print_exc()
         comm.Abort(1)

@@ -17,6 +17,7 @@ ENV_PREFIX = "TUNELAB_"
 ENV_RANKS_PER_NODE = "TUNELAB_RANKS_PER_NODE"
 ENV_TIMEOUT_S = "TUNELAB_TIMEOUT_S"
 ENV_BACKEND = "TUNELAB_KERNEL_BACKEND"
+ENV_TIMELINE = "TUNELAB_TIMELINE"
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class EngineConfig:
     timeout_s: float = 60.0            # how long a rank waits for the others before failing
     backend: str = "cpu"
     pinned: frozenset[str] = frozenset()
+    timeline: str | None = None        # Chrome-trace path (``{rank}`` expands per rank)
 
 
 def env_knobs(environ: Mapping[str, str]) -> dict[str, str]:
@@ -46,7 +48,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
         merged.update(layer)
     knob_values = {k: v for k, v in merged.items() if k in SPECS}
     other = {k: v for k, v in merged.items() if k not in SPECS}
-    unknown = set(other) - {"ranks_per_node", "timeout_s", "backend"}
+    unknown = set(other) - {"ranks_per_node", "timeout_s", "backend", "timeline"}
     if unknown:
         raise ValueError(f"unknown engine setting {sorted(unknown)[0]!r}")
     rpn = other.get("ranks_per_node")
@@ -56,7 +58,8 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     if timeout <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout}")
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
-                        backend=str(other.get("backend", "cpu")), pinned=frozenset(knob_values))
+                        backend=str(other.get("backend", "cpu")), pinned=frozenset(knob_values),
+                        timeline=str(other["timeline"]) if other.get("timeline") else None)
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
@@ -67,6 +70,8 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
         layer["timeout_s"] = environ[ENV_TIMEOUT_S]
     if ENV_BACKEND in environ:
         layer["backend"] = environ[ENV_BACKEND]
+    if environ.get(ENV_TIMELINE):
+        layer["timeline"] = environ[ENV_TIMELINE]
     return layer
 
 

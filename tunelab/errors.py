@@ -15,3 +15,7 @@ class CollectiveTimeoutError(TunelabError):
 
 class TopologyError(TunelabError):
     """The requested node layout or algorithm does not fit the ranks that were launched."""
+
+
+class StallError(TunelabError):
+    """Some ranks submitted a tensor that others did not submit within the stall timeout."""

@@ -61,7 +61,10 @@ class Engine:
         self.topology = build_topology(comm or MPI.COMM_WORLD, self.config.ranks_per_node)
         self.kernels = get_backend(self.config.backend)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        self.kernels.set_threads(max(1, (cores or 1) // self.topology.host_size))
+        # Ranks sharing a host share its cores.  The setting is per thread (Numba's is thread-local):
+        # threads that run collectives (the coordinator) call use_kernel_threads() themselves.
+        self.kernel_threads = max(1, (cores or 1) // self.topology.host_size)
+        self.use_kernel_threads()
         self.arena = SharedArena(self.topology.local)
         self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s)
         self._ring_world = RingAllreduce(self.topology.world, self.kernels)
@@ -72,20 +75,29 @@ class Engine:
         self._knobs = Knobs()
         self.set_knobs(self.config.knobs)
 
+    def use_kernel_threads(self) -> None:
+        """Apply this engine's kernel thread budget to the calling thread."""
+        self.kernels.set_threads(self.kernel_threads)
+
     # ---- knobs -------------------------------------------------------------------------------
     @property
     def knobs(self) -> Knobs:
         return self._knobs
 
     def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
-        """Apply new knobs now.  Every rank must call this at the same point with the same value."""
+        """Apply new knobs now.  Every rank must call this at the same point with the same value
+        (the coordinator does that for live changes)."""
         new = (knobs or self._knobs).replace(**changes) if changes else (knobs or self._knobs)
-        topo = self.topology
-        if new.hierarchical and topo.num_nodes > 1 and not topo.homogeneous:
-            raise TopologyError("hierarchical allreduce needs the same number of ranks on every node, "
-                                f"got {list(topo.node_sizes)}")
+        self.check_knobs(new)
         self._knobs = new
         return new
+
+    def check_knobs(self, knobs: Knobs) -> None:
+        """TopologyError if ``knobs`` cannot run on this topology."""
+        topo = self.topology
+        if knobs.hierarchical and topo.num_nodes > 1 and not topo.homogeneous:
+            raise TopologyError("hierarchical allreduce needs the same number of ranks on every node, "
+                                f"got {list(topo.node_sizes)}")
 
     # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensor: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
@@ -100,8 +112,11 @@ class Engine:
 
     def allreduce_batch(self, tensors: Sequence[np.ndarray], op: str = "sum",
                         outs: Sequence[np.ndarray] | None = None,
-                        groups: Sequence[int | None] | None = None) -> list[np.ndarray]:
-        """Allreduce many arrays at once, fused into buffers of at most ``fusion_threshold_bytes``."""
+                        groups: Sequence[int | None] | None = None,
+                        verify: bool = True) -> list[np.ndarray]:
+        """Allreduce many arrays at once, fused into buffers of at most ``fusion_threshold_bytes``.
+        ``verify=False`` skips rank agreement: only for callers (the coordinator) that negotiated
+        the exact same call on every rank already."""
         name, kop, average = _op(op)
         arrays = [np.asarray(t) for t in tensors]
         outs_ = _check_outs(arrays, outs)
@@ -110,9 +125,10 @@ class Engine:
             raise ValueError(f"{len(groups_)} group ids for {len(arrays)} tensors")
         rows = [(_safe_code(a.dtype), -1 if g is None else int(g), *a.shape) for a, g in zip(arrays, groups_)]
         self._calls += 1
-        agree(self.topology.world, (_OP_CODES[name], len(arrays)), rows,
-              self.config.timeout_s, f"allreduce call #{self._calls}", _HEADER_LABELS,
-              self.barrier if self.topology.num_nodes == 1 else None)
+        if verify:
+            agree(self.topology.world, (_OP_CODES[name], len(arrays)), rows,
+                  self.config.timeout_s, f"allreduce call #{self._calls}", _HEADER_LABELS,
+                  self.barrier if self.topology.num_nodes == 1 else None)
         # The verdicts below are the same on every rank: the dtypes were just agreed.
         for a, row in zip(arrays, rows):
             if row[0] == 0:

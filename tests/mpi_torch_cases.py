@@ -1,0 +1,168 @@
+"""Torch training cases for mpi_cases.py: distributed runs against a single-process reference."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+import tunelab.torch as tl
+
+
+def tiny_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 6 * 6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
+
+
+def batches(step: int, world: int, micro: int, per_rank: int = 4):
+    """Deterministic data: the global batch of one step, split as [rank][micro] chunks."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(world * micro * per_rank, 3, 8, 8, generator=g)
+    y = torch.randint(0, 5, (world * micro * per_rank,), generator=g)
+    return [[(x[(r * micro + m) * per_rank:(r * micro + m + 1) * per_rank],
+              y[(r * micro + m) * per_rank:(r * micro + m + 1) * per_rank]) for m in range(micro)]
+            for r in range(world)]
+
+
+def reference_weights(steps: int, world: int, micro: int) -> list[torch.Tensor]:
+    """One process, plain SGD on every rank's samples of each step at once."""
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        chunks = [c for per_rank in batches(step, world, micro) for c in per_rank]
+        x = torch.cat([c[0] for c in chunks])
+        y = torch.cat([c[1] for c in chunks])
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def distributed_weights(steps: int, micro: int, **opt_kwargs) -> list[torch.Tensor]:
+    model = tiny_model(seed=tl.rank())  # different init per rank: broadcast must fix it
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    tl.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = tl.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  backward_passes_per_step=micro, **opt_kwargs)
+    tl.broadcast_optimizer_state(opt, root_rank=0)
+    for step in range(steps):
+        opt.zero_grad()
+        for x, y in batches(step, tl.size(), micro)[tl.rank()]:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def digest(tensors: list[torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def case_torch_training(comm, steps: int = 6) -> dict:
+    torch.set_num_threads(1)
+    tl.init(comm)
+    out = {}
+    for mode, micro, kwargs in (("plain", 1, {}), ("bpps2", 2, {}),
+                                ("fp16", 1, {"compression": tl.Compression.fp16}), ("groups2", 1, {"groups": 2})):
+        mine = distributed_weights(steps, micro, **kwargs)
+        ref = reference_weights(steps, tl.size(), micro)
+        out[mode] = {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(mine, ref)),
+                     "digest": digest(mine)}
+    model = tiny_model()
+    groups = [list(model.parameters())[:2], list(model.parameters())[4:]]
+    opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=groups)
+    for x, y in batches(0, tl.size(), 1)[tl.rank()]:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    out["explicit_groups_digest"] = digest([p.detach() for p in model.parameters()])
+    tl.shutdown()
+    return out
+
+
+def case_torch_collectives(comm) -> dict:
+    torch.set_num_threads(1)
+    tl.init(comm)
+    r, n = tl.rank(), tl.size()
+    res = {}
+    x = torch.arange(10, dtype=torch.float32) + r
+    res["allreduce_avg"] = tl.allreduce(x).tolist()
+    res["allreduce_sum_bf16"] = tl.allreduce(x.to(torch.bfloat16), op=tl.Sum).float().tolist()
+    y = x.clone()
+    tl.allreduce_(y, op=tl.Max)
+    res["allreduce_inplace_max"] = y.tolist()
+    h = tl.allreduce_async(torch.full((3,), float(r)), name="async.a", op=tl.Sum)
+    res["async"] = tl.synchronize(h).tolist()
+    g = tl.grouped_allreduce([torch.ones(2) * r, torch.ones(3, dtype=torch.float64) * r], op=tl.Sum)
+    res["grouped"] = [t.tolist() for t in g]
+    res["allgather"] = tl.allgather(torch.full((r + 1, 2), r, dtype=torch.int64)).tolist()
+    b = torch.full((4,), float(r))
+    tl.broadcast_(b, root_rank=n - 1)
+    res["broadcast"] = b.tolist()
+    res["broadcast_obj"] = tl.broadcast_object({"rank": r}, root_rank=0)
+    nc = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # non-contiguous, in place
+    tl.allreduce_(nc, op=tl.Sum)
+    res["noncontig"] = nc.tolist()
+    res["topology"] = [tl.size(), tl.local_size(), tl.local_rank(), tl.cross_size()]
+    try:
+        tl.allreduce(torch.ones(3 + (r == n - 1)), name="bad.shape")
+        res["mismatch"] = ""
+    except Exception as exc:  # noqa: BLE001
+        res["mismatch"] = f"{type(exc).__name__}: {exc}"
+    try:
+        tl.shutdown()
+    except Exception:  # noqa: BLE001 - the coordinator already failed with the mismatch
+        pass
+    return res
+
+
+def case_knob_churn(comm, steps: int = 200, ranks_per_node: int | None = None) -> dict:
+    """Deterministic mode (one group, no group fusion): gradients while rank 0 changes knobs every
+    step must be bitwise those of a fixed-knob run."""
+    torch.set_num_threads(1)
+    digests = {}
+    rng = np.random.default_rng(5)
+    for churn in (False, True):
+        tl.init(comm, group_fusion=False, ranks_per_node=ranks_per_node, segment_bytes=4096)
+        model = tiny_model()
+        opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                      groups=[list(model.parameters())])
+        h = hashlib.sha256()
+        for step in range(steps):
+            if churn and tl.rank() == 0:
+                tl.set_knobs(fusion_threshold_bytes=int(rng.choice([0, 256, 4096, 1 << 20])),
+                             cycle_time_ms=float(rng.choice([0.1, 0.5, 2.0])),
+                             segment_bytes=int(rng.choice([4096, 8192, 1 << 20])))
+            opt.zero_grad()
+            for x, y in batches(step % 7, tl.size(), 1)[tl.rank()]:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.synchronize()
+            for p in model.parameters():
+                h.update(p.grad.numpy().tobytes())
+            opt.step()
+        changes = len(tl._rt.current().coordinator.knob_changes)
+        tl.shutdown()
+        digests["churn" if churn else "fixed"] = h.hexdigest()
+        digests[f"changes_{churn}"] = changes
+    return digests
+
+
+def case_torch_dead_rank(comm) -> dict:
+    """The last rank dies in the middle of training; the others must not hang."""
+    import os
+
+    torch.set_num_threads(1)
+    tl.init(comm, timeout_s=20)
+    model = tiny_model()
+    opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(10_000):
+        if step == 3 and tl.rank() == tl.size() - 1:
+            os._exit(9)
+        opt.zero_grad()
+        for x, y in batches(step % 5, tl.size(), 1)[tl.rank()]:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return {}

@@ -1,0 +1,280 @@
+"""The background coordinator: negotiation, live knobs, fusion and completion, once per cycle.
+
+Framework hooks submit tensors as they become ready.  Every ``cycle_time_ms`` the
+coordinator thread of each rank takes part in one small non-blocking allreduce (bitwise AND)
+of:
+
+* control bits: "I have no new tensor names", "I want to shut down", "nothing of mine is
+  stalled", and rank 0's "no knob change pending";
+* a bit set over the tensor names negotiated before (the *cache*: names get the same id
+  on every rank the first time they are negotiated), one bit per name ready here.
+
+The AND is exactly "ready on every rank", so steady-state steps send a few bytes per
+tensor.  Only when some rank has a name not in the cache do ranks exchange names and
+metadata (an allgather); only when rank 0 changed knobs do they broadcast them, and
+every rank applies them before planning that cycle's fusion, so knobs always change at
+the same point everywhere.  Tensors ready everywhere are reduced in id order (new ones
+after cached ones), fused by the engine under the current knobs, and their handles
+complete.  Any error is decided from data every rank has, so all ranks raise it at the
+same cycle instead of some of them hanging.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import RankMismatchError, StallError, TunelabError
+from ..knobs import Knobs
+from .consensus import wait_or_timeout
+from .timeline import Timeline
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+_NO_NEW_NAMES = 1
+_SHUTDOWN = 2
+_NO_STALL = 4
+_NO_KNOB_CHANGE = 8
+_OPS = ("sum", "average", "min", "max")
+
+
+class Handle:
+    """Completion of one submitted tensor; ``wait()`` returns the reduced array."""
+
+    __slots__ = ("name", "out", "_event", "_error")
+
+    def __init__(self, name: str, out: np.ndarray) -> None:
+        self.name = name
+        self.out = out
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> np.ndarray:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self.out
+
+
+@dataclass
+class _Request:
+    name: str
+    array: np.ndarray
+    handle: Handle
+    op: str
+    group: str | None
+    since: float = field(default_factory=time.monotonic)
+
+    @property
+    def meta(self) -> tuple:
+        return (self.array.dtype.name, self.array.shape, self.op, self.group)
+
+
+class Coordinator:
+    """Runs one engine's collectives from a background thread.  Collective to create and to shut down."""
+
+    def __init__(self, engine: "Engine", timeline_path: str | None = None,
+                 stall_timeout_s: float | None = None) -> None:
+        self.engine = engine
+        self.comm = engine.topology.world.Dup()
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.stall_timeout_s = stall_timeout_s or engine.config.timeout_s
+        self.timeline = Timeline.for_rank(timeline_path, self.rank)
+        self.cycles = 0
+        self.knob_changes: list[tuple[int, Knobs]] = []  # (cycle, knobs) as applied, same on every rank
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Request] = {}
+        self._ids: dict[str, int] = {}
+        self._names: list[str] = []
+        self._requested: Knobs | None = None
+        self._shutdown = False
+        self._error: BaseException | None = None
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tunelab-coordinator", daemon=True)
+        self._thread.start()
+
+    # ---- user side ----------------------------------------------------------------------------
+    @property
+    def knobs(self) -> Knobs:
+        return self.engine.knobs
+
+    def submit(self, name: str, array: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> Handle:
+        """Queue ``array`` for allreduce under ``name`` (the same name on every rank)."""
+        return self.submit_group([name], [array], op, None if out is None else [out], group=None)[0]
+
+    def submit_group(self, names: list[str], arrays: list[np.ndarray], op: str = "sum",
+                     outs: list[np.ndarray] | None = None, group: str | None = None) -> list[Handle]:
+        """Queue several tensors at once; with ``group`` set they are reduced together as one group."""
+        self._raise_if_failed()
+        if op not in _OPS:
+            raise ValueError(f"unknown reduction {op!r}; choose from {', '.join(_OPS)}")
+        if outs is not None and len(outs) != len(arrays):
+            raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
+        reqs = []
+        for i, (name, a) in enumerate(zip(names, arrays)):
+            src = np.ascontiguousarray(a)
+            out = outs[i] if outs is not None else np.empty_like(src)
+            if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
+                raise ValueError(f"output for {name!r} must be C-contiguous {src.dtype}{list(src.shape)}")
+            reqs.append(_Request(name, src, Handle(name, out), op, group))
+        with self._lock:
+            if self._shutdown:
+                raise TunelabError("the coordinator is shut down")
+            for r in reqs:
+                if r.name in self._pending:
+                    raise ValueError(f"tensor {r.name!r} is already in flight; wait for it first")
+            for r in reqs:
+                self._pending[r.name] = r
+        return [r.handle for r in reqs]
+
+    def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
+        """Ask for new knobs.  Rank 0's request is applied by every rank at the same cycle; requests
+        on other ranks are ignored (so every rank may call this with its own view)."""
+        new = (knobs or self.engine.knobs).replace(**changes) if changes else (knobs or self.engine.knobs)
+        self.engine.check_knobs(new)
+        with self._lock:
+            self._requested = new
+        return new
+
+    def shutdown(self) -> None:
+        """Finish: returns when every rank has asked to shut down and nothing is pending anywhere."""
+        with self._lock:
+            self._shutdown = True
+        self._wake.set()
+        self._thread.join()
+        if self.timeline is not None:
+            self.timeline.close()
+        self.comm.Free()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    # ---- background ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.engine.use_kernel_threads()
+            while True:
+                start = time.monotonic()
+                if self._cycle():
+                    return
+                rest = self.engine.knobs.cycle_time_ms / 1000.0 - (time.monotonic() - start)
+                if rest > 0 and self._wake.wait(rest):
+                    self._wake.clear()
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the user's thread
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._error = exc
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for r in pending:
+            r.handle._error = exc
+            r.handle._event.set()
+
+    def _cycle(self) -> bool:
+        from mpi4py import MPI
+
+        self.cycles += 1
+        with self._lock:
+            pending = list(self._pending.values())
+            shutdown = self._shutdown
+            requested = self._requested
+        now = time.monotonic()
+        flags = 0
+        if all(r.name in self._ids for r in pending):
+            flags |= _NO_NEW_NAMES
+        if shutdown and not pending:
+            flags |= _SHUTDOWN
+        if all(now - r.since <= self.stall_timeout_s for r in pending):
+            flags |= _NO_STALL
+        if self.rank != 0 or requested is None or requested == self.engine.knobs:
+            flags |= _NO_KNOB_CHANGE
+        words = np.zeros(1 + (len(self._names) + 63) // 64, dtype=np.uint64)
+        words[0] = flags
+        for r in pending:
+            i = self._ids.get(r.name)
+            if i is not None:
+                words[1 + i // 64] |= np.uint64(1 << (i % 64))
+        agreed = np.empty_like(words)
+        req = self.comm.Iallreduce(words, agreed, op=MPI.BAND)
+        wait_or_timeout(req, self.engine.config.timeout_s, f"negotiation cycle {self.cycles}", self.rank)
+        flags = int(agreed[0])
+        if not flags & _NO_KNOB_CHANGE:
+            self._apply_knobs(self.comm.bcast(requested if self.rank == 0 else None, root=0))
+        if not flags & _NO_STALL:
+            self._report_stall(pending, now)
+        bits = np.unpackbits(agreed[1:].view(np.uint8), bitorder="little")[:len(self._names)]
+        ready = np.flatnonzero(bits).tolist()
+        if not flags & _NO_NEW_NAMES:
+            ready += self._negotiate_new_names(pending)
+        if ready:
+            self._execute(ready)
+        return bool(flags & _SHUTDOWN)
+
+    def _apply_knobs(self, knobs: Knobs) -> None:
+        self.engine.set_knobs(knobs)
+        self.knob_changes.append((self.cycles, knobs))
+        if self.timeline is not None:
+            self.timeline.instant("knobs", "knobs", cycle=self.cycles, **knobs.as_dict())
+
+    def _negotiate_new_names(self, pending: list[_Request]) -> list[int]:
+        mine = [(r.name, r.meta) for r in pending if r.name not in self._ids]
+        everyone = self.comm.allgather(mine)
+        tables = [dict(x) for x in everyone]
+        new: list[int] = []
+        for name, meta in everyone[0]:  # rank 0's submission order decides the order of new names
+            if not all(name in t for t in tables[1:]):
+                continue
+            metas = [t[name] for t in tables]
+            if any(m != meta for m in metas):
+                raise RankMismatchError(f"ranks disagree on tensor {name!r}: " + "; ".join(
+                    f"rank {r}: {m[0]}{list(m[1])} op={m[2]} group={m[3]}" for r, m in enumerate(metas)))
+            self._ids[name] = len(self._names)
+            self._names.append(name)
+            new.append(self._ids[name])
+        return new
+
+    def _report_stall(self, pending: list[_Request], now: float) -> None:
+        everyone = self.comm.allgather(sorted(r.name for r in pending))
+        problems = []
+        for name in sorted(set().union(*map(set, everyone))):
+            have = [rank for rank, names in enumerate(everyone) if name in names]
+            if len(have) < self.size:
+                missing = [rank for rank in range(self.size) if rank not in have]
+                problems.append(f"{name!r} (submitted by ranks {have}, missing on ranks {missing})")
+        if problems:
+            more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+            raise StallError(f"stalled for more than {self.stall_timeout_s:g} s: tensor {problems[0]}{more}")
+
+    def _execute(self, ids: list[int]) -> None:
+        with self._lock:
+            reqs = [self._pending[self._names[i]] for i in ids]
+        for op in dict.fromkeys(r.op for r in reqs):
+            batch = [r for r in reqs if r.op == op]
+            group_ids: dict[str, int] = {}
+            groups = [None if r.group is None else group_ids.setdefault(r.group, len(group_ids))
+                      for r in batch]
+            arrays, outs = [r.array for r in batch], [r.handle.out for r in batch]
+            if self.timeline is None:
+                self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
+            else:
+                with self.timeline.span("allreduce", "allreduce", op=op, tensors=len(batch),
+                                        bytes=int(sum(a.nbytes for a in arrays)), cycle=self.cycles):
+                    self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
+        with self._lock:
+            for r in reqs:
+                del self._pending[r.name]
+        for r in reqs:
+            r.handle._event.set()
