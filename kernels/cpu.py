@@ -7,6 +7,9 @@ L1 while it streams each source once.
 
 from __future__ import annotations
 
+import threading
+import types
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -15,6 +18,17 @@ from ._lowlevel import as_voidptr, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_
 from .base import HALF_KINDS, ReduceOp
 
 _BLOCK = 4096
+
+
+def _serial_and_parallel(fn):
+    """Compile ``fn`` twice: serial (``prange`` runs as ``range``) and parallel.  Ranks that share a
+    host usually get one thread each; they use the serial build and never start a threading layer
+    (an OpenMP pool's spin-waiting would steal the cores that other ranks and the framework need).
+    The serial copy gets its own qualified name so the two on-disk caches never collide."""
+    serial = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
+                                fn.__closure__)
+    serial.__qualname__ = fn.__qualname__ + "_serial"
+    return (njit(cache=True, nogil=True)(serial), njit(parallel=True, cache=True, nogil=True)(fn))
 
 
 @njit(inline="always", cache=True)
@@ -26,7 +40,6 @@ def _combine(a, b, op):
     return b if (b != b or b > a) else a
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def _copy_table(rows):
     for r in prange(rows.shape[0]):
         src, dst, nbytes = rows[r, 0], rows[r, 1], rows[r, 2]
@@ -46,7 +59,6 @@ def _copy_table(rows):
             d1[i] = s1[i]
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def _scale_copy_table(rows, proto, factor):
     for r in prange(rows.shape[0]):
         n = rows[r, 2]
@@ -57,7 +69,6 @@ def _scale_copy_table(rows, proto, factor):
             d[i] = s[i] * f
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def _scale_copy_table_half(rows, kind, factor):
     f = np.float32(factor)
     for r in prange(rows.shape[0]):
@@ -72,7 +83,6 @@ def _scale_copy_table_half(rows, kind, factor):
                 d[i] = f32_to_bf16(bf16_to_f32(s[i]) * f)
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def _reduce(out_addr, src_addrs, n, proto, op):
     # The accumulator is a block-sized scratch (L1-resident) written to ``out`` last, so ``out``
     # may alias any source: every source is read before any output element is written.
@@ -100,7 +110,6 @@ def _reduce(out_addr, src_addrs, n, proto, op):
             out[i] = acc[i]
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def _reduce_half(out_addr, src_addrs, n, kind, op):
     nblocks = (n + _BLOCK - 1) // _BLOCK
     k = src_addrs.size
@@ -128,16 +137,18 @@ def _reduce_half(out_addr, src_addrs, n, kind, op):
                 out[i] = f32_to_bf16(acc[i])
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def _to_f32(src, dst, kind):
     for i in prange(src.size):
         dst[i] = f16_to_f32(src[i]) if kind == 1 else bf16_to_f32(src[i])
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def _from_f32(src, dst, kind):
     for i in prange(src.size):
         dst[i] = f32_to_f16(src[i]) if kind == 1 else f32_to_bf16(src[i])
+
+
+_KERNELS = {f.__name__: _serial_and_parallel(f) for f in (
+    _copy_table, _scale_copy_table, _scale_copy_table_half, _reduce, _reduce_half, _to_f32, _from_f32)}
 
 
 def _half_kind(dtype: np.dtype) -> int:
@@ -156,13 +167,23 @@ class CpuBackend:
 
     name = "cpu"
 
+    def __init__(self) -> None:
+        self._threads = threading.local()
+
     def set_threads(self, n: int) -> None:
-        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+        """Thread budget for kernels called from the calling thread (1 = serial kernels)."""
+        n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+        self._threads.n = n
+        if n > 1:
+            numba.set_num_threads(n)
+
+    def _k(self, name: str):
+        return _KERNELS[name][getattr(self._threads, "n", 1) > 1]
 
     def copy_table(self, rows: np.ndarray) -> None:
         rows = _as_rows(rows)
         if rows.shape[0]:
-            _copy_table(rows)
+            self._k("_copy_table")(rows)
 
     def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
         rows = _as_rows(rows)
@@ -170,9 +191,9 @@ class CpuBackend:
             return
         kind = _half_kind(dtype)
         if kind:
-            _scale_copy_table_half(rows, kind, float(factor))
+            self._k("_scale_copy_table_half")(rows, kind, float(factor))
         else:
-            _scale_copy_table(rows, np.empty(0, dtype), float(factor))
+            self._k("_scale_copy_table")(rows, np.empty(0, dtype), float(factor))
 
     def reduce(self, out_addr: int, src_addrs: np.ndarray, count: int, dtype: np.dtype,
                op: ReduceOp) -> None:
@@ -183,9 +204,9 @@ class CpuBackend:
             raise ValueError("reduce needs at least one source")
         kind = _half_kind(dtype)
         if kind:
-            _reduce_half(int(out_addr), addrs, int(count), kind, int(op))
+            self._k("_reduce_half")(int(out_addr), addrs, int(count), kind, int(op))
         else:
-            _reduce(int(out_addr), addrs, int(count), np.empty(0, dtype), int(op))
+            self._k("_reduce")(int(out_addr), addrs, int(count), np.empty(0, dtype), int(op))
 
     def scale(self, array: np.ndarray, factor: float) -> None:
         if not array.flags.c_contiguous:
@@ -200,8 +221,8 @@ class CpuBackend:
             raise ValueError(f"cast shapes differ: {src.shape} vs {dst.shape}")
         s, d = src.reshape(-1), dst.reshape(-1)
         if d.dtype == np.float32 and _half_kind(s.dtype):
-            _to_f32(s.view(np.uint16), d, _half_kind(s.dtype))
+            self._k("_to_f32")(s.view(np.uint16), d, _half_kind(s.dtype))
         elif s.dtype == np.float32 and _half_kind(d.dtype):
-            _from_f32(s, d.view(np.uint16), _half_kind(d.dtype))
+            self._k("_from_f32")(s, d.view(np.uint16), _half_kind(d.dtype))
         else:
             raise ValueError(f"cast supports float16/bfloat16 <-> float32, not {s.dtype} -> {d.dtype}")

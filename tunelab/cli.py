@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tunelab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    bench = sub.add_parser("bench", help="benchmarks (allreduce, fusion)")
+    bench = sub.add_parser("bench", help="benchmarks (allreduce, fusion, kernels)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
 
     def common(p: argparse.ArgumentParser, iters: int, warmup: int) -> None:
@@ -114,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     common(fu, iters=10, warmup=3)
     fu.add_argument("--model", choices=sorted(MODELS), default="resnet50")
     fu.set_defaults(func=_cmd_bench_fusion)
+
+    from .bench.kernels import add_parser as add_kernels_parser
+
+    add_kernels_parser(bsub)  # bench kernels: rank-free, runs in this process
+
+    tr = bsub.add_parser("train", help="training samples/s: tunelab vs the framework's data-parallel path")
+    common(tr, iters=10, warmup=3)
+    tr.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    tr.add_argument("--framework", choices=["torch"], default="torch")
+    tr.add_argument("--image-size", type=_positive_int, default=64)
+    tr.add_argument("--batch-size", type=_positive_int, default=8, help="per rank")
+    tr.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds per system")
+    tr.set_defaults(func=_cmd_bench_train)
 
     hw = sub.add_parser("hw", help="print this host's hardware and software facts")
     hw.set_defaults(func=_cmd_hw)
@@ -167,6 +180,34 @@ def _cmd_bench_fusion(args: argparse.Namespace) -> int:
                                         ("speedup_vs_per_tensor", "vs_per_tensor", ".2f"),
                                         ("vs_contiguous", "vs_contiguous", ".3f"), ("wrong", "#wrong", "d")]))
     return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "mode")
+
+
+def _cmd_bench_train(args: argparse.Namespace) -> int:
+    from .bench.common import format_table
+    from .bench.train import SYSTEMS
+    from .launch import run_job
+
+    params = {**_params(args), "model": args.model, "framework": args.framework, "steps": args.iters,
+              "image_size": args.image_size, "batch_size": args.batch_size, "rounds": args.rounds,
+              "systems": list(SYSTEMS[args.framework])}
+    result = run_job("bench-train", params, args.np)
+    rows = result["rows"]
+    base = rows[-1]["samples_per_s"]
+    for r in rows:
+        r["vs_" + rows[-1]["system"]] = r["samples_per_s"] / base
+    print(f"# train  model={args.model}  framework={args.framework}  np={result['world_size']}  "
+          f"batch={args.batch_size}/rank  image={args.image_size}  steps={args.iters}x{args.rounds} rounds  "
+          f"threads/rank={result['threads_per_rank']}")
+    print(format_table(rows, [("system", "system", ""), ("samples_per_s", "samples/s", ".2f"),
+                              ("samples_per_s_min", "min", ".2f"), ("samples_per_s_max", "max", ".2f"),
+                              ("step_ms", "step_ms", ".0f"), ("vs_" + rows[-1]["system"], "vs_" + rows[-1]["system"], ".3f"),
+                              ("weights_identical", "same_weights", "")]))
+    bad = [r for r in rows if not r["weights_identical"]]
+    if bad:
+        sys.stderr.write("tunelab: error: weights diverged across ranks for " +
+                         ", ".join(r["system"] for r in bad) + "\n")
+        return 1
+    return _finish(result, args.json, [], "system")
 
 
 def _finish(result: dict, json_path: Path | None, bad_rows: list[dict], key: str) -> int:

@@ -35,7 +35,7 @@ SPECS: dict[str, KnobSpec] = {s.name: s for s in (
     KnobSpec("fusion_threshold_bytes", int, 0, 1 << 30,
              "largest fusion buffer; tensors are packed into buffers up to this size (0 = no fusion)"),
     KnobSpec("cycle_time_ms", float, 0.05, 1000.0,
-             "how often the background coordinator negotiates ready tensors"),
+             "wait between negotiations while tensors are in flight (an idle coordinator wakes on the next one)"),
     KnobSpec("hierarchical", bool, None, None,
              "local reduce-scatter, cross-node allreduce of shards, local allgather"),
     KnobSpec("group_fusion", bool, None, None,

@@ -46,6 +46,9 @@ def mpiexec_command() -> tuple[str, ...]:
 
 def _launch_env() -> dict[str, str]:
     env = dict(os.environ)
+    # Several ranks share this host's cores: OpenMP pools (torch's among them) must sleep when idle
+    # instead of spin-waiting, or each rank steals the cores the others compute on.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

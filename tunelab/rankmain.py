@@ -19,6 +19,7 @@ from .errors import TunelabError
 JOBS = {
     "bench-allreduce": "tunelab.bench.allreduce:run_rank",
     "bench-fusion": "tunelab.bench.fusion:run_rank",
+    "bench-train": "tunelab.bench.train:run_rank",
 }
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from .shm import NodeBarrier
 
-_SPIN_TESTS = 200
+_SPIN_TESTS = 20  # then sleep: waiting threads must leave the cores to the training
 
 
 def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
@@ -44,7 +44,7 @@ def wait_or_timeout(req: "MPI.Request", timeout_s: float, what: str, rank: int) 
                 raise CollectiveTimeoutError(
                     f"rank {rank}: other ranks did not reach {what} within {timeout_s:g} s "
                     "(a rank died, stalled, or skipped the call)")
-            time.sleep(0.0002)
+            time.sleep(0.00005)
 
 
 HeaderLabels = tuple[tuple[str, "tuple[str, ...] | None"], ...]

@@ -41,6 +41,7 @@ _SHUTDOWN = 2
 _NO_STALL = 4
 _NO_KNOB_CHANGE = 8
 _OPS = ("sum", "average", "min", "max")
+_IDLE_FACTOR = 10
 
 
 class Handle:
@@ -99,6 +100,7 @@ class Coordinator:
         self._shutdown = False
         self._error: BaseException | None = None
         self._wake = threading.Event()
+        self._idle = False  # nothing pending here: sleep longer, but wake on the next submit
         self._thread = threading.Thread(target=self._run, name="tunelab-coordinator", daemon=True)
         self._thread.start()
 
@@ -134,6 +136,8 @@ class Coordinator:
                     raise ValueError(f"tensor {r.name!r} is already in flight; wait for it first")
             for r in reqs:
                 self._pending[r.name] = r
+            if self._idle:
+                self._wake.set()
         return [r.handle for r in reqs]
 
     def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
@@ -168,7 +172,12 @@ class Coordinator:
                 start = time.monotonic()
                 if self._cycle():
                     return
-                rest = self.engine.knobs.cycle_time_ms / 1000.0 - (time.monotonic() - start)
+                cycle_s = self.engine.knobs.cycle_time_ms / 1000.0
+                with self._lock:
+                    # Idle ranks (between backward passes) cycle 10x slower to leave the cores to the
+                    # framework; a submit wakes them at once.  With work in flight the cycle is exact.
+                    self._idle = not self._pending and not self._shutdown
+                rest = (cycle_s * (_IDLE_FACTOR if self._idle else 1)) - (time.monotonic() - start)
                 if rest > 0 and self._wake.wait(rest):
                     self._wake.clear()
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the user's thread
