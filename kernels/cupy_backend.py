@@ -1,0 +1,300 @@
+"""GPU kernels compiled by CuPy (NVRTC) from CUDA C: batched copy, scale-copy, reduce, scale, casts.
+
+The same address-based interface as the CPU and numba-cuda back ends: a table of ``(src, dst, n)``
+rows is copied or scaled in one launch, a reduce reads its sources through a device array of
+pointers (so it can combine peers' buffers in place).  Half types are uint16 bit patterns converted
+in software exactly as on the CPU, and the module is built with ``-fmad=false``, so results agree
+bit for bit with the other back ends.  CuPy is imported when the back end is constructed, never at
+package import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import HALF_KINDS, ReduceOp
+
+_INSTALL_HINT = "pip install 'tunelab[gpu]'"
+_UNROLL = 4  # grid sizing: each thread handles about this many words per pass
+
+_SOURCE = r"""
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+// Integers wrap (computed unsigned, no undefined overflow); floats use plain IEEE ops.
+template <typename T, typename U> __device__ __forceinline__ T wrap_add(T a, T b) { return (T)((U)a + (U)b); }
+template <typename T, typename U> __device__ __forceinline__ T wrap_mul(T a, T b) { return (T)((U)a * (U)b); }
+
+template <typename T, typename U> __device__ __forceinline__ T combine(T a, T b, int op) {
+    if (op == 0) return wrap_add<T, U>(a, b);
+    if (op == 1) return (b != b || b < a) ? b : a;  // nan wins, as in numpy.minimum
+    return (b != b || b > a) ? b : a;
+}
+
+__device__ __forceinline__ float half_to_f32(u16 h, int kind) {  // kind 1: fp16, 2: bf16
+    u32 v = h;
+    if (kind == 2) return __uint_as_float(v << 16);
+    u32 sign = (v & 0x8000u) << 16, exp = (v >> 10) & 0x1Fu, man = v & 0x3FFu;
+    if (exp == 0) { float mag = (float)man * 5.9604644775390625e-08f; return sign ? -mag : mag; }
+    if (exp == 0x1Fu) return __uint_as_float(sign | 0x7F800000u | (man << 13));
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+__device__ __forceinline__ u16 f32_to_half(float x, int kind) {  // round to nearest even
+    u32 f = __float_as_uint(x);
+    if (kind == 2) {
+        if ((f & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((f >> 16) | 0x40u);
+        return (u16)((f + 0x7FFFu + ((f >> 16) & 1u)) >> 16);
+    }
+    u32 sign = (f >> 16) & 0x8000u, a = f & 0x7FFFFFFFu, o;
+    if (a >= 0x47800000u) o = a > 0x7F800000u ? 0x7E00u : 0x7C00u;
+    else if (a < 0x38800000u) o = __float_as_uint(__uint_as_float(a) + 0.5f) - 0x3F000000u;
+    else o = (a - (112u << 23) + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+    return (u16)(o | sign);
+}
+
+#define GRID_X  const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x; \
+                const i64 step = (i64)gridDim.x * blockDim.x;
+#define FOR_ROWS for (int r = blockIdx.y; r < nrows; r += gridDim.y)
+
+template <typename W>
+__device__ __forceinline__ void copy_words(const char* s, char* d, i64 words, i64 first, i64 step) {
+    const W* sw = (const W*)s;
+    W* dw = (W*)d;
+    for (i64 i = first; i < words; i += step) dw[i] = sw[i];
+}
+
+// One launch per table: grid y strides over rows, grid x over a row's words (widest common alignment).
+extern "C" __global__ void copy_rows(const i64* rows, int nrows) {
+    GRID_X
+    FOR_ROWS {
+        const i64 src = rows[3 * r], dst = rows[3 * r + 1], n = rows[3 * r + 2], diff = src - dst;
+        const int width = diff % 16 == 0 ? 16 : diff % 8 == 0 ? 8 : diff % 4 == 0 ? 4 : 1;
+        i64 head = (width - src % width) % width;
+        if (head > n) head = n;
+        const i64 words = (n - head) / width;
+        const char* s = (const char*)src;
+        char* d = (char*)dst;
+        for (i64 i = first; i < head; i += step) d[i] = s[i];
+        switch (width) {
+            case 16: copy_words<uint4>(s + head, d + head, words, first, step); break;
+            case 8: copy_words<u64>(s + head, d + head, words, first, step); break;
+            case 4: copy_words<u32>(s + head, d + head, words, first, step); break;
+            default: copy_words<char>(s + head, d + head, words, first, step);
+        }
+        for (i64 i = head + words * width + first; i < n; i += step) d[i] = s[i];
+    }
+}
+
+extern "C" __global__ void scale_rows_half(const i64* rows, int nrows, float factor, int kind) {
+    GRID_X
+    FOR_ROWS {
+        const u16* s = (const u16*)rows[3 * r];
+        u16* d = (u16*)rows[3 * r + 1];
+        const i64 n = rows[3 * r + 2];
+        for (i64 i = first; i < n; i += step) d[i] = f32_to_half(half_to_f32(s[i], kind) * factor, kind);
+    }
+}
+
+extern "C" __global__ void reduce_half(i64 out, const i64* srcs, int k, i64 n, int op, int kind) {
+    GRID_X
+    for (i64 i = first; i < n; i += step) {  // each element read from every source, then written: out may alias
+        float acc = half_to_f32(((const u16*)srcs[0])[i], kind);
+        for (int j = 1; j < k; ++j) acc = combine<float, float>(acc, half_to_f32(((const u16*)srcs[j])[i], kind), op);
+        ((u16*)out)[i] = f32_to_half(acc, kind);
+    }
+}
+
+extern "C" __global__ void widen(i64 src, i64 dst, i64 n, int kind) {
+    GRID_X
+    for (i64 i = first; i < n; i += step) ((float*)dst)[i] = half_to_f32(((const u16*)src)[i], kind);
+}
+
+extern "C" __global__ void narrow(i64 src, i64 dst, i64 n, int kind) {
+    GRID_X
+    for (i64 i = first; i < n; i += step) ((u16*)dst)[i] = f32_to_half(((const float*)src)[i], kind);
+}
+
+#define TYPED_KERNELS(NAME, T, U)                                                                   \
+extern "C" __global__ void scale_rows_##NAME(const i64* rows, int nrows, T factor) {                \
+    GRID_X                                                                                          \
+    FOR_ROWS {                                                                                      \
+        const T* s = (const T*)rows[3 * r];                                                         \
+        T* d = (T*)rows[3 * r + 1];                                                                 \
+        const i64 n = rows[3 * r + 2];                                                              \
+        for (i64 i = first; i < n; i += step) d[i] = wrap_mul<T, U>(s[i], factor);                  \
+    }                                                                                               \
+}                                                                                                   \
+extern "C" __global__ void reduce_##NAME(i64 out, const i64* srcs, int k, i64 n, int op) {         \
+    GRID_X                                                                                          \
+    for (i64 i = first; i < n; i += step) {                                                         \
+        T acc = ((const T*)srcs[0])[i];                                                             \
+        for (int j = 1; j < k; ++j) acc = combine<T, U>(acc, ((const T*)srcs[j])[i], op);           \
+        ((T*)out)[i] = acc;                                                                         \
+    }                                                                                               \
+}
+
+TYPED_KERNELS(float32, float, float)
+TYPED_KERNELS(float64, double, double)
+TYPED_KERNELS(int32, int, unsigned int)
+TYPED_KERNELS(int64, long long, unsigned long long)
+"""
+
+_TYPED = ("float32", "float64", "int32", "int64")
+
+
+def _one_line(exc: BaseException) -> str:
+    """The root cause of ``exc`` on one line (CuPy wraps import failures in a multi-line banner)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _require_cupy() -> Any:
+    """CuPy with at least one usable device, or an error that says how to get one."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA install failing to load
+        raise ImportError(f"the cupy kernel back end needs CuPy and a CUDA device: {_INSTALL_HINT} "
+                          f"({_one_line(exc)})") from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise RuntimeError(f"the cupy kernel back end found no usable CUDA device ({_one_line(exc)}); "
+                           f"it needs a GPU, a driver and {_INSTALL_HINT}") from exc
+    if count < 1:
+        raise RuntimeError(f"the cupy kernel back end found no CUDA device; it needs a GPU and {_INSTALL_HINT}")
+    return cupy
+
+
+def _half_kind(dtype: Any) -> int:
+    return HALF_KINDS.get(np.dtype(dtype).name, 0)
+
+
+def _as_rows(rows: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[1] != 3:
+        raise ValueError(f"copy table must have shape [rows, 3], got {rows.shape}")
+    return rows
+
+
+def _device_address(array: Any) -> tuple[int, np.dtype, int]:
+    """(address, element type, count) of a C-contiguous device array; uint16 means bfloat16 bits."""
+    iface = getattr(array, "__cuda_array_interface__", None)
+    if iface is None:
+        raise TypeError(f"expected a device array (__cuda_array_interface__), got {type(array).__name__}")
+    shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
+    count = int(np.prod(shape, dtype=np.int64))
+    strides = iface.get("strides")
+    if strides is not None and count > 1 and strides != np.empty(shape, dtype).strides:
+        raise ValueError("cupy kernels need C-contiguous arrays")
+    if dtype == np.uint16:
+        import ml_dtypes
+
+        dtype = np.dtype(ml_dtypes.bfloat16)
+    return int(iface["data"][0]), dtype, count
+
+
+class CupyBackend:
+    """:class:`kernels.base.KernelBackend` on a CUDA device, kernels compiled by CuPy.
+
+    Addresses are device pointers.  Launches go to CuPy's current stream and return without waiting:
+    call :meth:`synchronize` before host code or another library reads the results.
+    """
+
+    name = "cupy"
+
+    def __init__(self, block: int = 256, max_blocks: int = 8192) -> None:
+        self._cp = _require_cupy()
+        self._module = self._cp.RawModule(code=_SOURCE, options=("-fmad=false",))
+        self._fns: dict[str, Any] = {}
+        self._block = int(block)
+        self._max_blocks = max(1, int(max_blocks))
+
+    def _fn(self, name: str) -> Any:
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = self._fns[name] = self._module.get_function(name)
+        return fn
+
+    def set_threads(self, n: int) -> None:
+        """Host threads do not apply to device kernels; kept for the common interface."""
+
+    def synchronize(self) -> None:
+        self._cp.cuda.get_current_stream().synchronize()
+
+    def _row_grid(self, rows: np.ndarray, unit: int) -> tuple[int, int]:
+        """(x, y) grid for a table: y strides over rows, x splits the longest row ``unit`` at a time."""
+        gy = min(rows.shape[0], 65535)
+        gx = -(-int(rows[:, 2].max()) // (self._block * _UNROLL * unit))
+        return max(1, min(gx, self._max_blocks // gy)), gy
+
+    def _flat_grid(self, count: int) -> tuple[int]:
+        return (max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks)),)
+
+    def copy_table(self, rows: np.ndarray) -> None:
+        rows = _as_rows(rows)
+        if rows.shape[0] and rows[:, 2].max() > 0:
+            table = self._cp.asarray(rows)
+            self._fn("copy_rows")(self._row_grid(rows, 16), (self._block,), (table, np.int32(rows.shape[0])))
+
+    def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
+        rows = _as_rows(rows)
+        if not rows.shape[0] or rows[:, 2].max() <= 0:
+            return
+        name, kind = np.dtype(dtype).name, _half_kind(dtype)
+        if not kind and name not in _TYPED:
+            raise TypeError(f"cupy kernels do not handle {name}")
+        head = (self._cp.asarray(rows), np.int32(rows.shape[0]))
+        args = (*head, np.float32(factor), np.int32(kind)) if kind else (*head, np.dtype(dtype).type(factor))
+        self._fn("scale_rows_half" if kind else f"scale_rows_{name}")(self._row_grid(rows, 1), (self._block,),
+                                                                      args)
+
+    def reduce(self, out_addr: int, src_addrs: np.ndarray, count: int, dtype: np.dtype,
+               op: ReduceOp) -> None:
+        if count <= 0:
+            return
+        addrs = np.ascontiguousarray(src_addrs, dtype=np.int64).reshape(-1)
+        if addrs.size == 0:
+            raise ValueError("reduce needs at least one source")
+        name, kind = np.dtype(dtype).name, _half_kind(dtype)
+        if not kind and name not in _TYPED:
+            raise TypeError(f"cupy kernels do not handle {name}")
+        args = (np.int64(out_addr), self._cp.asarray(addrs), np.int32(addrs.size), np.int64(count),
+                np.int32(op))
+        if kind:
+            self._fn("reduce_half")(self._flat_grid(count), (self._block,), (*args, np.int32(kind)))
+        else:
+            self._fn(f"reduce_{name}")(self._flat_grid(count), (self._block,), args)
+
+    def scale(self, array: Any, factor: float) -> None:
+        """In place ``array *= factor`` on a device array (uint16 arrays are bfloat16 bits)."""
+        addr, dtype, n = _device_address(array)
+        if n:
+            self.scale_copy_table(np.array([[addr, addr, n]], np.int64), dtype, factor)
+
+    def cast(self, src: Any, dst: Any) -> None:
+        """float16/bfloat16 <-> float32 between device arrays (uint16 arrays are bfloat16 bits)."""
+        s_addr, s_dtype, n = _device_address(src)
+        d_addr, d_dtype, m = _device_address(dst)
+        if n != m:
+            raise ValueError(f"cast sizes differ: {n} vs {m}")
+        self.cast_addr(s_addr, d_addr, n, s_dtype, d_dtype)
+
+    def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
+        """Pointer-level :meth:`cast` of ``count`` elements."""
+        s_kind, d_kind = _half_kind(src_dtype), _half_kind(dst_dtype)
+        if s_kind and np.dtype(dst_dtype) == np.float32:
+            name, kind = "widen", s_kind
+        elif d_kind and np.dtype(src_dtype) == np.float32:
+            name, kind = "narrow", d_kind
+        else:
+            raise ValueError(f"cast supports float16/bfloat16 <-> float32, not {np.dtype(src_dtype)} -> "
+                             f"{np.dtype(dst_dtype)}")
+        if count > 0:
+            self._fn(name)(self._flat_grid(count), (self._block,),
+                           (np.int64(src_addr), np.int64(dst_addr), np.int64(count), np.int32(kind)))
