@@ -293,9 +293,8 @@ def case_topology(comm: MPI.Comm) -> dict:
 def _find_case(name: str):
     if name in globals():
         return globals()[name]
-    import mpi_torch_cases  # needs torch: imported only for torch cases
-
-    return getattr(mpi_torch_cases, name)
+    module = "mpi_tf_cases" if name.startswith("case_tf_") else "mpi_torch_cases"
+    return getattr(__import__(module), name)  # framework cases import their framework only when used
 
 
 def main(argv: list[str]) -> int:

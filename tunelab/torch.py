@@ -22,11 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import runtime as _rt
 from .dtypes import bfloat16 as _np_bfloat16
 from .errors import TunelabError
-
-Average = "average"
-Sum = "sum"
-Min = "min"
-Max = "max"
+from .reduce_ops import Average, Max, Min, Sum, resolve_op
 
 
 # ---- lifecycle and topology ------------------------------------------------------------------
@@ -130,12 +126,6 @@ class Handle:
         return out[0] if self._single else out
 
 
-def _resolve_op(op: str | None, average: bool | None) -> str:
-    if average is not None:
-        return Average if average else Sum
-    return Average if op is None else op
-
-
 def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compression: type,
             inplace: bool, group: str | None) -> Handle:
     coord = _rt.current().coordinator
@@ -160,13 +150,13 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
 # ---- allreduce --------------------------------------------------------------------------------
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: str | None = None, compression: type = Compression.none) -> Handle:
-    return _submit([tensor], [name or _rt.current().auto_name("allreduce")], _resolve_op(op, average),
+    return _submit([tensor], [name or _rt.current().auto_name("allreduce")], resolve_op(op, average),
                    compression, inplace=False, group=None)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: str | None = None, compression: type = Compression.none) -> Handle:
-    return _submit([tensor], [name or _rt.current().auto_name("allreduce")], _resolve_op(op, average),
+    return _submit([tensor], [name or _rt.current().auto_name("allreduce")], resolve_op(op, average),
                    compression, inplace=True, group=None)
 
 
@@ -185,7 +175,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             compression: type = Compression.none, inplace: bool = False) -> Handle:
     base = name or _rt.current().auto_name("grouped_allreduce")
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    return _submit(list(tensors), names, _resolve_op(op, average), compression, inplace, group=base)
+    return _submit(list(tensors), names, resolve_op(op, average), compression, inplace, group=base)
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,

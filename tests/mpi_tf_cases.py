@@ -1,0 +1,107 @@
+"""TensorFlow / Keras training cases for mpi_cases.py, against single-process references."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+import keras  # noqa: E402
+
+import tunelab.tensorflow as tl  # noqa: E402
+
+PER_RANK = 4
+
+
+def tiny_model(seed: int) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(5)])
+
+
+def data(step: int, world: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(100 + step)
+    return (rng.standard_normal((world * PER_RANK, 10)).astype(np.float32),
+            rng.integers(0, 5, world * PER_RANK).astype(np.int32))
+
+
+def loss_fn(model: keras.Model, x: np.ndarray, y: np.ndarray) -> tf.Tensor:
+    logits = model(x, training=True)
+    return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+
+def reference(steps: int, world: int) -> list[np.ndarray]:
+    model = tiny_model(1)  # rank 0's init, which the distributed runs broadcast
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = data(step, world)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, x, y)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return [w.numpy() for w in model.weights]
+
+
+def custom_loop(steps: int, use_function: bool, compression: type) -> list[np.ndarray]:
+    model = tiny_model(seed=1 + tl.rank())  # different init per rank: the broadcast must fix it
+    tl.broadcast_variables(model.weights, root_rank=0)
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+
+    def train_step(x: tf.Tensor, y: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, x, y)
+        tape = tl.DistributedGradientTape(tape, compression=compression)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    step_fn = tf.function(train_step) if use_function else train_step
+    r = tl.rank()
+    for step in range(steps):
+        x, y = data(step, tl.size())
+        step_fn(x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK])
+    return [w.numpy() for w in model.weights]
+
+
+def fit_run(epochs: int, batches: int) -> tuple[list[np.ndarray], list[float]]:
+    model = tiny_model(seed=1 + tl.rank())
+    model.compile(optimizer=tl.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    r, n = tl.rank(), tl.size()
+    xs, ys = zip(*(data(b, n) for b in range(batches)))
+    x = np.concatenate([bx[r * PER_RANK:(r + 1) * PER_RANK] for bx in xs])
+    y = np.concatenate([by[r * PER_RANK:(r + 1) * PER_RANK] for by in ys])
+    hist = model.fit(x, y, batch_size=PER_RANK, epochs=epochs, shuffle=False, verbose=0,
+                     callbacks=[tl.BroadcastGlobalVariablesCallback(0), tl.MetricAverageCallback()])
+    return [w.numpy() for w in model.weights], [float(v) for v in hist.history["loss"]]
+
+
+def fit_reference(epochs: int, batches: int, world: int) -> list[np.ndarray]:
+    model = tiny_model(seed=1)  # rank 0's init, which the callback broadcasts
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    xs, ys = zip(*(data(b, world) for b in range(batches)))
+    model.fit(np.concatenate(xs), np.concatenate(ys), batch_size=world * PER_RANK, epochs=epochs,
+              shuffle=False, verbose=0)
+    return [w.numpy() for w in model.weights]
+
+
+def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+
+def case_tf_training(comm, steps: int = 5) -> dict:
+    tl.init(comm)
+    n = tl.size()
+    ref = reference(steps, n)
+    out = {}
+    for label, use_fn, comp in (("function", True, tl.Compression.none), ("eager", False, tl.Compression.none),
+                                ("fp16", True, tl.Compression.fp16)):
+        mine = custom_loop(steps, use_fn, comp)
+        out[label] = {"max_abs_diff": _max_diff(mine, ref), "digest": float(sum(float(w.sum()) for w in mine))}
+    weights, losses = fit_run(epochs=2, batches=3)
+    out["fit"] = {"max_abs_diff": _max_diff(weights, fit_reference(2, 3, n)), "losses": losses}
+    x = tf.constant(np.arange(6, dtype=np.float32) + tl.rank())
+    out["allreduce_sum"] = tl.allreduce(x, op=tl.Sum).numpy().tolist()
+    out["allgather"] = tl.allgather(tf.fill([tl.rank() + 1], float(tl.rank()))).numpy().tolist()
+    out["broadcast"] = tl.broadcast(tf.constant([float(tl.rank())] * 3), root_rank=n - 1).numpy().tolist()
+    tl.shutdown()
+    return out
