@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .knobs import SPECS, Knobs
 
@@ -18,6 +19,7 @@ ENV_RANKS_PER_NODE = "TUNELAB_RANKS_PER_NODE"
 ENV_TIMEOUT_S = "TUNELAB_TIMEOUT_S"
 ENV_BACKEND = "TUNELAB_KERNEL_BACKEND"
 ENV_TIMELINE = "TUNELAB_TIMELINE"
+ENV_HOME = "TUNELAB_HOME"
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,20 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
                         backend=str(other.get("backend", "cpu")), pinned=frozenset(knob_values),
                         timeline=str(other["timeline"]) if other.get("timeline") else None)
+
+
+def tunelab_home(environ: Mapping[str, str] | None = None) -> Path:
+    """Directory of tunelab's lasting data (the profile store): ``TUNELAB_HOME``, else the user's
+    data dir (``$XDG_DATA_HOME/tunelab`` or ``~/.local/share/tunelab``), so every job on the host
+    finds the profiles earlier jobs tuned."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_HOME):
+        return Path(env[ENV_HOME]).expanduser()
+    xdg = Path(env.get("XDG_DATA_HOME") or "").expanduser()
+    if xdg.is_absolute():  # the XDG spec says relative values are to be ignored
+        return xdg / "tunelab"
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    return home / ".local" / "share" / "tunelab"
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:

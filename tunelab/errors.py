@@ -19,3 +19,11 @@ class TopologyError(TunelabError):
 
 class StallError(TunelabError):
     """Some ranks submitted a tensor that others did not submit within the stall timeout."""
+
+
+class ScenarioError(TunelabError):
+    """A scenario file is missing, unreadable or invalid; the message names the file and the key."""
+
+
+class StoreError(TunelabError):
+    """The profile store cannot be used (corrupt, foreign, newer schema, locked); the file is left as is."""

@@ -1,10 +1,21 @@
-"""What this host is: CPU, memory, MPI library and software versions (for benchmark records)."""
+"""What this host is: CPU, memory, MPI library and software versions (for benchmark records).
+
+``fingerprint()`` condenses the facts a tuned config depends on into a stable hash, so tuning
+profiles are shared by every run on the same kind of machine and job layout.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import os
 import platform
+import re
+import shutil
 import socket
+import subprocess
+from dataclasses import dataclass
 
 
 def _cpu_model() -> str:
@@ -50,3 +61,159 @@ def host_info() -> dict[str, object]:
     except ImportError:
         pass
     return info
+
+
+# --- Fingerprint: which tuning profile a run belongs to -------------------------------------------
+
+# Facts recorded for people but kept out of the hash: the same machine type under another name
+# (a rebuilt node, a cloud instance) should find the profile it already tuned.
+UNHASHED_FACTS = frozenset({"hostname"})
+_NVIDIA_SMI_TIMEOUT_S = 5.0
+_FRAMEWORK_DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel"),
+}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a tuned config depends on: ``hash`` keys profiles, ``name`` is for people, ``facts`` for both."""
+
+    name: str
+    hash: str
+    facts: dict
+
+
+def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
+                frameworks: tuple[str, ...] = ("torch", "tensorflow")) -> Fingerprint:
+    """Fingerprint this host's hardware and software for a job of ``nodes`` nodes.
+
+    Cheap enough to call at every job start: no torch/tensorflow import (versions come from the
+    installed metadata), and the GPU query is one short ``nvidia-smi`` call.
+    """
+    layout = _layout(nodes, ranks_per_node)
+    facts: dict[str, object] = {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count() or 0,
+        "cpu_sockets": _cpu_sockets(),
+        # whole GiB: the kernel's reserved memory varies a little between boots and kernels
+        "memory_gib": round(_memory_bytes() / (1 << 30)),
+        **_gpu_facts(),
+        "nodes": nodes,
+        "ranks_per_node": layout,
+        "mpi_library": _mpi_library_line(),
+        "frameworks": _framework_versions(frameworks),
+    }
+    return fingerprint_from_facts(facts)
+
+
+def fingerprint_from_facts(facts: dict) -> Fingerprint:
+    """The fingerprint of already-collected facts (e.g. gathered on rank 0 or read from a profile)."""
+    hashed = {k: v for k, v in facts.items() if k not in UNHASHED_FACTS}
+    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return Fingerprint(name=_readable_name(facts), hash=digest, facts=dict(facts))
+
+
+def _layout(nodes: int, ranks_per_node: list[int] | tuple) -> list[int]:
+    layout = [int(r) for r in ranks_per_node]
+    if int(nodes) < 1 or len(layout) != int(nodes) or any(r < 1 for r in layout):
+        raise ValueError(f"ranks_per_node must list a positive rank count for each of the {nodes} "
+                         f"node(s), got {list(ranks_per_node)!r}")
+    return layout
+
+
+def _cpu_sockets() -> int:
+    """Distinct physical packages in /proc/cpuinfo (1 where the kernel does not say)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            ids = {line.split(":", 1)[1].strip() for line in f if line.startswith("physical id")}
+    except OSError:
+        ids = set()
+    return max(1, len(ids))
+
+
+def _gpu_facts() -> dict[str, object]:
+    """GPU model, count and memory from ``nvidia-smi`` (no CUDA library is loaded for this)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {"gpu_count": 0}
+    try:
+        proc = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return {"gpu_count": 0}
+    if proc.returncode != 0:
+        return {"gpu_count": 0}
+    return parse_nvidia_smi(proc.stdout)
+
+
+def parse_nvidia_smi(text: str) -> dict[str, object]:
+    """Facts from ``name,memory.total`` CSV lines such as ``NVIDIA H100 80GB HBM3, 81559 MiB``."""
+    models: list[str] = []
+    mib: list[int] = []
+    for line in text.strip().splitlines():
+        name, _, memory = line.rpartition(",")
+        match = re.search(r"\d+", memory)
+        if not name.strip() or match is None:
+            continue
+        models.append(name.strip())
+        mib.append(int(match.group()))
+    if not models:
+        return {"gpu_count": 0}
+    return {"gpu_model": " + ".join(sorted(set(models))), "gpu_count": len(models),
+            "gpu_memory_gib": round(min(mib) / 1024)}
+
+
+def _mpi_library_line() -> str:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return "none"
+    lines = MPI.Get_library_version().strip().splitlines()
+    return " ".join(lines[0].split()) if lines else "unknown"
+
+
+def _framework_versions(frameworks: tuple[str, ...]) -> dict[str, str]:
+    """Installed versions from package metadata; frameworks that are not installed are left out."""
+    versions: dict[str, str] = {}
+    for framework in frameworks:
+        for dist in _FRAMEWORK_DISTRIBUTIONS.get(framework, (framework,)):
+            try:
+                versions[framework] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def _readable_name(facts: dict) -> str:
+    """E.g. ``AMD EPYC (2 cores, 24 GiB) | 1 node x 2 ranks | MPICH 5.0.2 | torch 2.13``."""
+    sockets = int(facts.get("cpu_sockets", 1) or 1)
+    cpu = (f"{sockets}x " if sockets > 1 else "") + _short_cpu(str(facts.get("cpu_model", "?")))
+    parts = [f"{cpu} ({facts.get('cpu_cores', '?')} cores, {facts.get('memory_gib', '?')} GiB)"]
+    if facts.get("gpu_count"):
+        parts.append(f"{facts['gpu_count']}x {facts.get('gpu_model', 'GPU')} "
+                     f"({facts.get('gpu_memory_gib', '?')} GiB)")
+    layout = list(facts.get("ranks_per_node") or [])
+    nodes = int(facts.get("nodes", len(layout)) or 0)
+    ranks = str(layout[0]) if len(set(layout)) == 1 else "+".join(map(str, layout)) or "?"
+    parts.append(f"{nodes} node{'s' if nodes != 1 else ''} x {ranks} rank{'s' if ranks != '1' else ''}")
+    parts.append(_short_mpi(str(facts.get("mpi_library", "none"))))
+    for framework, version in dict(facts.get("frameworks") or {}).items():
+        match = re.match(r"\d+(\.\d+)?", version)
+        parts.append(f"{framework} {match.group() if match else version}")
+    return " | ".join(parts)
+
+
+def _short_cpu(model: str) -> str:
+    model = re.sub(r"\((R|TM|tm|r)\)", "", model)
+    model = re.sub(r"\s+(CPU\s+)?@\s*[\d.]+\s*GHz", "", model)
+    return " ".join(model.split()) or "unknown CPU"
+
+
+def _short_mpi(line: str) -> str:
+    """``MPICH Version: 5.0.2`` -> ``MPICH 5.0.2``; ``Open MPI v4.1.5, package: ...`` -> ``Open MPI v4.1.5``."""
+    head = line.split(",", 1)[0].replace("Version:", " ")
+    return " ".join(head.split()) or "no MPI"

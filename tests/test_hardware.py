@@ -1,0 +1,99 @@
+"""The hardware fingerprint keys tuning profiles: stable for the same machine and job layout,
+different when the layout changes, blind to the hostname and to tiny memory differences."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tunelab import hardware
+from tunelab.hardware import Fingerprint, fingerprint, fingerprint_from_facts, parse_nvidia_smi
+
+
+def test_hash_is_stable_across_calls():
+    a, b = fingerprint(1, [2]), fingerprint(1, (2,))
+    assert isinstance(a, Fingerprint)
+    assert a.hash == b.hash and a.name == b.name
+    assert len(a.hash) == 16 and int(a.hash, 16) >= 0
+    assert {"cpu_model", "cpu_cores", "memory_gib", "gpu_count", "nodes", "ranks_per_node",
+            "mpi_library", "frameworks"} <= set(a.facts)
+
+
+def test_hash_changes_with_the_job_layout():
+    hashes = {fingerprint(1, [2]).hash, fingerprint(1, [4]).hash, fingerprint(2, [2, 2]).hash,
+              fingerprint(2, [3, 1]).hash}
+    assert len(hashes) == 4
+
+
+def test_hash_ignores_the_hostname(monkeypatch):
+    before = fingerprint(1, [2])
+    monkeypatch.setattr(hardware.socket, "gethostname", lambda: "some-other-node-17")
+    after = fingerprint(1, [2])
+    assert after.facts["hostname"] == "some-other-node-17" != before.facts["hostname"]
+    assert after.hash == before.hash
+    assert "some-other-node-17" not in after.name
+
+
+def test_memory_is_rounded_so_tiny_differences_do_not_split_profiles(monkeypatch):
+    monkeypatch.setattr(hardware, "_memory_bytes", lambda: (24 << 30) - (3 << 20))
+    low = fingerprint(1, [2])
+    monkeypatch.setattr(hardware, "_memory_bytes", lambda: (24 << 30) + (5 << 20))
+    high = fingerprint(1, [2])
+    assert low.hash == high.hash and low.facts["memory_gib"] == 24
+
+
+def test_name_is_readable():
+    fp = fingerprint(1, [2])
+    parts = fp.name.split(" | ")
+    assert f"({fp.facts['cpu_cores']} cores, {fp.facts['memory_gib']} GiB)" in parts[0]
+    assert "1 node x 2 ranks" in parts
+    assert fp.facts["hostname"] not in fp.name
+    assert "2 nodes x 4+3 ranks" in fingerprint(2, [4, 3]).name
+    named = fingerprint_from_facts({**fp.facts, "mpi_library": "MPICH Version: 5.0.2",
+                                    "frameworks": {"torch": "2.13.0+cpu"}, "cpu_sockets": 2,
+                                    "cpu_model": "Intel(R) Xeon(R) Gold 6148 CPU @ 2.40GHz"})
+    assert named.name.startswith("2x Intel Xeon Gold 6148 (")
+    assert named.name.endswith(" | MPICH 5.0.2 | torch 2.13")
+
+
+def test_bad_layout_is_rejected():
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        fingerprint(2, [2])
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        fingerprint(1, [0])
+
+
+def test_parse_nvidia_smi():
+    facts = parse_nvidia_smi("NVIDIA H100 80GB HBM3, 81559 MiB\nNVIDIA H100 80GB HBM3, 81559 MiB\n")
+    assert facts == {"gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 2, "gpu_memory_gib": 80}
+    assert parse_nvidia_smi("") == {"gpu_count": 0}
+    assert parse_nvidia_smi("No devices were found\n") == {"gpu_count": 0}
+
+
+@pytest.mark.parametrize("script,count", [
+    ("echo 'NVIDIA A100-SXM4-40GB, 40960 MiB'; echo 'NVIDIA A100-SXM4-40GB, 40960 MiB'", 2),
+    ("echo 'NVIDIA-SMI has failed' >&2; exit 9", 0),
+])
+def test_gpus_come_from_nvidia_smi_on_path(tmp_path, monkeypatch, script, count):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    fp = fingerprint(1, [2])
+    assert fp.facts["gpu_count"] == count
+    if count:
+        assert fp.facts["gpu_memory_gib"] == 40 and "2x NVIDIA A100-SXM4-40GB (40 GiB)" in fp.name
+
+
+def test_fingerprint_does_not_import_frameworks():
+    code = textwrap.dedent("""
+        import sys
+        from tunelab.hardware import fingerprint
+        fingerprint(1, [2])
+        print(",".join(m for m in ("torch", "tensorflow", "cupy") if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

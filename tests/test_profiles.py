@@ -1,0 +1,365 @@
+"""The profile store keeps every finished trial through concurrent writers and killed jobs, refuses
+files it does not understand without touching them, and moves profiles between hosts losslessly."""
+
+import json
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tunelab.config import tunelab_home
+from tunelab.errors import StoreError
+from tunelab.profiles import FILE_NAME, InvalidExport, ProfileKey, ProfileStore
+
+KEY = ProfileKey("aaaa000011112222", "resnet50:25.6M:161", "torch", 2)
+FACTS = {"hostname": "n1", "cpu_model": "AMD EPYC", "cpu_cores": 2, "memory_gib": 24, "gpu_count": 0,
+         "nodes": 1, "ranks_per_node": [2], "mpi_library": "MPICH Version: 5.0.2",
+         "frameworks": {"torch": "2.13.0"}}
+KNOBS = {"fusion_threshold_bytes": 64 << 20, "cycle_time_ms": 1.0, "hierarchical": False,
+         "group_fusion": True, "segment_bytes": 4 << 20}
+
+
+def new_profile(store, key=KEY, facts=FACTS, name="hw"):
+    return store.upsert_profile(key, name, facts, "resnet50")
+
+
+def trial(store, pid, score, phase="explore", run="r1", **knobs):
+    return store.record_trial(pid, {**KNOBS, **knobs}, score, 0.05, 20, 3.5, run, phase)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return ProfileStore(tmp_path / "missing" / "dir" / FILE_NAME)
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+def test_missing_directory_is_created_and_upsert_is_idempotent(store):
+    assert store.path.exists()
+    pid = new_profile(store)
+    assert new_profile(store, name="hw renamed") == pid
+    assert [p.id for p in store.profiles()] == [pid]
+    assert store.get(pid).hardware_name == "hw renamed" and store.get(pid).key == KEY
+    assert store.get(pid + 1) is None
+
+
+def test_trials_round_trip_in_order_with_numpy_values(store):
+    pid = new_profile(store)
+    ids = [store.record_trial(pid, {**KNOBS, "segment_bytes": np.int64(1 << 20), "hierarchical": np.bool_(True),
+                                    "cycle_time_ms": np.float32(2.5)},
+                              np.float64(100.0 + i), np.float32(0.25), np.int64(20), 3.0, "run-a", phase)
+           for i, phase in enumerate(["default", "explore", "remeasure", "locked"])]
+    trials = store.trials(pid)
+    assert [t.id for t in trials] == ids == sorted(ids)
+    assert [t.phase for t in trials] == ["default", "explore", "remeasure", "locked"]
+    assert [t.score for t in trials] == [100.0, 101.0, 102.0, 103.0]
+    first = trials[0]
+    assert first.knobs["segment_bytes"] == 1 << 20 and type(first.knobs["segment_bytes"]) is int
+    assert first.knobs["hierarchical"] is True and first.knobs["cycle_time_ms"] == 2.5
+    assert first.spread == 0.25 and first.steps == 20 and first.run_id == "run-a"
+    assert len({t.uid for t in trials}) == 4
+    assert store.profiles()[0].n_trials == 4
+
+
+def test_bad_trials_are_rejected(store):
+    pid = new_profile(store)
+    with pytest.raises(ValueError, match="phase"):
+        trial(store, pid, 1.0, phase="warmup")
+    with pytest.raises(ValueError, match="score"):
+        trial(store, pid, float("nan"))
+    with pytest.raises(StoreError, match="no profile with id 999"):
+        trial(store, 999, 1.0)
+    assert store.trials(pid) == []
+
+
+def test_best_and_gain(store):
+    pid = new_profile(store)
+    assert store.best(KEY) is None
+    store.set_best(pid, {**KNOBS, "segment_bytes": 1 << 20}, 120.0, 100.0, 0.02, "r1")
+    store.set_best(pid, {**KNOBS, "segment_bytes": 2 << 20}, 125.0, 100.0, 0.03, "r2")
+    best = store.best(KEY)
+    assert best.profile_id == pid and best.knobs["segment_bytes"] == 2 << 20 and best.run_id == "r2"
+    assert best.gain == pytest.approx(1.25) and store.get(pid).best_gain == pytest.approx(1.25)
+    assert store.best(ProfileKey(KEY.hardware_hash, KEY.model_signature, KEY.framework, 4)) is None
+    with pytest.raises(ValueError, match="default_score"):
+        store.set_best(pid, KNOBS, 1.0, 0.0, 0.0, "r3")
+
+
+def test_nearest_prefers_same_world_size_then_most_equal_facts(store):
+    def make(hw, world, facts, model="resnet50:25.6M:161", framework="torch"):
+        return new_profile(store, ProfileKey(hw, model, framework, world), facts)
+
+    similar = make("hw-similar", 2, {**FACTS, "hostname": "x", "cpu_cores": 4})
+    make("hw-different", 2, {**FACTS, "cpu_model": "Intel", "cpu_cores": 64, "memory_gib": 512})
+    same_hw_other_world = make("hw-target", 4, FACTS)
+    make("hw-target", 2, FACTS, model="bert:110M:200")
+    make("hw-target", 2, FACTS, framework="tensorflow")
+    target = ProfileKey("hw-target", "resnet50:25.6M:161", "torch", 2)
+    assert store.nearest(target).id == similar  # facts looked up from the hw-target profiles
+    assert store.nearest(target, hardware_facts={}).world_size == 2
+    only_other_world = ProfileKey("hw-target", "resnet50:25.6M:161", "torch", 8)
+    assert store.nearest(only_other_world).id == same_hw_other_world
+    assert store.nearest(ProfileKey("hw-target", "gpt2:124M:148", "torch", 2)) is None
+    own = store.nearest(ProfileKey("hw-similar", "resnet50:25.6M:161", "torch", 2))
+    assert own.id != similar  # never itself
+
+
+def test_delete_removes_trials_and_best(store):
+    pid, other = new_profile(store), new_profile(store, ProfileKey("b" * 16, "m", "torch", 2))
+    trial(store, pid, 10.0)
+    trial(store, other, 11.0)
+    store.set_best(pid, KNOBS, 10.0, 9.0, 0.0, "r1")
+    assert store.delete(pid) is True and store.delete(pid) is False
+    assert store.get(pid) is None and store.trials(pid) == [] and store.best(KEY) is None
+    assert len(store.trials(other)) == 1
+
+
+# -- export / import -----------------------------------------------------------------------------
+
+def populated(store):
+    a = new_profile(store)
+    b = new_profile(store, ProfileKey("c" * 16, "bert:110M:200", "tensorflow", 4), {**FACTS, "nodes": 2})
+    for i in range(3):
+        trial(store, a, 100.0 + i, segment_bytes=(1 << 20) * (i + 1))
+    trial(store, b, 50.0, phase="default")
+    store.set_best(a, {**KNOBS, "segment_bytes": 3 << 20}, 102.0, 100.0, 0.01, "r1")
+    return a, b
+
+
+def test_export_import_round_trip_and_reimport_adds_nothing(store, tmp_path):
+    a, b = populated(store)
+    data = json.loads(json.dumps(store.export()))
+    assert data["format"] == "tunelab-profiles" and data["version"] == 1 and len(data["profiles"]) == 2
+    fresh = ProfileStore(tmp_path / "fresh.sqlite")
+    result = fresh.merge(data)
+    assert (result.profiles_added, result.trials_added, len(result.profile_ids)) == (2, 4, 2)
+    assert fresh.export() == data
+    assert fresh.import_(data) == result.profile_ids and fresh.export() == data
+    again = fresh.merge(data)
+    assert (again.profiles_added, again.trials_added) == (0, 0)
+    assert store.merge(data).trials_added == 0 and len(store.trials(a)) == 3
+    assert len(store.export([b])["profiles"]) == 1
+    with pytest.raises(StoreError, match="no profile with id 99"):
+        store.export([99])
+
+
+def test_import_merges_trials_and_keeps_the_higher_best(store, tmp_path):
+    a, _ = populated(store)
+    other = ProfileStore(tmp_path / "other.sqlite")
+    pid = new_profile(other)
+    trial(other, pid, 130.0, run="elsewhere")
+    other.set_best(pid, KNOBS, 130.0, 100.0, 0.02, "elsewhere")
+    result = store.merge(other.export())
+    assert result.profile_ids == [a] and (result.profiles_added, result.trials_added) == (0, 1)
+    assert len(store.trials(a)) == 4 and store.best(KEY).run_id == "elsewhere"
+    store.set_best(a, KNOBS, 200.0, 100.0, 0.02, "local")
+    store.merge(other.export())
+    assert store.best(KEY).run_id == "local"
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(format="other"), "not a tunelab profiles export"),
+    (lambda d: d.update(version=2), "newer"),
+    (lambda d: d["profiles"][0].pop("framework"), "framework is missing"),
+    (lambda d: d["profiles"][0]["trials"][0].update(phase="warmup"), "phase"),
+    (lambda d: d["profiles"][0]["trials"][0].update(score="fast"), "score"),
+])
+def test_invalid_exports_are_rejected_without_writing(store, tmp_path, mutate, message):
+    populated(store)
+    data = store.export()
+    mutate(data)
+    fresh = ProfileStore(tmp_path / "fresh.sqlite")
+    with pytest.raises(InvalidExport, match=message):
+        fresh.merge(data)
+    assert fresh.profiles() == []
+
+
+# -- robustness ----------------------------------------------------------------------------------
+
+def _writer(path, start, n):
+    store = ProfileStore(path)
+    pid = new_profile(store)
+    start.wait(30)
+    for i in range(n):
+        trial(store, pid, float(i), run=f"pid{os.getpid()}")
+    os._exit(0)
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path):
+    path = tmp_path / FILE_NAME
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+    procs = [ctx.Process(target=_writer, args=(path, start, 50)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    store = ProfileStore(path)
+    assert len(store.profiles()) == 1
+    trials = store.trials(store.profiles()[0].id)
+    assert len(trials) == 100 and len({t.uid for t in trials}) == 100
+    assert len({t.run_id for t in trials}) == 2
+
+
+def _endless_writer(path, pid):
+    store = ProfileStore(path)
+    while True:
+        trial(store, pid, 1.0)
+
+
+def test_killed_writer_leaves_every_finished_trial(tmp_path):
+    path = tmp_path / FILE_NAME
+    store = ProfileStore(path)
+    pid = new_profile(store)
+    proc = multiprocessing.get_context("fork").Process(target=_endless_writer, args=(path, pid))
+    proc.start()
+    deadline = time.monotonic() + 30
+    while len(store.trials(pid)) < 20 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    seen = store.trials(pid)
+    assert len(seen) >= 20 and all(t.score == 1.0 for t in seen)
+    trial(store, pid, 2.0)
+    assert len(store.trials(pid)) == len(seen) + 1
+
+
+def _dies_mid_transaction(path, pid, n):
+    store = ProfileStore(path)
+    for _ in range(n):
+        trial(store, pid, 1.0)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE trials SET score = -1")
+    conn.execute("DELETE FROM profiles")
+    os._exit(3)
+
+
+def test_exit_inside_a_transaction_keeps_committed_trials(tmp_path):
+    path = tmp_path / FILE_NAME
+    store = ProfileStore(path)
+    pid = new_profile(store)
+    proc = multiprocessing.get_context("fork").Process(target=_dies_mid_transaction, args=(path, pid, 7))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 3
+    after = ProfileStore(path)
+    assert [t.score for t in after.trials(pid)] == [1.0] * 7
+
+
+def _assert_refused(path, fragment):
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as info:
+        ProfileStore(path)
+    message = str(info.value)
+    assert str(path) in message and fragment in message and "\n" not in message
+    assert path.read_bytes() == before
+    return message
+
+
+def test_corrupt_file_is_refused_and_left_unchanged(tmp_path):
+    path = tmp_path / FILE_NAME
+    path.write_bytes(np.random.default_rng(0).bytes(8192))
+    _assert_refused(path, "not a tunelab profile store")
+
+
+def test_damaged_sqlite_file_is_refused_and_left_unchanged(tmp_path):
+    path = tmp_path / FILE_NAME
+    ProfileStore(path)
+    data = bytearray(path.read_bytes())
+    data[100:] = np.random.default_rng(1).bytes(len(data) - 100)
+    path.write_bytes(bytes(data))
+    _assert_refused(path, "profile store")
+
+
+def test_foreign_sqlite_file_is_refused_and_left_unchanged(tmp_path):
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE cats (name TEXT)")
+    conn.close()
+    _assert_refused(path, "not a tunelab profile store")
+
+
+def test_newer_schema_is_refused_and_left_unchanged(tmp_path):
+    path = tmp_path / FILE_NAME
+    populated(ProfileStore(path))
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.close()
+    assert "newer" in _assert_refused(path, "schema version 99")
+
+
+def test_tunelab_home_location(tmp_path):
+    assert tunelab_home({"TUNELAB_HOME": str(tmp_path)}) == tmp_path
+    assert tunelab_home({"XDG_DATA_HOME": "/xdg", "HOME": "/h"}) == Path("/xdg/tunelab")
+    assert tunelab_home({"XDG_DATA_HOME": "relative", "HOME": "/h"}) == Path("/h/.local/share/tunelab")
+    assert tunelab_home({"HOME": "/h", "TUNELAB_HOME": ""}) == Path("/h/.local/share/tunelab")
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+
+def cli(home, *args, stdin=subprocess.DEVNULL):
+    env = {**os.environ, "TUNELAB_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "tunelab.cli", "profiles", *args], check=False,
+                          capture_output=True, text=True, timeout=60, env=env, stdin=stdin)
+
+
+def one_error_line(proc, code, fragment):
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tunelab") and fragment in lines[0], proc.stderr
+
+
+def test_cli_list_show_export_import_delete(tmp_path):
+    home = tmp_path / "home"
+    a, b = populated(ProfileStore(home / FILE_NAME))
+    out = cli(home, "list")
+    assert out.returncode == 0, out.stderr
+    assert "best_samples/s" in out.stdout and "102.00" in out.stdout and "1.020" in out.stdout
+    assert "resnet50" in out.stdout and "n/a" in out.stdout  # b has no best yet
+    show = cli(home, "show", str(a))
+    assert show.returncode == 0, show.stderr
+    assert "cpu_model: AMD EPYC" in show.stdout and "segment_bytes: 3MiB" in show.stdout
+    assert "trials: 3" in show.stdout and "segment_bytes=2MiB" in show.stdout
+    export = cli(home, "export", "--out", str(tmp_path / "x.json"))
+    assert export.returncode == 0 and "2 profiles (4 trials)" in export.stdout
+    assert json.loads(cli(home, "export", str(b)).stdout)["profiles"][0]["framework"] == "tensorflow"
+    other = tmp_path / "other"
+    imported = cli(other, "import", str(tmp_path / "x.json"))
+    assert imported.returncode == 0 and "2 new profiles, 4 new trials" in imported.stdout
+    assert "0 new profiles, 0 new trials" in cli(other, "import", str(tmp_path / "x.json")).stdout
+    one_error_line(cli(home, "delete", str(a)), 1, "without --yes")
+    assert ProfileStore(home / FILE_NAME).get(a) is not None
+    deleted = cli(home, "delete", str(a), "--yes")
+    assert deleted.returncode == 0 and "deleted profile" in deleted.stdout
+    assert [p.id for p in ProfileStore(home / FILE_NAME).profiles()] == [b]
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    home = tmp_path / "home"
+    populated(ProfileStore(home / FILE_NAME))
+    one_error_line(cli(home, "show", "99"), 1, "no profile with id 99")
+    one_error_line(cli(home, "delete", "99", "--yes"), 1, "no profile with id 99")
+    one_error_line(cli(home, "export", "1", "99"), 1, "no profile with id 99")
+    one_error_line(cli(home, "import", str(tmp_path / "nope.json")), 1, "cannot read")
+    (tmp_path / "bad.json").write_text("{not json")
+    one_error_line(cli(home, "import", str(tmp_path / "bad.json")), 1, "not valid JSON")
+    (tmp_path / "wrong.json").write_text('{"format": "something"}')
+    one_error_line(cli(home, "import", str(tmp_path / "wrong.json")), 1, "not a valid tunelab profiles export")
+    one_error_line(cli(home, "show", "abc"), 2, "expected a profile id")
+    one_error_line(cli(home, "export", "--bogus"), 2, "unrecognized arguments")
+    one_error_line(cli(home, "frobnicate"), 2, "invalid choice")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / FILE_NAME).write_bytes(b"\x00garbage" * 100)
+    one_error_line(cli(corrupt, "list"), 1, "not a tunelab profile store")

@@ -1,0 +1,514 @@
+"""Tuning profiles on disk: every trial the tuner measured and the best config, per hardware x model.
+
+One SQLite file (``$TUNELAB_HOME/profiles.sqlite``) is shared by every job on the host.  Several
+jobs may tune at once and any of them may be killed, so every write is one short transaction in
+WAL mode with a busy timeout: concurrent writers queue instead of failing, and a killed writer
+loses only the transaction it had not finished.  A file the store does not understand (corrupt,
+foreign, or written by a newer tunelab) is refused with ``StoreError`` and never modified.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .errors import StoreError
+
+SCHEMA_VERSION = 1
+EXPORT_FORMAT = "tunelab-profiles"
+EXPORT_VERSION = 1
+FILE_NAME = "profiles.sqlite"
+PHASES = ("default", "explore", "remeasure", "locked")
+BUSY_TIMEOUT_S = 60.0
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS profiles (
+    id INTEGER PRIMARY KEY,
+    hardware_hash TEXT NOT NULL, model_signature TEXT NOT NULL, framework TEXT NOT NULL,
+    world_size INTEGER NOT NULL, hardware_name TEXT NOT NULL, hardware_facts TEXT NOT NULL,
+    model_name TEXT NOT NULL, created TEXT NOT NULL, updated TEXT NOT NULL,
+    UNIQUE (hardware_hash, model_signature, framework, world_size));
+CREATE TABLE IF NOT EXISTS trials (
+    id INTEGER PRIMARY KEY, uid TEXT NOT NULL UNIQUE,
+    profile_id INTEGER NOT NULL REFERENCES profiles(id) ON DELETE CASCADE,
+    knobs TEXT NOT NULL, score REAL NOT NULL, spread REAL NOT NULL, steps INTEGER NOT NULL,
+    seconds REAL NOT NULL, run_id TEXT NOT NULL, phase TEXT NOT NULL, created TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trials_by_profile ON trials (profile_id, id);
+CREATE TABLE IF NOT EXISTS best (
+    profile_id INTEGER PRIMARY KEY REFERENCES profiles(id) ON DELETE CASCADE,
+    knobs TEXT NOT NULL, score REAL NOT NULL, default_score REAL NOT NULL, spread REAL NOT NULL,
+    run_id TEXT NOT NULL, updated TEXT NOT NULL)
+"""
+
+_SUMMARY_SQL = """
+SELECT p.*, (SELECT COUNT(*) FROM trials t WHERE t.profile_id = p.id) AS n_trials,
+       b.score AS best_score, b.score / b.default_score AS best_gain
+FROM profiles p LEFT JOIN best b ON b.profile_id = p.id
+"""
+_KEY_WHERE = "hardware_hash = ? AND model_signature = ? AND framework = ? AND world_size = ?"
+
+
+class InvalidExport(ValueError):
+    """Data given to ``import_`` is not a tunelab profiles export this version can read."""
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a tuned config is valid for: this hardware, this model, this framework, this many ranks."""
+
+    hardware_hash: str
+    model_signature: str
+    framework: str
+    world_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("hardware_hash", "model_signature", "framework"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"ProfileKey.{name} must be a non-empty string")
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"ProfileKey.world_size must be a positive integer, got {self.world_size!r}")
+
+    def params(self) -> tuple[str, str, str, int]:
+        return (self.hardware_hash, self.model_signature, self.framework, self.world_size)
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    id: int
+    hardware_hash: str
+    model_signature: str
+    framework: str
+    world_size: int
+    hardware_name: str
+    hardware_facts: dict
+    model_name: str
+    n_trials: int
+    best_score: float | None
+    best_gain: float | None
+    created: str
+    updated: str
+
+    @property
+    def key(self) -> ProfileKey:
+        return ProfileKey(self.hardware_hash, self.model_signature, self.framework, self.world_size)
+
+
+@dataclass(frozen=True)
+class Trial:
+    id: int
+    uid: str
+    profile_id: int
+    knobs: dict
+    score: float    # samples/s
+    spread: float   # relative, e.g. (p90 - p10) / median
+    steps: int
+    seconds: float
+    run_id: str
+    phase: str
+    created: str
+
+
+@dataclass(frozen=True)
+class Best:
+    profile_id: int
+    knobs: dict
+    score: float
+    default_score: float
+    gain: float     # score / default_score
+    spread: float
+    run_id: str
+    updated: str
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    profile_ids: list[int]
+    profiles_added: int
+    trials_added: int
+
+
+class ProfileStore:
+    """The profile store at ``path`` (default ``tunelab_home() / "profiles.sqlite"``).
+
+    Each call opens its own connection, so a store object is safe to use from forked children and
+    threads; opening is cheap next to a tuning trial.
+    """
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        if path is None:
+            from .config import tunelab_home
+
+            path = tunelab_home() / FILE_NAME
+        self.path = Path(path)
+        self._open_or_create()
+
+    # -- writes (each one transaction) ---------------------------------------------------------
+
+    def upsert_profile(self, key: ProfileKey, hardware_name: str, hardware_facts: dict,
+                       model_name: str) -> int:
+        """The id of ``key``'s profile, created if new (names and facts are refreshed if not)."""
+        now = _now()
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO profiles (hardware_hash, model_signature, framework, world_size, hardware_name,"
+                " hardware_facts, model_name, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (hardware_hash, model_signature, framework, world_size) DO UPDATE SET"
+                " hardware_name = excluded.hardware_name, hardware_facts = excluded.hardware_facts,"
+                " model_name = excluded.model_name, updated = excluded.updated",
+                (*key.params(), str(hardware_name), _to_json(hardware_facts), str(model_name), now, now))
+            return int(conn.execute(f"SELECT id FROM profiles WHERE {_KEY_WHERE}", key.params()).fetchone()[0])
+
+    def record_trial(self, profile_id: int, knobs: dict, score: float, spread: float, steps: int,
+                     seconds: float, run_id: str, phase: str) -> int:
+        """Store one measured config; returns the trial id.  Its uid keeps re-imports from duplicating it."""
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+        row = (uuid.uuid4().hex, int(profile_id), _to_json(knobs), _number("score", score),
+               _number("spread", spread), _count("steps", steps), _number("seconds", seconds),
+               str(run_id), phase, _now())
+        with self._write() as conn:
+            self._touch(conn, row[1], row[-1])
+            cur = conn.execute("INSERT INTO trials (uid, profile_id, knobs, score, spread, steps, seconds,"
+                               " run_id, phase, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            return int(cur.lastrowid)
+
+    def set_best(self, profile_id: int, knobs: dict, score: float, default_score: float, spread: float,
+                 run_id: str) -> None:
+        """Replace the profile's best config (what the next run of this key starts from)."""
+        default = _number("default_score", default_score)
+        if default <= 0:
+            raise ValueError(f"default_score must be > 0, got {default_score!r}")
+        now = _now()
+        row = (int(profile_id), _to_json(knobs), _number("score", score), default,
+               _number("spread", spread), str(run_id), now)
+        with self._write() as conn:
+            self._touch(conn, row[0], now)
+            conn.execute("INSERT OR REPLACE INTO best (profile_id, knobs, score, default_score, spread,"
+                         " run_id, updated) VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+
+    def delete(self, profile_id: int) -> bool:
+        """Remove a profile with its trials and best; False if there was no such profile."""
+        with self._write() as conn:
+            conn.execute("DELETE FROM trials WHERE profile_id = ?", (profile_id,))
+            conn.execute("DELETE FROM best WHERE profile_id = ?", (profile_id,))
+            return conn.execute("DELETE FROM profiles WHERE id = ?", (profile_id,)).rowcount > 0
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def best(self, key: ProfileKey) -> Best | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT b.* FROM best b JOIN profiles p ON p.id = b.profile_id"
+                               f" WHERE {_KEY_WHERE}",
+                               key.params()).fetchone()
+        return None if row is None else _best(row)
+
+    def best_of(self, profile_id: int) -> Best | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM best WHERE profile_id = ?", (profile_id,)).fetchone()
+        return None if row is None else _best(row)
+
+    def trials(self, profile_id: int) -> list[Trial]:
+        """The profile's trials in the order they were recorded."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT * FROM trials WHERE profile_id = ? ORDER BY id", (profile_id,))
+            return [_trial(r) for r in rows.fetchall()]
+
+    def profiles(self) -> list[ProfileSummary]:
+        return self._summaries("ORDER BY p.id", ())
+
+    def get(self, profile_id: int) -> ProfileSummary | None:
+        found = self._summaries("WHERE p.id = ?", (profile_id,))
+        return found[0] if found else None
+
+    def nearest(self, key: ProfileKey, hardware_facts: dict | None = None) -> ProfileSummary | None:
+        """Another profile of the same model and framework to seed ``key``'s tuning from.
+
+        Prefers the same world size, then the hardware sharing the most facts with ``hardware_facts``
+        (by default the facts stored for ``key.hardware_hash``, if any profile has them), then a
+        profile with a best config and many trials.
+        """
+        candidates = [s for s in self._summaries("WHERE p.model_signature = ? AND p.framework = ?",
+                                                 (key.model_signature, key.framework)) if s.key != key]
+        if not candidates:
+            return None
+        facts = hardware_facts if hardware_facts is not None else self._facts_of(key.hardware_hash)
+
+        def rank(s: ProfileSummary) -> tuple:
+            return (s.world_size == key.world_size, s.hardware_hash == key.hardware_hash,
+                    _equal_facts(facts, s.hardware_facts), -abs(s.world_size - key.world_size),
+                    s.best_score is not None, s.n_trials, s.updated)
+        return max(candidates, key=rank)
+
+    # -- export / import -----------------------------------------------------------------------
+
+    def export(self, profile_ids: list[int] | None = None) -> dict:
+        """Profiles (all by default) with trials and best, as JSON-able data for ``import_``."""
+        summaries = self.profiles()
+        if profile_ids is not None:
+            by_id = {s.id: s for s in summaries}
+            missing = [i for i in profile_ids if i not in by_id]
+            if missing:
+                raise StoreError(f"no profile with id {missing[0]} in {self.path}")
+            summaries = [by_id[i] for i in dict.fromkeys(profile_ids)]
+        return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
+                "profiles": [self._export_one(s) for s in summaries]}
+
+    def import_(self, data: dict) -> list[int]:
+        """Merge an export into this store; returns the ids of the profiles it names."""
+        return self.merge(data).profile_ids
+
+    def merge(self, data: dict) -> ImportResult:
+        """Merge an export in one transaction: trials already here (same uid) are skipped and a
+        profile's best is replaced only by a higher score.  Malformed data raises ``InvalidExport``."""
+        profiles = _validate_export(data)
+        ids: list[int] = []
+        added_profiles = added_trials = 0
+        with self._write() as conn:
+            for p in profiles:
+                pid, new = self._import_profile(conn, p)
+                ids.append(pid)
+                added_profiles += new
+                for t in p["trials"]:
+                    added_trials += conn.execute(
+                        "INSERT OR IGNORE INTO trials (uid, profile_id, knobs, score, spread, steps, seconds,"
+                        " run_id, phase, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (t["uid"], pid, _to_json(t["knobs"]), float(t["score"]), float(t["spread"]),
+                         t["steps"], float(t["seconds"]), t["run_id"], t["phase"], t["created"])).rowcount
+                if p.get("best") is not None:
+                    self._import_best(conn, pid, p["best"])
+        return ImportResult(ids, added_profiles, added_trials)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _open_or_create(self) -> None:
+        """Check an existing file read-only before anything writes to it; create the schema if new."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            existing = self.path.exists() and self.path.stat().st_size > 0
+            if existing:
+                with open(self.path, "rb") as f:
+                    magic = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise StoreError(f"cannot use profile store {self.path}: {exc.strerror or exc}") from None
+        if existing and magic != _SQLITE_MAGIC:
+            raise StoreError(f"{self.path} is not a tunelab profile store (not an SQLite file; corrupt?)")
+        with self._connect() as conn:
+            version = self._schema_version(conn, existing)
+            if version is not None and version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has schema version {version}, newer than this tunelab "
+                                 f"supports ({SCHEMA_VERSION}); upgrade tunelab to use it")
+            if version is None:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA.split(";"):
+                    conn.execute(statement)
+                conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
+                conn.execute("COMMIT")
+
+    def _schema_version(self, conn: sqlite3.Connection, existing: bool) -> int | None:
+        """The file's schema version; None for an empty database (to be created)."""
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            if existing and tables:
+                raise StoreError(f"{self.path} is an SQLite file but not a tunelab profile store")
+            return None
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        try:
+            return int(row[0])
+        except (TypeError, ValueError):
+            raise StoreError(f"{self.path} has no valid schema version; not a tunelab profile store") from None
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A fresh connection; any SQLite failure becomes a one-line ``StoreError`` naming the file."""
+        try:
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreError(_describe(self.path, exc)) from None
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            yield conn
+        except sqlite3.Error as exc:
+            raise StoreError(_describe(self.path, exc)) from None
+        finally:
+            conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taking the write lock up front (waits up to ``BUSY_TIMEOUT_S``)."""
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _touch(self, conn: sqlite3.Connection, profile_id: int, now: str) -> None:
+        if conn.execute("UPDATE profiles SET updated = ? WHERE id = ?", (now, profile_id)).rowcount == 0:
+            raise StoreError(f"no profile with id {profile_id} in {self.path}")
+
+    def _summaries(self, clause: str, params: tuple) -> list[ProfileSummary]:
+        with self._connect() as conn:
+            rows = conn.execute(f"{_SUMMARY_SQL} {clause}", params).fetchall()
+        return [ProfileSummary(**{**dict(r), "hardware_facts": json.loads(r["hardware_facts"])}) for r in rows]
+
+    def _facts_of(self, hardware_hash: str) -> dict:
+        with self._connect() as conn:
+            row = conn.execute("SELECT hardware_facts FROM profiles WHERE hardware_hash = ? LIMIT 1",
+                               (hardware_hash,)).fetchone()
+        return {} if row is None else json.loads(row[0])
+
+    def _export_one(self, s: ProfileSummary) -> dict:
+        best = self.best_of(s.id)
+        return {"hardware_hash": s.hardware_hash, "model_signature": s.model_signature,
+                "framework": s.framework, "world_size": s.world_size, "hardware_name": s.hardware_name,
+                "hardware_facts": s.hardware_facts, "model_name": s.model_name, "created": s.created,
+                "updated": s.updated,
+                "trials": [{k: v for k, v in vars(t).items() if k not in ("id", "profile_id")}
+                           for t in self.trials(s.id)],
+                "best": None if best is None else {k: v for k, v in vars(best).items()
+                                                   if k not in ("profile_id", "gain")}}
+
+    def _import_profile(self, conn: sqlite3.Connection, p: dict) -> tuple[int, bool]:
+        key = (p["hardware_hash"], p["model_signature"], p["framework"], p["world_size"])
+        row = conn.execute(f"SELECT id FROM profiles WHERE {_KEY_WHERE}", key).fetchone()
+        if row is not None:
+            conn.execute("UPDATE profiles SET updated = MAX(updated, ?) WHERE id = ?", (p["updated"], row[0]))
+            return int(row[0]), False
+        cur = conn.execute("INSERT INTO profiles (hardware_hash, model_signature, framework, world_size,"
+                           " hardware_name, hardware_facts, model_name, created, updated)"
+                           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (*key, p["hardware_name"], _to_json(p["hardware_facts"]), p["model_name"],
+                            p["created"], p["updated"]))
+        return int(cur.lastrowid), True
+
+    def _import_best(self, conn: sqlite3.Connection, profile_id: int, b: dict) -> None:
+        here = conn.execute("SELECT score FROM best WHERE profile_id = ?", (profile_id,)).fetchone()
+        if here is not None and here[0] >= b["score"]:
+            return
+        conn.execute("INSERT OR REPLACE INTO best (profile_id, knobs, score, default_score, spread, run_id,"
+                     " updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (profile_id, _to_json(b["knobs"]), float(b["score"]), float(b["default_score"]),
+                      float(b["spread"]), b["run_id"], b["updated"]))
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+_NUM, _STR, _INT, _OBJ = ((int, float), "number"), ((str,), "string"), ((int,), "integer"), ((dict,), "object")
+_PROFILE_FIELDS = {"hardware_hash": _STR, "model_signature": _STR, "framework": _STR, "world_size": _INT,
+                   "hardware_name": _STR, "hardware_facts": _OBJ, "model_name": _STR, "created": _STR,
+                   "updated": _STR, "trials": ((list,), "list")}
+_TRIAL_FIELDS = {"uid": _STR, "knobs": _OBJ, "score": _NUM, "spread": _NUM, "steps": _INT,
+                 "seconds": _NUM, "run_id": _STR, "phase": _STR, "created": _STR}
+_BEST_FIELDS = {"knobs": _OBJ, "score": _NUM, "default_score": _NUM, "spread": _NUM, "run_id": _STR,
+                "updated": _STR}
+
+
+def _validate_export(data: object) -> list[dict]:
+    """The export's profiles, every field checked before anything is written."""
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise InvalidExport(f'not a tunelab profiles export (expected "format": "{EXPORT_FORMAT}")')
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidExport(f'"version" must be an integer, got {version!r}')
+    if version > EXPORT_VERSION:
+        raise InvalidExport(f"export version {version} is newer than this tunelab reads ({EXPORT_VERSION})")
+    profiles = data.get("profiles")
+    if not isinstance(profiles, list):
+        raise InvalidExport('"profiles" must be a list')
+    for i, p in enumerate(profiles):
+        _check_fields(p, _PROFILE_FIELDS, f"profiles[{i}]")
+        if p["world_size"] < 1:
+            raise InvalidExport(f"profiles[{i}].world_size must be >= 1")
+        for j, t in enumerate(p["trials"]):
+            _check_fields(t, _TRIAL_FIELDS, f"profiles[{i}].trials[{j}]")
+            if t["phase"] not in PHASES:
+                raise InvalidExport(f"profiles[{i}].trials[{j}].phase {t['phase']!r} is not one of {PHASES}")
+        if p.get("best") is not None:
+            _check_fields(p["best"], _BEST_FIELDS, f"profiles[{i}].best")
+            if p["best"]["default_score"] <= 0:
+                raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
+    return profiles
+
+
+def _check_fields(obj: object, fields: dict, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise InvalidExport(f"{where} must be an object")
+    for name, (kinds, kind_name) in fields.items():
+        value = obj.get(name)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise InvalidExport(f"{where}.{name} is missing or not a {kind_name}")
+        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
+            raise InvalidExport(f"{where}.{name} must be a finite number >= 0")
+
+
+def _plain(value: object) -> object:
+    """numpy scalars and arrays as Python values (json cannot encode them)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()  # type: ignore[no-any-return, attr-defined]
+    raise TypeError(f"{type(value).__name__} value {value!r} cannot be stored as JSON")
+
+
+def _to_json(value: object) -> str:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a dict, got {type(value).__name__}")
+    try:
+        return json.dumps(value, sort_keys=True, default=_plain, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _number(name: str, value: object) -> float:
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _count(name: str, value: object) -> int:
+    number = operator.index(value)  # type: ignore[arg-type]
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return number
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _equal_facts(a: dict, b: dict) -> int:
+    return sum(1 for k, v in a.items() if k in b and b[k] == v)
+
+
+def _trial(row: sqlite3.Row) -> Trial:
+    return Trial(**{**dict(row), "knobs": json.loads(row["knobs"])})
+
+
+def _best(row: sqlite3.Row) -> Best:
+    d = dict(row)
+    return Best(**{**d, "knobs": json.loads(d["knobs"]), "gain": d["score"] / d["default_score"]})
+
+
+def _describe(path: Path, exc: sqlite3.Error) -> str:
+    """One line naming the file, for the CLI's ``tunelab: error:``."""
+    text = " ".join(str(exc).split())
+    if "locked" in text or "busy" in text:
+        return f"profile store {path} is locked by another process (waited {BUSY_TIMEOUT_S:g} s): {text}"
+    if "not a database" in text or "malformed" in text:
+        return f"{path} is not a tunelab profile store (corrupt: {text})"
+    return f"profile store {path}: {text}"

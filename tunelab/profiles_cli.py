@@ -1,0 +1,185 @@
+"""``tunelab profiles``: look at, move and prune the tuning profiles stored on this host.
+
+Export/import lets a profile tuned on one cluster seed the same hardware elsewhere; every failure
+is one ``tunelab: error:`` line and exit 1 (bad flags: one line and exit 2, from the parser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import TunelabError
+from .knobs import Knobs
+from .units import format_size
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``profiles`` with its subcommands; they use the same parser class (one-line errors)."""
+    profiles = subparsers.add_parser("profiles", help="tuning profiles stored on this host")
+    psub = profiles.add_subparsers(dest="profiles_command", required=True, parser_class=type(profiles))
+
+    psub.add_parser("list", help="one line per profile").set_defaults(func=cmd_list)
+    show = psub.add_parser("show", help="a profile's hardware, best config and trials")
+    show.add_argument("id", type=_profile_id, metavar="ID")
+    show.set_defaults(func=cmd_show)
+    export = psub.add_parser("export", help="write profiles (all, or IDS) as JSON")
+    export.add_argument("--out", type=Path, default=None, metavar="FILE", help="default: stdout")
+    export.add_argument("ids", type=_profile_id, nargs="*", metavar="ID")
+    export.set_defaults(func=cmd_export)
+    import_ = psub.add_parser("import", help="merge profiles from an export file")
+    import_.add_argument("file", type=Path, metavar="FILE")
+    import_.set_defaults(func=cmd_import)
+    delete = psub.add_parser("delete", help="remove a profile with its trials")
+    delete.add_argument("id", type=_profile_id, metavar="ID")
+    delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    delete.set_defaults(func=cmd_delete)
+
+
+def _profile_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a profile id (a positive integer), got {text!r}")
+    return value
+
+
+def _store():
+    from .profiles import ProfileStore
+
+    return ProfileStore()
+
+
+def _existing(store, profile_id: int):
+    summary = store.get(profile_id)
+    if summary is None:
+        raise TunelabError(f"no profile with id {profile_id} in {store.path}")
+    return summary
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .bench.common import format_table
+
+    store = _store()
+    rows = store.profiles()
+    if not rows:
+        print(f"# no profiles in {store.path}")
+        return 0
+    print(f"# {len(rows)} profile{'s' if len(rows) != 1 else ''} in {store.path}")
+    print(format_table(_left_aligned([vars(r) for r in rows], ("hardware_name", "model_name")), [
+        ("id", "id", "d"), ("hardware_name", "hardware", ""), ("model_name", "model", ""),
+        ("framework", "framework", ""), ("world_size", "world", "d"), ("n_trials", "trials", "d"),
+        ("best_score", "best_samples/s", ".2f"), ("best_gain", "gain", ".3f")]))
+    return 0
+
+
+def _left_aligned(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """Pad text columns so the (right-justifying) table shows them left-aligned."""
+    for key in keys:
+        width = max(len(str(r[key])) for r in rows)
+        for r in rows:
+            r[key] = str(r[key]).ljust(width)
+    return rows
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .bench.common import format_table
+
+    store = _store()
+    s = _existing(store, args.id)
+    print(f"profile {s.id}: {s.model_name} [{s.model_signature}]  framework={s.framework}  "
+          f"world_size={s.world_size}  created={s.created}  updated={s.updated}")
+    print(f"hardware: {s.hardware_name} [{s.hardware_hash}]")
+    for name, value in s.hardware_facts.items():
+        print(f"  {name}: {value}")
+    best = store.best_of(s.id)
+    if best is None:
+        print("best: none yet")
+    else:
+        print(f"best: {best.score:.2f} samples/s, x{best.gain:.3f} vs default {best.default_score:.2f} "
+              f"(spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
+        for name, value in best.knobs.items():
+            print(f"  {name}: {_knob_text(name, value)}")
+    trials = store.trials(s.id)
+    print(f"trials: {len(trials)}")
+    if trials:
+        rows = [{**vars(t), "n": i, "changed": _changed_knobs(t.knobs)} for i, t in enumerate(trials, 1)]
+        print(format_table(rows, [
+            ("n", "#", "d"), ("phase", "phase", ""), ("score", "samples/s", ".2f"), ("spread", "spread", ".3f"),
+            ("steps", "steps", "d"), ("seconds", "seconds", ".1f"), ("run_id", "run", ""),
+            ("changed", "knobs (vs defaults)", "")]))
+    return 0
+
+
+def _knob_text(name: str, value: object) -> str:
+    if name.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        return format_size(value)
+    return str(value)
+
+
+def _changed_knobs(knobs: dict) -> str:
+    """Only what differs from the defaults, so a trial row stays one readable line."""
+    defaults = Knobs().as_dict()
+    changed = [f"{k}={_knob_text(k, v)}" for k, v in knobs.items() if defaults.get(k, object()) != v]
+    return " ".join(changed) or "defaults"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    store = _store()
+    data = store.export(args.ids or None)
+    text = json.dumps(data, indent=2) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    except OSError as exc:
+        raise TunelabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    n_trials = sum(len(p["trials"]) for p in data["profiles"])
+    print(f"# wrote {len(data['profiles'])} profiles ({n_trials} trials) to {args.out}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from .profiles import InvalidExport
+
+    try:
+        data = json.loads(args.file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TunelabError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TunelabError(f"{args.file} is not a tunelab profiles export (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise TunelabError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    store = _store()
+    try:
+        result = store.merge(data)
+    except InvalidExport as exc:
+        raise TunelabError(f"{args.file} is not a valid tunelab profiles export: {exc}") from None
+    print(f"imported {args.file}: {result.profiles_added} new profiles, {result.trials_added} new trials "
+          f"({len(result.profile_ids)} profiles in the file) into {store.path}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    store = _store()
+    s = _existing(store, args.id)
+    what = f"profile {s.id} ({s.model_name}, {s.framework}, world {s.world_size}, {s.n_trials} trials)"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise TunelabError(f"refusing to delete {what} without --yes (no terminal to confirm on)")
+        try:
+            answer = input(f"delete {what}? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not deleted")
+            return 1
+    store.delete(s.id)
+    print(f"deleted {what}")
+    return 0
