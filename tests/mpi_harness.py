@@ -37,7 +37,8 @@ def run_case(case: str, n: int, limit_s: float = 180, env: dict | None = None,
     with tempfile.TemporaryDirectory(prefix="tunelab-test-") as out:
         cmd = [*mpiexec_command(), "-n", str(n), sys.executable, str(HERE / "mpi_cases.py"),
                case, json.dumps(params), out]
-        full_env = {**os.environ, **(env or {})}
+        # Each launch gets its own profile store unless the test passes one: tests never touch ~.
+        full_env = {**os.environ, "TUNELAB_HOME": str(Path(out) / "home"), **(env or {})}
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=full_env, start_new_session=True)

@@ -110,11 +110,11 @@ def case_torch_collectives(comm) -> dict:
     try:
         tl.allreduce(torch.ones(3 + (r == n - 1)), name="bad.shape")
         res["mismatch"] = ""
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         res["mismatch"] = f"{type(exc).__name__}: {exc}"
     try:
         tl.shutdown()
-    except Exception:  # noqa: BLE001 - the coordinator already failed with the mismatch
+    except Exception:
         pass
     return res
 
@@ -166,3 +166,37 @@ def case_torch_dead_rank(comm) -> dict:
             torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
     return {}
+
+
+def case_torch_autoload(comm, env_home: str) -> dict:
+    """A job without a profile logs that; after a profile is stored, a new optimizer loads it."""
+    import contextlib
+    import io
+    import os
+
+    os.environ["TUNELAB_HOME"] = env_home
+    torch.set_num_threads(1)
+    tl.init(comm, cycle_time_ms=7.0)  # pinned explicitly: must survive the profile
+    rt = tl._rt.current()
+    logs = []
+    for attempt in range(2):
+        model = tiny_model()  # a fresh model each time (same shapes, so the same signature)
+        if attempt == 1 and tl.rank() == 0:
+            from tunelab.profiles import ProfileStore
+
+            store = ProfileStore()
+            key = rt.profile_key(tl.model_signature(model), "torch")
+            pid = store.upsert_profile(key, "test hardware", {}, "tiny")
+            store.set_best(pid, {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0,
+                                 "segment_bytes": 1 << 16}, 125.0, 100.0, 0.01, "test")
+        comm.Barrier()
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model_name="tiny")
+        logs.append(buf.getvalue().strip())
+        for x, y in batches(0, tl.size(), 1)[tl.rank()]:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()  # a step later, the knobs have been applied at a cycle
+    knobs = rt.engine.knobs.as_dict()
+    tl.shutdown()
+    return {"first": logs[0], "second": logs[1], "knobs": knobs}

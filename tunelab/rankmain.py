@@ -19,7 +19,9 @@ from .errors import TunelabError
 JOBS = {
     "bench-allreduce": "tunelab.bench.allreduce:run_rank",
     "bench-fusion": "tunelab.bench.fusion:run_rank",
+    "bench-landscape": "tunelab.bench.landscape:run_rank",
     "bench-train": "tunelab.bench.train:run_rank",
+    "tune": "tunelab.tuning.run:run_rank",
 }
 
 

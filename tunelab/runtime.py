@@ -22,12 +22,13 @@ if TYPE_CHECKING:
 
     from .engine.coordinator import Coordinator
     from .engine.engine import Engine
+    from .profiles import ProfileKey
 
-_current: "Runtime | None" = None
+_current: Runtime | None = None
 
 
 class Runtime:
-    def __init__(self, comm: "MPI.Comm | None" = None, config: EngineConfig | None = None) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, config: EngineConfig | None = None) -> None:
         from mpi4py import MPI
 
         from .engine.coordinator import Coordinator
@@ -86,6 +87,56 @@ class Runtime:
                                   [out.reshape(-1).view(np.uint8), (counts, displs), MPI.BYTE])
         return out
 
+    def load_profile(self, signature: str, framework: str, model_name: str = "") -> str:
+        """Apply the best stored knobs for this hardware, model signature, framework and world size
+        (collective).  Knobs the user set explicitly or through ``TUNELAB_*`` stay as they are.
+        Returns the one-line log (printed by rank 0)."""
+        line, knobs = "", None
+        if self.sync_comm.rank == 0:
+            line, knobs = self._lookup_profile(signature, framework, model_name)
+        knobs = self.sync_comm.bcast(knobs, root=0)
+        if knobs:
+            self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
+        if self.sync_comm.rank == 0 and line:
+            print(line, flush=True)
+        return line
+
+    def profile_key(self, signature: str, framework: str) -> ProfileKey:
+        """The store key of this job: hardware fingerprint (with the node layout), model, framework, size."""
+        from .hardware import fingerprint
+        from .profiles import ProfileKey
+
+        topo = self.topology
+        return ProfileKey(fingerprint(topo.num_nodes, list(topo.node_sizes)).hash, signature, framework, topo.size)
+
+    def has_profile(self, signature: str, framework: str) -> bool:
+        """Whether a tuned config is stored for this job (collective; rank 0 reads the store)."""
+        found = False
+        if self.sync_comm.rank == 0:
+            from .profiles import ProfileStore
+
+            found = ProfileStore().best(self.profile_key(signature, framework)) is not None
+        return bool(self.sync_comm.bcast(found, root=0))
+
+    def _lookup_profile(self, signature: str, framework: str, model_name: str) -> tuple[str, dict | None]:
+        from .errors import StoreError
+        from .profiles import ProfileStore
+        from .units import format_size
+
+        topo = self.topology
+        key = self.profile_key(signature, framework)
+        what = f"{model_name or signature} / {framework} / {topo.size} ranks"
+        try:
+            best = ProfileStore().best(key)
+        except StoreError as exc:
+            return f"tunelab: warning: {exc}; using default knobs", None
+        if best is None:
+            return f"tunelab: no tuned profile for {what} on this hardware: using default knobs", None
+        knobs = {k: v for k, v in best.knobs.items() if k not in self.config.pinned}
+        shown = ", ".join(f"{k}={format_size(v) if k.endswith('_bytes') else v}" for k, v in knobs.items())
+        return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
+                f"(measured {best.gain:.2f}x default)"), knobs
+
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.sync_comm.size:
             raise ValueError(f"root_rank {root} is not a rank (world size {self.sync_comm.size})")
@@ -96,7 +147,7 @@ class Runtime:
         self.engine.close()
 
 
-def init(comm: "MPI.Comm | None" = None, **settings: object) -> Runtime:
+def init(comm: MPI.Comm | None = None, **settings: object) -> Runtime:
     """Create the runtime (idempotent).  ``settings``: knobs and engine settings (ranks_per_node,
     timeout_s, timeline, ...), taking precedence over ``TUNELAB_*`` variables."""
     global _current
@@ -117,3 +168,37 @@ def shutdown() -> None:
     runtime, _current = _current, None
     if runtime is not None:
         runtime.shutdown()
+
+
+# ---- the topology/lifecycle half of the adapters' Horovod-shaped API (re-exported by both) ---------
+def is_initialized() -> bool:
+    return _current is not None
+
+
+def size() -> int:
+    return current().topology.size
+
+
+def rank() -> int:
+    return current().topology.rank
+
+
+def local_size() -> int:
+    return current().topology.local_size
+
+
+def local_rank() -> int:
+    return current().topology.local_rank
+
+
+def cross_size() -> int:
+    return current().topology.cross_size
+
+
+def cross_rank() -> int:
+    return current().topology.cross_rank
+
+
+def set_knobs(**changes: object) -> None:
+    """Change engine knobs while training; rank 0's values are applied by every rank at one cycle."""
+    current().coordinator.set_knobs(**changes)

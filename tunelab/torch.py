@@ -24,49 +24,24 @@ from .dtypes import bfloat16 as _np_bfloat16
 from .errors import TunelabError
 from .reduce_ops import Average, Max, Min, Sum, resolve_op
 
-
 # ---- lifecycle and topology ------------------------------------------------------------------
+from .runtime import (
+    cross_rank,
+    cross_size,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    set_knobs,
+    shutdown,
+    size,
+)
+
+
 def init(comm: Any = None, **settings: object) -> None:
     """Start tunelab on this rank (collective).  ``settings``: knobs such as
     ``fusion_threshold_bytes`` and engine settings such as ``ranks_per_node``."""
     _rt.init(comm, **settings)
-
-
-def shutdown() -> None:
-    _rt.shutdown()
-
-
-def is_initialized() -> bool:
-    return _rt._current is not None
-
-
-def size() -> int:
-    return _rt.current().topology.size
-
-
-def rank() -> int:
-    return _rt.current().topology.rank
-
-
-def local_size() -> int:
-    return _rt.current().topology.local_size
-
-
-def local_rank() -> int:
-    return _rt.current().topology.local_rank
-
-
-def cross_size() -> int:
-    return _rt.current().topology.cross_size
-
-
-def cross_rank() -> int:
-    return _rt.current().topology.cross_rank
-
-
-def set_knobs(**changes: object) -> None:
-    """Change engine knobs while training; rank 0's values are applied by every rank at one cycle."""
-    _rt.current().coordinator.set_knobs(**changes)
 
 
 # ---- tensors <-> numpy ----------------------------------------------------------------------
@@ -237,7 +212,21 @@ def broadcast_object(obj: object, root_rank: int = 0) -> object:
     return _rt.current().broadcast_object(obj, root_rank)
 
 
-from .torch_optimizer import DistributedOptimizer  # noqa: E402  (re-exported with the API)
+def parameters_signature(params: Sequence[torch.Tensor]) -> str:
+    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable parameters."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in params:
+        h.update(f"{tuple(p.shape)}:{p.dtype};".encode())
+    return f"{len(params)}p-{h.hexdigest()[:16]}"
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    return parameters_signature([p for p in model.parameters() if p.requires_grad])
+
+
+from .torch_optimizer import DistributedOptimizer
 
 __all__ = [
     "Average", "Sum", "Min", "Max", "Compression", "DistributedOptimizer", "Handle",
@@ -245,6 +234,6 @@ __all__ = [
     "cross_rank", "set_knobs", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "synchronize", "poll",
     "allgather", "broadcast", "broadcast_", "broadcast_parameters", "broadcast_optimizer_state",
-    "broadcast_object",
+    "broadcast_object", "model_signature", "parameters_signature",
 ]
 

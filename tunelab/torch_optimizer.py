@@ -139,12 +139,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
                          named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                          compression: type = tt.Compression.none, backward_passes_per_step: int = 1,
                          op: str = tt.Average,
-                         groups: int | Sequence[Sequence[torch.nn.Parameter]] | None = None) -> Any:
-    """Wrap ``optimizer`` so gradients are allreduced across ranks before each ``step()``."""
+                         groups: int | Sequence[Sequence[torch.nn.Parameter]] | None = None,
+                         load_profile: bool = True, model_name: str = "") -> Any:
+    """Wrap ``optimizer`` so gradients are allreduced across ranks before each ``step()``.
+
+    With ``load_profile`` (collective), the best knobs stored by ``tunelab tune`` for this hardware,
+    model (its parameters' shapes) and world size are applied, logged in one line on rank 0;
+    knobs set explicitly or through ``TUNELAB_*`` variables win."""
     base = optimizer.__class__
     body = {k: v for k, v in _DistributedMixin.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(base.__name__, (base,), body)
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same param groups, state and hyper-parameters
     wrapped._tl_setup(named_parameters, compression, backward_passes_per_step, op, groups)
+    if load_profile:
+        from . import runtime
+
+        runtime.current().load_profile(tt.parameters_signature(wrapped._tl_params), "torch", model_name)
     return wrapped

@@ -1,0 +1,1 @@
+"""Bayesian tuning of the engine's knobs during real training: search space, tuner, live session."""

@@ -1,0 +1,273 @@
+"""``tunelab tune`` on every rank: train a workload, tune the knobs live, store and report the result.
+
+Rank 0 prints one progress line per sample and writes every finished trial to the profile
+store as soon as it is measured, so a job killed mid-tune keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..knobs import Knobs
+from ..units import format_size
+from .session import Sample, SessionPlan, TuningSession
+
+
+@dataclass
+class Workload:
+    step: Callable[[], None]
+    samples_per_step: float
+    signature: str
+    name: str
+
+
+def run_rank(p: dict) -> dict:
+    from mpi4py import MPI
+
+    from .. import runtime
+
+    comm = MPI.COMM_WORLD
+    pinned = dict(p.get("knobs", {}))
+    rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), **pinned)
+    try:
+        workload = make_workload(p, rt, comm)
+        return _tune(p, rt, workload, pinned)
+    finally:
+        runtime.shutdown()
+
+
+def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
+    from .space import search_space
+    from .tuner import Tuner
+
+    comm = rt.sync_comm
+    topo = rt.topology
+    space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned))
+    recorder = _Recorder.create(p, rt, workload, write=p.get("store", True)) if comm.rank == 0 else None
+    tuner = Tuner(space, seed=p.get("seed", 0)) if comm.rank == 0 else None
+    if tuner is not None and recorder is not None:
+        recorder.warm_start(tuner)
+    plan = SessionPlan(warmup_steps=p["warmup_steps"], discard_steps=p["discard_steps"],
+                       measure_steps=p["measure_steps"], budget_samples=p["budget_samples"],
+                       time_budget_s=p.get("time_budget_s"))
+    budget = p["budget_samples"]
+    printer = _progress(budget, recorder) if comm.rank == 0 else None
+    session = TuningSession(rt.coordinator, comm, workload.samples_per_step, tuner, plan, printer)
+    t0 = time.perf_counter()
+    while True:
+        workload.step()
+        if not session.step_done():
+            break
+    final = _measure_locked(workload, session, comm, p.get("final_steps", 3 * p["measure_steps"]))
+    if comm.rank != 0:
+        return {}
+    return _summary(session, final, workload, space, recorder, time.perf_counter() - t0, topo)
+
+
+def make_workload(p: dict, rt: Any, comm: Any) -> Workload:
+    """A scenario's step on this rank (``p``: ``Scenario.as_params()``), shared by ``tunelab tune`` and
+    ``bench landscape`` so both time the same training step; cores are split among this host's ranks."""
+    from ..bench.train import _threads_per_rank
+
+    return _make_workload(p, rt, _threads_per_rank(comm))
+
+
+def _make_workload(p: dict, rt: Any, threads: int) -> Workload:
+    if p["workload"] == "replay":
+        from ..workloads.replay import GradientReplay
+
+        replay = GradientReplay(p["model"], forward_ms=p["replay_forward_ms"], backward_ms=p["replay_backward_ms"],
+                                seed=rt.topology.rank)
+        return Workload(lambda: replay.step(rt.coordinator), p["batch_size"] * rt.topology.size,
+                        f"replay:{p['model']}", p["model"])
+    if p["framework"] == "torch":
+        return _torch_workload(p, rt, threads)
+    if p["framework"] == "tensorflow":
+        return _tf_workload(p, rt, threads)
+    raise ValueError(f"tunelab tune does not support framework {p['framework']!r} yet")
+
+
+def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
+    import torch
+
+    import tunelab.torch as tl
+
+    from ..workloads.torch_models import build, synthetic_batch
+
+    torch.set_num_threads(threads)
+    kw = {"seq_len": p.get("seq_len", 128)} if p["model"] == "bert" else {"image_size": p["image_size"]}
+    x, y = synthetic_batch(p["model"], p["batch_size"], seed=1 + rt.topology.rank, **kw)
+    torch.manual_seed(0)
+    model = build(p["model"])
+    tl.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                  named_parameters=model.named_parameters(), load_profile=False)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return Workload(step, p["batch_size"] * rt.topology.size, tl.model_signature(model), p["model"])
+
+
+def _tf_workload(p: dict, rt: Any, threads: int) -> Workload:
+    """The Keras model in a ``tf.function`` step.  Thread counts are set before TensorFlow starts its
+    runtime (it ignores later changes), so ranks sharing a host do not oversubscribe its cores."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO lines would bury the progress
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras
+
+    import tunelab.tensorflow as tl
+
+    from ..workloads.keras_models import build, synthetic_batch
+
+    seq_len = p.get("seq_len", 128)
+    x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + rt.topology.rank,
+                           seq_len=seq_len)
+    x, y = tf.constant(x), tf.constant(y)
+    keras.utils.set_random_seed(0)
+    model = build(p["model"], image_size=p["image_size"], seq_len=seq_len)
+    tl.broadcast_variables(model.weights, root_rank=0)
+    opt = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+    opt.build(model.trainable_variables)  # its variables exist before the step is traced
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(jit_compile=False)
+    def train_step() -> None:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tl.DistributedGradientTape(tape, load_profile=False).gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    return Workload(train_step, p["batch_size"] * rt.topology.size, tl.model_signature(model),
+                    p["model"])
+
+
+def _measure_locked(workload: Workload, session: TuningSession, comm: Any, steps: int) -> list[float]:
+    """Samples/s of the locked configuration over ``steps`` steps (after one discarded step)."""
+    workload.step()
+    comm.Barrier()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        workload.step()
+        times.append(time.perf_counter() - t)
+    return [workload.samples_per_step / t for t in times]
+
+
+def describe(knobs: Knobs) -> str:
+    fusion = "off" if knobs.fusion_threshold_bytes == 0 else format_size(knobs.fusion_threshold_bytes)
+    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={format_size(knobs.segment_bytes)}"
+            f" hier={'on' if knobs.hierarchical else 'off'}")
+
+
+def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
+    best = [0.0]
+
+    def show(s: Sample) -> None:
+        if recorder is not None:
+            recorder.record(s)
+        best[0] = max(best[0], s.score)
+        label = f"{s.index + 1:>3}" if s.phase != "remeasure" else "  r"
+        print(f"[{label}/{budget}] {s.phase:<9} {describe(s.knobs):<52} {s.score:8.2f} samples/s "
+              f"(±{100 * s.spread / 2:.1f}%)  best {best[0]:.2f}", flush=True)
+
+    return show
+
+
+def _summary(session: TuningSession, final: list[float], workload: Workload, space: Any,
+             recorder: _Recorder | None, seconds: float, topo: Any) -> dict:
+    import numpy as np
+
+    default = space.base
+    best = session.locked
+    d_scores, b_scores = session.scores_of(default), session.scores_of(best)
+    result = {
+        "model": workload.name, "signature": workload.signature, "world_size": topo.size,
+        "nodes": topo.num_nodes, "stop_reason": session.stop_reason, "seconds": seconds,
+        "default": {"knobs": default.as_dict(), "score": float(np.mean(d_scores)), "scores": d_scores},
+        "best": {"knobs": best.as_dict(), "score": float(np.mean(b_scores)), "scores": b_scores},
+        "locked_final": {"score": float(np.median(final)), "scores": final},
+        "samples": [{"index": s.index, "phase": s.phase, "knobs": s.knobs.as_dict(), "score": s.score,
+                     "spread": s.spread, "steps": s.steps, "seconds": s.seconds} for s in session.samples],
+        "searched": list(space.names),
+    }
+    result["gain"] = result["best"]["score"] / result["default"]["score"]
+    if recorder is not None and recorder.write:
+        recorder.finish(result)
+        result["profile_id"] = recorder.profile_id
+        result["store"] = str(recorder.store.path)
+    return result
+
+
+class _Recorder:
+    """Rank 0's link to the profile store: every trial as it finishes, the best at the end."""
+
+    def __init__(self, store: Any, profile_id: int | None, run_id: str, key: Any, seeded_from: Any,
+                 write: bool = True) -> None:
+        self.store, self.profile_id, self.run_id, self.key = store, profile_id, run_id, key
+        self.seeded_from, self.write = seeded_from, write
+
+    @classmethod
+    def create(cls, p: dict, rt: Any, workload: Workload, write: bool = True) -> _Recorder:
+        from ..hardware import fingerprint
+        from ..profiles import ProfileStore
+
+        topo = rt.topology
+        fp = fingerprint(topo.num_nodes, list(topo.node_sizes))
+        key = rt.profile_key(workload.signature, p["framework"] if p["workload"] != "replay" else "replay")
+        store = ProfileStore()
+        existing = _profile_id(store, key)
+        seeded = store.nearest(key) if existing is None else None
+        pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
+        return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write)
+
+    def warm_start(self, tuner: Any) -> None:
+        """Seed the tuner with stored trials of this profile (or of the nearest one, said aloud)."""
+        source = self.profile_id
+        if (source is None or not self.store.trials(source)) and self.seeded_from is not None:
+            source = self.seeded_from.id
+            print(f"# no trials for this hardware yet: seeding from profile {source} "
+                  f"({self.seeded_from.hardware_name})", flush=True)
+        if source is None:
+            return
+        trials = [t for t in self.store.trials(source) if t.phase in ("default", "explore")]
+        if trials:
+            tuner.warm_start([(Knobs(**t.knobs), t.score) for t in trials])
+            print(f"# warm start: {len(trials)} stored trials from profile {source}", flush=True)
+
+    def record(self, s: Sample) -> None:
+        if not self.write:
+            return
+        self.store.record_trial(self.profile_id, s.knobs.as_dict(), s.score, s.spread, s.steps, s.seconds,
+                                self.run_id, s.phase)
+
+    def finish(self, result: dict) -> None:
+        if not self.write:
+            return
+        self.store.set_best(self.profile_id, result["best"]["knobs"], result["best"]["score"],
+                            result["default"]["score"], _mean_spread(result), self.run_id)
+
+
+def _profile_id(store: Any, key: Any) -> int | None:
+    for summary in store.profiles():
+        if summary.key == key:
+            return summary.id
+    return None
+
+
+def _mean_spread(result: dict) -> float:
+    spreads = [s["spread"] for s in result["samples"] if s["knobs"] == result["best"]["knobs"]]
+    return sum(spreads) / len(spreads) if spreads else 0.0
+
+
