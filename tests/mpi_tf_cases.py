@@ -8,9 +8,9 @@ import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
-import keras  # noqa: E402
+import keras
 
-import tunelab.tensorflow as tl  # noqa: E402
+import tunelab.tensorflow as tl
 
 PER_RANK = 4
 
@@ -105,3 +105,57 @@ def case_tf_training(comm, steps: int = 5) -> dict:
     out["broadcast"] = tl.broadcast(tf.constant([float(tl.rank())] * 3), root_rank=n - 1).numpy().tolist()
     tl.shutdown()
     return out
+
+
+def _captured(fn) -> str:
+    """What ``fn()`` printed (the profile log line goes to stdout on rank 0)."""
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        fn()
+    return buf.getvalue().strip()
+
+
+def case_tf_autoload(comm, env_home: str) -> dict:
+    """Without a profile a tape logs the defaults; after one is stored, a new tape (made inside a
+    tf.function) loads it once, on every rank, and a Keras DistributedOptimizer loads it in model.fit.
+    A knob pinned in init() keeps its value."""
+    import os
+
+    os.environ["TUNELAB_HOME"] = env_home
+    tl.init(comm, cycle_time_ms=7.0)
+    rt = tl._rt.current()
+    model = tiny_model(seed=1)
+    opt = keras.optimizers.SGD(0.1)
+    r = tl.rank()
+    x, y = data(0, tl.size())
+    x, y = x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK]
+    logs = []
+    for attempt in range(2):
+        if attempt == 1 and r == 0:
+            from tunelab.profiles import ProfileStore
+
+            store = ProfileStore()
+            pid = store.upsert_profile(rt.profile_key(tl.model_signature(model), "tensorflow"), "test hardware",
+                                       {}, "tiny")
+            store.set_best(pid, {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0,
+                                 "segment_bytes": 1 << 16}, 125.0, 100.0, 0.01, "test")
+        comm.Barrier()
+
+        @tf.function
+        def step() -> None:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(model, x, y)
+            tape = tl.DistributedGradientTape(tape, model_name="tiny")
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+        logs.append(_captured(lambda: [step() for _ in range(3)]))  # one trace: one lookup
+    knobs = rt.engine.knobs.as_dict()
+    fitted = tiny_model(seed=1)
+    fitted.compile(optimizer=tl.DistributedOptimizer(keras.optimizers.SGD(0.1), model_name="fitted"),
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    fit_log = _captured(lambda: fitted.fit(x, y, batch_size=PER_RANK, epochs=2, verbose=0))
+    tl.shutdown()
+    return {"first": logs[0], "second": logs[1], "fit": fit_log, "knobs": knobs}

@@ -27,47 +27,22 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import runtime as _rt
 from .reduce_ops import Average, Max, Min, Sum, resolve_op
 
-__all__ = ["Average", "Sum", "Min", "Max", "Compression", "init", "shutdown", "size", "rank",
-           "local_size", "local_rank", "cross_size", "cross_rank", "set_knobs", "allreduce",
-           "grouped_allreduce", "allgather", "broadcast", "broadcast_variables", "DistributedGradientTape",
-           "DistributedOptimizer", "BroadcastGlobalVariablesCallback", "MetricAverageCallback"]
+__all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression", "DistributedGradientTape",
+           "DistributedOptimizer", "Max", "MetricAverageCallback", "Min", "Sum", "allgather", "allreduce",
+           "broadcast", "broadcast_variables", "cross_rank", "cross_size", "grouped_allreduce", "init", "is_initialized",
+           "local_rank", "local_size", "model_signature", "rank", "set_knobs", "shutdown", "size",
+           "variables_signature"]
 
 
 # ---- lifecycle and topology ------------------------------------------------------------------
+from .runtime import (  # noqa: E402  (re-exported: the same functions serve every adapter)
+    cross_rank, cross_size, is_initialized, local_rank, local_size, rank, set_knobs, shutdown, size,
+)
+
+
 def init(comm: Any = None, **settings: object) -> None:
+    """Start tunelab on this rank (collective); ``settings`` as for ``tunelab.torch.init``."""
     _rt.init(comm, **settings)
-
-
-def shutdown() -> None:
-    _rt.shutdown()
-
-
-def size() -> int:
-    return _rt.current().topology.size
-
-
-def rank() -> int:
-    return _rt.current().topology.rank
-
-
-def local_size() -> int:
-    return _rt.current().topology.local_size
-
-
-def local_rank() -> int:
-    return _rt.current().topology.local_rank
-
-
-def cross_size() -> int:
-    return _rt.current().topology.cross_size
-
-
-def cross_rank() -> int:
-    return _rt.current().topology.cross_rank
-
-
-def set_knobs(**changes: object) -> None:
-    _rt.current().coordinator.set_knobs(**changes)
 
 
 class _NoneCompressor:
@@ -162,16 +137,54 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int) -> Non
 
 
 # ---- training ---------------------------------------------------------------------------------
-class DistributedGradientTape:
-    """Wraps a ``tf.GradientTape``: ``gradient()`` returns gradients averaged over all ranks."""
+def variables_signature(variables: Sequence[Any]) -> str:
+    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable variables, in order.
+    Keras lays weights out differently from torch (NHWC kernels, conv biases), so the two frameworks'
+    signatures of "the same" model differ on purpose: a profile is tuned for one framework's tensors."""
+    import hashlib
 
-    def __init__(self, tape: tf.GradientTape, compression: type = Compression.none, op: str = Average) -> None:
+    h = hashlib.sha256()
+    for v in variables:
+        shape = tuple(None if d is None else int(d) for d in v.shape)
+        h.update(f"{shape}:{tf.as_dtype(v.dtype).name};".encode())
+    return f"{len(variables)}v-{h.hexdigest()[:16]}"
+
+
+def model_signature(model: Any) -> str:
+    """The profile key of a Keras model: :func:`variables_signature` of its trainable variables."""
+    return variables_signature(model.trainable_variables)
+
+
+@tf.autograph.experimental.do_not_convert
+def _load_profile(variables: Sequence[Any], model_name: str) -> None:
+    """Apply the stored tuned knobs (collective).  Runs eagerly even while a ``tf.function`` is being
+    traced, so the lookup happens once, now, instead of being baked into (or skipped by) the graph;
+    AutoGraph is kept out of it because it would try to convert the profile store's code."""
+    with tf.init_scope():
+        _rt.current().load_profile(variables_signature(variables), "tensorflow", model_name)
+
+
+class DistributedGradientTape:
+    """Wraps a ``tf.GradientTape``: ``gradient()`` returns gradients averaged over all ranks.
+
+    With ``load_profile`` (collective: every rank must call ``gradient()``), the first ``gradient()``
+    call applies the knobs ``tunelab tune`` stored for this hardware, model (the sources' shapes) and
+    world size, logged in one line on rank 0; knobs set explicitly or through ``TUNELAB_*`` win.
+    A wrapper made inside a ``tf.function`` loads once per trace; an eager loop that wraps its tape
+    anew every step would load every step, so pass ``load_profile=(step == 0)`` there."""
+
+    def __init__(self, tape: tf.GradientTape, compression: type = Compression.none, op: str = Average,
+                 load_profile: bool = True, model_name: str = "") -> None:
         self._tape, self._compression, self._op = tape, compression, op
+        self._profile_pending, self._model_name = load_profile, model_name
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._tape, item)
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None) -> Any:
+        if self._profile_pending:
+            self._profile_pending = False
+            _load_profile(tf.nest.flatten(sources), self._model_name)
         grads = self._tape.gradient(target, sources, output_gradients)
         flat = tf.nest.flatten(grads)
         present = [i for i, g in enumerate(flat) if g is not None]
@@ -182,9 +195,14 @@ class DistributedGradientTape:
         return tf.nest.pack_sequence_as(grads, flat)
 
 
-def DistributedOptimizer(optimizer: Any, compression: type = Compression.none, op: str = Average) -> Any:  # noqa: N802
+def DistributedOptimizer(optimizer: Any, compression: type = Compression.none, op: str = Average,
+                         load_profile: bool = True, model_name: str = "") -> Any:
     """A Keras 3 optimizer of the same class and config whose ``apply`` (and so ``apply_gradients``
-    and ``model.fit``) first averages the gradients over all ranks."""
+    and ``model.fit``) first averages the gradients over all ranks.
+
+    With ``load_profile`` the tuned knobs are applied when the optimizer is built on the model's
+    variables: ``model.fit`` builds it eagerly before tracing its train step, and a build that
+    happens inside a trace still looks the profile up eagerly (see :class:`DistributedGradientTape`)."""
     base = optimizer.__class__
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
@@ -196,7 +214,13 @@ def DistributedOptimizer(optimizer: Any, compression: type = Compression.none, o
             grads[i] = r
         return base.apply(self, grads, trainable_variables)
 
-    cls = type(base.__name__, (base,), {"apply": apply, "_tunelab_distributed": True})
+    def build(self: Any, variables: Any) -> None:
+        base.build(self, variables)
+        if load_profile and not getattr(self, "_tunelab_profile_loaded", False):
+            self._tunelab_profile_loaded = True
+            _load_profile(list(variables), model_name)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "build": build, "_tunelab_distributed": True})
     return cls.from_config(optimizer.get_config())
 
 

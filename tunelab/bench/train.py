@@ -1,5 +1,5 @@
 """``tunelab bench train``: training throughput of tunelab next to the framework's own data-parallel
-path (torch DDP with gloo), measured in the same run (rank side).
+path (torch DDP with gloo, TensorFlow's MultiWorkerMirroredStrategy), measured in the same run (rank side).
 
 Systems alternate in rounds (tunelab, ddp, tunelab, ddp, ...) so drift on a shared machine hits
 both alike; each system is started and shut down inside its phase, so neither has threads
@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
-SYSTEMS = {"torch": ("tunelab", "ddp")}
+SYSTEMS = {"torch": ("tunelab-tuned", "tunelab", "ddp"), "tensorflow": ("tunelab-tuned", "tunelab", "mwms")}
 
 
 def run_rank(p: dict) -> dict:
+    if p["framework"] == "tensorflow":
+        return _tf_bench(p)
     if p["framework"] != "torch":
         raise ValueError(f"framework {p['framework']!r} is not supported by bench train yet")
     return _torch_bench(p)
@@ -74,25 +76,42 @@ def _torch_bench(p: dict) -> dict:
     comm = MPI.COMM_WORLD
     torch.set_num_threads(_threads_per_rank(comm))
     x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + comm.rank)
-    runs: dict[str, list[dict]] = {s: [] for s in p["systems"]}
+    systems = list(p["systems"])
+    notes = []
+    if "tunelab-tuned" in systems and not _has_profile(comm, p, build):
+        systems.remove("tunelab-tuned")
+        notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
+                     "(run tunelab tune first)")
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
     for _ in range(p["rounds"]):
-        for system in p["systems"]:
+        for system in systems:
             torch.manual_seed(0)
             model = build(p["model"])
-            phase = _tunelab_phase if system == "tunelab" else _ddp_phase
-            total, per_step, identical = phase(comm, model, x, y, p)
-            runs[system].append({"samples_per_s": p["steps"] * p["batch_size"] * comm.size / total,
-                                 "step_ms_median": float(np.median(per_step)) * 1e3,
-                                 "weights_identical": identical})
+            if system == "ddp":
+                total, per_step, identical = _ddp_phase(comm, model, x, y, p)
+            else:
+                total, per_step, identical = _tunelab_phase(comm, model, x, y, p, tuned=system == "tunelab-tuned")
+            runs[system].append(_round_result(p, comm.size, total, per_step, identical))
+    return {"rows": _rows(runs), "notes": notes, "model": p["model"], "framework": "torch", "world_size": comm.size,
+            "batch_size": p["batch_size"], "image_size": p["image_size"], "steps": p["steps"],
+            "threads_per_rank": torch.get_num_threads()}
+
+
+def _round_result(p: dict, world: int, total: float, per_step: list[float], identical: bool) -> dict:
+    """One phase's measurement: samples/s over all ranks from the slowest rank's wall time."""
+    return {"samples_per_s": p["steps"] * p["batch_size"] * world / total,
+            "step_ms_median": float(np.median(per_step)) * 1e3, "weights_identical": identical}
+
+
+def _rows(runs: dict[str, list[dict]]) -> list[dict]:
+    """One row per system: the median round (rounds alternate systems, so drift hits all alike)."""
     rows = []
     for system, rounds in runs.items():
         sps = [r["samples_per_s"] for r in rounds]
         rows.append({"system": system, "samples_per_s": float(np.median(sps)), "samples_per_s_min": min(sps),
                      "samples_per_s_max": max(sps), "step_ms": float(np.median([r["step_ms_median"] for r in rounds])),
                      "rounds": len(rounds), "weights_identical": all(r["weights_identical"] for r in rounds)})
-    return {"rows": rows, "model": p["model"], "framework": "torch", "world_size": comm.size,
-            "batch_size": p["batch_size"], "image_size": p["image_size"], "steps": p["steps"],
-            "threads_per_rank": torch.get_num_threads()}
+    return rows
 
 
 def _train_step(model: Any, opt: Any, x: Any, y: Any) -> Callable[[], None]:
@@ -106,7 +125,21 @@ def _train_step(model: Any, opt: Any, x: Any, y: Any) -> Callable[[], None]:
     return step
 
 
-def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict) -> tuple[float, list[float], bool]:
+def _has_profile(comm: Any, p: dict, build: Any) -> bool:
+    """Whether the profile store holds a tuned config for this hardware, model and world size."""
+    import tunelab.torch as tl
+
+    from .. import runtime
+
+    tl.init(comm, ranks_per_node=p.get("ranks_per_node"))
+    try:
+        return runtime.current().has_profile(tl.model_signature(build(p["model"])), "torch")
+    finally:
+        tl.shutdown()
+
+
+def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict,
+                   tuned: bool) -> tuple[float, list[float], bool]:
     import torch
 
     import tunelab.torch as tl
@@ -115,7 +148,8 @@ def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict) -> tuple[floa
     try:
         tl.broadcast_parameters(model.state_dict(), root_rank=0)
         opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                                      named_parameters=model.named_parameters())
+                                      named_parameters=model.named_parameters(), load_profile=tuned,
+                                      model_name=p["model"])
         total, per_step = _timed(comm, _train_step(model, opt, x, y), p["steps"], p["warmup"])
         return total, per_step, _weights_identical(comm, model)
     finally:
@@ -136,3 +170,155 @@ def _ddp_phase(comm: Any, model: Any, x: Any, y: Any, p: dict) -> tuple[float, l
         return total, per_step, _weights_identical(comm, model)
     finally:
         group.close()
+
+
+# ---- TensorFlow: tunelab vs MultiWorkerMirroredStrategy ---------------------------------------------
+def _tf_bench(p: dict) -> dict:
+    """TensorFlow rounds.  MultiWorkerMirroredStrategy configures TensorFlow's collectives at runtime
+    startup, so it is created first, before any other TensorFlow op, and kept for every round; the
+    tunelab phases run in the same process outside its scope (its gRPC server idles meanwhile)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO lines would bury the table
+    import tensorflow as tf
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    threads = _threads_per_rank(comm)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    systems, notes = list(p["systems"]), []
+    strategy = _mwms_strategy(comm, systems, notes) if "mwms" in systems else None
+    from ..workloads.keras_models import synthetic_batch
+
+    x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + comm.rank)
+    x, y = tf.constant(x), tf.constant(y)
+    if "tunelab-tuned" in systems and not _tf_has_profile(comm, p):
+        systems.remove("tunelab-tuned")
+        notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
+                     "(run tunelab tune --framework tensorflow first)")
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for _ in range(p["rounds"]):
+        for system in systems:
+            if system == "mwms":
+                total, per_step, identical = _mwms_phase(comm, strategy, x, y, p)
+            else:
+                total, per_step, identical = _tf_tunelab_phase(comm, x, y, p, tuned=system == "tunelab-tuned")
+            runs[system].append(_round_result(p, comm.size, total, per_step, identical))
+    return {"rows": _rows(runs), "notes": notes, "model": p["model"], "framework": "tensorflow",
+            "world_size": comm.size, "batch_size": p["batch_size"], "image_size": p["image_size"],
+            "steps": p["steps"], "threads_per_rank": tf.config.threading.get_intra_op_parallelism_threads()}
+
+
+def _mwms_strategy(comm: Any, systems: list[str], notes: list[str]) -> Any:
+    """MultiWorkerMirroredStrategy with one worker per rank on 127.0.0.1 (ports picked by rank 0).
+    Ranks on several hosts would need each host's address, so there the system is skipped."""
+    import json
+    import socket
+
+    import tensorflow as tf
+    from mpi4py import MPI
+
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    one_host = comm.allreduce(host.size, op=MPI.MIN) == comm.size
+    host.Free()
+    if not one_host:
+        systems.remove("mwms")
+        notes.append("mwms: skipped, the ranks span several hosts (the baseline runs on one host only)")
+        return None
+    ports = None
+    if comm.rank == 0:
+        socks = [socket.socket() for _ in range(comm.size)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        ports = [sock.getsockname()[1] for sock in socks]
+        for sock in socks:
+            sock.close()
+    ports = comm.bcast(ports, root=0)
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                                          "task": {"type": "worker", "index": comm.rank}})
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _keras_model(p: dict) -> tuple[Any, Any]:
+    """The benchmark model (same initial weights on every rank) and its SGD, built on its variables."""
+    import keras
+
+    from ..workloads.keras_models import build
+
+    keras.utils.set_random_seed(0)
+    model = build(p["model"], image_size=p["image_size"])
+    opt = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+    opt.build(model.trainable_variables)  # optimizer variables exist before the step is traced
+    return model, opt
+
+
+def _tf_weights_identical(comm: Any, model: Any) -> bool:
+    h = hashlib.sha256()
+    for v in model.trainable_variables:
+        h.update(np.ascontiguousarray(v.numpy()).tobytes())
+    return len(set(comm.allgather(h.hexdigest()))) == 1
+
+
+def _tf_has_profile(comm: Any, p: dict) -> bool:
+    """Whether the store holds a tuned TensorFlow config for this hardware, model and world size."""
+    import tunelab.tensorflow as tl
+
+    from .. import runtime
+
+    tl.init(comm, ranks_per_node=p.get("ranks_per_node"))
+    try:
+        return runtime.current().has_profile(tl.model_signature(_keras_model(p)[0]), "tensorflow")
+    finally:
+        tl.shutdown()
+
+
+def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool) -> tuple[float, list[float], bool]:
+    """tunelab's DistributedGradientTape in a ``tf.function``; a tuned run loads the profile while the
+    step is traced (in warm-up)."""
+    import keras
+    import tensorflow as tf
+
+    import tunelab.tensorflow as tl
+
+    tl.init(comm, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
+    try:
+        model, opt = _keras_model(p)
+        tl.broadcast_variables(model.weights, root_rank=0)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        @tf.function(jit_compile=False)
+        def step() -> None:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            tape = tl.DistributedGradientTape(tape, load_profile=tuned, model_name=p["model"])
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+
+        total, per_step = _timed(comm, step, p["steps"], p["warmup"])
+        return total, per_step, _tf_weights_identical(comm, model)
+    finally:
+        tl.shutdown()
+
+
+def _mwms_phase(comm: Any, strategy: Any, x: Any, y: Any, p: dict) -> tuple[float, list[float], bool]:
+    """The same model, optimizer and per-rank batch under MultiWorkerMirroredStrategy: per-example
+    losses scaled by the global batch and summed over workers, i.e. the same averaged gradient."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model, opt = _keras_model(p)  # the strategy broadcasts worker 0's initial values
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    global_batch = p["batch_size"] * comm.size
+
+    def replica_step(xb: Any, yb: Any) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    @tf.function(jit_compile=False)
+    def step() -> None:
+        strategy.run(replica_step, args=(x, y))
+
+    total, per_step = _timed(comm, step, p["steps"], p["warmup"])
+    return total, per_step, _tf_weights_identical(comm, model)
