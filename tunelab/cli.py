@@ -41,6 +41,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def _size_list(text: str) -> list[int]:
     try:
         sizes = [parse_size(part) for part in text.split(",") if part.strip()]
@@ -119,17 +129,45 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_kernels_parser(bsub)  # bench kernels: rank-free, runs in this process
 
+    from .bench.landscape import add_parser as add_landscape_parser
+    from .bench.tuner import add_parser as add_tuner_parser
+
+    add_landscape_parser(bsub)  # bench landscape: a grid of knob settings measured in one training run
+    add_tuner_parser(bsub)  # bench tuner: search strategies replayed on recorded landscapes, no ranks
+
     tr = bsub.add_parser("train", help="training samples/s: tunelab vs the framework's data-parallel path")
     common(tr, iters=10, warmup=3)
     tr.add_argument("--model", choices=sorted(MODELS), default="resnet50")
-    tr.add_argument("--framework", choices=["torch"], default="torch")
+    tr.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
     tr.add_argument("--image-size", type=_positive_int, default=64)
     tr.add_argument("--batch-size", type=_positive_int, default=8, help="per rank")
     tr.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds per system")
     tr.set_defaults(func=_cmd_bench_train)
 
+    tune = sub.add_parser("tune", help="tune the engine's knobs live, inside one training run")
+    tune.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
+    tune.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
+    tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None)
+    tune.add_argument("--np", type=_positive_int, default=None, help="ranks to launch")
+    tune.add_argument("--ranks-per-node", type=_positive_int, default=None)
+    tune.add_argument("--image-size", type=_positive_int, default=None)
+    tune.add_argument("--batch-size", type=_positive_int, default=None, help="per rank")
+    budget = tune.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=_positive_int, default=None, metavar="SAMPLES")
+    budget.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS")
+    tune.add_argument("--seed", type=_non_negative_int, default=0)
+    tune.add_argument("--knob", type=_knob, action="append", default=[], metavar="NAME=VALUE",
+                      help="pin a knob (excluded from the search); repeatable")
+    tune.add_argument("--no-store", action="store_true", help="do not write the profile store")
+    tune.add_argument("--json", type=Path, default=None, metavar="PATH")
+    tune.set_defaults(func=_cmd_tune)
+
     hw = sub.add_parser("hw", help="print this host's hardware and software facts")
     hw.set_defaults(func=_cmd_hw)
+
+    from .profiles_cli import add_parser as add_profiles_parser
+
+    add_profiles_parser(sub)  # profiles list/show/export/import/delete: the tuning profile store
     return parser
 
 
@@ -202,12 +240,33 @@ def _cmd_bench_train(args: argparse.Namespace) -> int:
                               ("samples_per_s_min", "min", ".2f"), ("samples_per_s_max", "max", ".2f"),
                               ("step_ms", "step_ms", ".0f"), ("vs_" + rows[-1]["system"], "vs_" + rows[-1]["system"], ".3f"),
                               ("weights_identical", "same_weights", "")]))
+    for note in result.get("notes", []):
+        print(f"# note: {note}")
     bad = [r for r in rows if not r["weights_identical"]]
     if bad:
         sys.stderr.write("tunelab: error: weights diverged across ranks for " +
                          ", ".join(r["system"] for r in bad) + "\n")
         return 1
     return _finish(result, args.json, [], "system")
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from .launch import run_job
+    from .scenarios import load_scenario
+    from .tuning.report_text import print_tune_summary
+
+    scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
+    scenario = scenario.with_overrides(
+        framework=args.framework, np=args.np, ranks_per_node=args.ranks_per_node, image_size=args.image_size,
+        batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
+        knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
+    params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store}
+    print(f"# tuning {scenario.name}: {scenario.model} ({scenario.framework if scenario.workload == 'train' else 'replay'})"
+          f" on {scenario.np} ranks, budget {scenario.budget_samples} samples"
+          + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
+    result = run_job("tune", params, scenario.np)
+    print_tune_summary(result)
+    return _finish(result, args.json, [], "model")
 
 
 def _finish(result: dict, json_path: Path | None, bad_rows: list[dict], key: str) -> int:

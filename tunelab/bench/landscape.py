@@ -1,0 +1,229 @@
+"""``tunelab bench landscape``: throughput of a grid of knob settings inside one training run.
+
+A landscape is what a tuning strategy would see if it could measure every grid point: each point
+is visited ``repeats`` times, in a freshly shuffled order per repeat (so slow drift on a shared
+machine spreads over all points instead of biasing the ones measured last), and every visit is
+measured exactly as a live tuning sample is (``discard_steps`` after the knob change, then
+``measure_steps`` timed steps, score = median samples/s).  ``tunelab bench tuner`` replays stored
+landscapes to compare search strategies without running training again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import TunelabError
+from ..knobs import Knobs, parse_bool
+from ..units import format_size
+
+ALIASES = {"fusion": "fusion_threshold_bytes", "cycle": "cycle_time_ms", "segment": "segment_bytes",
+           "hier": "hierarchical", "hierarchical": "hierarchical"}
+DEFAULT_GRID = ("fusion=0,1MiB,8MiB,64MiB", "cycle=0.5,2,8,32", "segment=256KiB,4MiB")
+
+
+def parse_grid_entry(text: str) -> tuple[str, list[Any]]:
+    """``NAME=V1,V2,...`` -> (knob name, validated values); NAME is a knob or its short alias."""
+    name, sep, values = text.partition("=")
+    knob = ALIASES.get(name.strip(), name.strip())
+    if not sep or knob not in ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes", "hierarchical"):
+        raise ValueError(f"expected NAME=V1,V2,... with NAME one of fusion, cycle, segment, hier, got {text!r}")
+    out: list[Any] = []
+    for item in (v.strip() for v in values.split(",") if v.strip()):
+        value: Any = parse_bool(knob, item) if knob == "hierarchical" else item
+        out.append(getattr(Knobs(**{knob: value}), knob))  # validated and normalised (sizes in bytes)
+    if not out:
+        raise ValueError(f"no values for {name} in {text!r}")
+    return knob, list(dict.fromkeys(out))
+
+
+def parse_grid(entries: list[str] | tuple[str, ...]) -> dict[str, list[Any]]:
+    grid: dict[str, list[Any]] = {}
+    for entry in entries:
+        knob, values = parse_grid_entry(entry)
+        if knob in grid:
+            raise ValueError(f"{knob} is given twice in the grid")
+        grid[knob] = values
+    return grid
+
+
+def grid_points(grid: dict[str, list[Any]], base: Knobs) -> list[Knobs]:
+    """Every combination of the grid's values on top of ``base`` (the pinned knobs and defaults)."""
+    names = list(grid)
+    return [base.replace(**dict(zip(names, combo))) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def visit_order(points: int, repeats: int, seed: int) -> list[int]:
+    """Point indices: ``repeats`` rounds, each a fresh permutation of all points."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    for _ in range(repeats):
+        round_ = list(range(points))
+        rng.shuffle(round_)
+        order += round_
+    return order
+
+
+def grid_space(grid: dict[str, list[Any]], pinned: dict[str, Any], num_nodes: int) -> Any:
+    """The tuner's search space restricted to the grid's knobs, so a replay searches what was measured.
+    A grid knob the tuner would not search here (pinned, or hierarchical on one node) is refused."""
+    from ..tuning.space import SearchSpace, search_space
+
+    full = search_space(pinned, num_nodes, base=Knobs(**pinned))
+    for name in grid:
+        if name not in full.names:
+            why = "it is pinned by the scenario" if name in pinned else "the tuner does not search it here"
+            if name == "hierarchical" and name not in pinned:
+                why += " (one node: use --ranks-per-node to emulate several)"
+            raise ValueError(f"grid knob {name} cannot be recorded: {why}")
+    return SearchSpace(tuple(n for n in full.names if n in grid), full.base)
+
+
+# ---- rank side --------------------------------------------------------------------------------------
+def run_rank(p: dict) -> dict:
+    from mpi4py import MPI
+
+    from .. import runtime
+    from ..tuning.run import make_workload
+
+    comm = MPI.COMM_WORLD
+    pinned = dict(p.get("knobs", {}))
+    rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), **pinned)
+    try:
+        workload = make_workload(p, rt, comm)
+        return _record(p, rt, workload, pinned)
+    finally:
+        runtime.shutdown()
+
+
+def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
+    """Visit every grid point ``repeats`` times; rank 0 changes the knobs, every rank runs the same steps."""
+    import numpy as np
+
+    comm = rt.sync_comm
+    space = grid_space(p["grid"], pinned, rt.topology.num_nodes)
+    points = grid_points(p["grid"], space.base)
+    order = visit_order(len(points), p["repeats"], p.get("seed", 0))
+    scores: list[list[float]] = [[] for _ in points]
+    load_before = os.getloadavg()[0]  # other work on the host skews a landscape: keep the evidence
+    for _ in range(p["warmup_steps"]):
+        workload.step()
+    t0 = time.perf_counter()
+    for n, i in enumerate(order):
+        if comm.rank == 0:
+            rt.coordinator.set_knobs(points[i])
+        for _ in range(p["discard_steps"]):
+            workload.step()
+        times = []
+        for _ in range(p["measure_steps"]):
+            t = time.perf_counter()
+            workload.step()
+            times.append(time.perf_counter() - t)
+        scores[i].append(float(np.median(workload.samples_per_step / np.asarray(times))))
+        if comm.rank == 0:
+            print(f"[{n + 1:>3}/{len(order)}] {describe(points[i]):<40} {scores[i][-1]:8.2f} samples/s",
+                  flush=True)
+    if comm.rank != 0:
+        return {}
+    result = _result(p, rt, workload, space, points, scores, order, time.perf_counter() - t0)
+    result["host_load_1min"] = {"start": load_before, "end": os.getloadavg()[0]}
+    return result
+
+
+def _result(p: dict, rt: Any, workload: Any, space: Any, points: list[Knobs], scores: list[list[float]],
+            order: list[int], seconds: float) -> dict:
+    from ..hardware import host_info
+
+    topo = rt.topology
+    return {
+        "space": {"names": list(space.names), "base": space.base.as_dict(), "grid": p["grid"]},
+        "points": [{"knobs": k.as_dict(), "scores": s} for k, s in zip(points, scores)],
+        "model": workload.name, "workload": p["workload"],
+        "framework": p["framework"] if p["workload"] == "train" else "replay",
+        "signature": workload.signature, "world_size": topo.size, "nodes": topo.num_nodes,
+        "repeats": p["repeats"], "seed": p.get("seed", 0), "order": order,
+        "warmup_steps": p["warmup_steps"], "discard_steps": p["discard_steps"],
+        "measure_steps": p["measure_steps"], "seconds": seconds, "hardware": host_info(),
+    }
+
+
+def describe(knobs: Knobs) -> str:
+    fusion = "off" if knobs.fusion_threshold_bytes == 0 else format_size(knobs.fusion_threshold_bytes)
+    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={format_size(knobs.segment_bytes)}"
+            + (" hier=on" if knobs.hierarchical else ""))
+
+
+# ---- command line -----------------------------------------------------------------------------------
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench landscape`` under the ``bench`` sub-command parsers."""
+    from ..cli import _non_negative_int, _positive_int
+
+    p = subparsers.add_parser("landscape", help="samples/s of a grid of knob settings in one training run")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
+    which.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
+    p.add_argument("--np", type=_positive_int, default=None, help="ranks to launch (default: the scenario's)")
+    p.add_argument("--ranks-per-node", type=_positive_int, default=None)
+    p.add_argument("--grid", type=_grid_arg, nargs="+", default=None, metavar="NAME=V1,V2",
+                   help=f"knob values to combine (default: {' '.join(DEFAULT_GRID)})")
+    p.add_argument("--repeats", type=_positive_int, default=2, help="visits per grid point (default 2)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="shuffles the visiting order")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the landscape as JSON")
+    p.set_defaults(func=_cmd)
+    return p
+
+
+def _grid_arg(text: str) -> str:
+    try:
+        parse_grid_entry(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from ..launch import run_job
+    from ..scenarios import load_scenario
+
+    scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
+    scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node)
+    try:
+        grid = parse_grid(args.grid or DEFAULT_GRID)
+    except ValueError as exc:
+        raise TunelabError(str(exc)) from None
+    count = len(grid_points(grid, Knobs()))
+    print(f"# landscape {scenario.name}: {scenario.model} "
+          f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {scenario.np} ranks, "
+          f"{count} grid points x {args.repeats} visits x {scenario.discard_steps}+{scenario.measure_steps} steps",
+          flush=True)
+    params = {**scenario.as_params(), "grid": grid, "repeats": args.repeats, "seed": args.seed}
+    result = run_job("bench-landscape", params, scenario.np)
+    result["scenario"] = scenario.name
+    _print_table(result)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"# wrote {args.json}")
+    return 0
+
+
+def _print_table(result: dict) -> None:
+    import numpy as np
+
+    from .common import format_table
+
+    rows = [{"knobs": describe(Knobs(**pt["knobs"])), "mean": float(np.mean(pt["scores"])),
+             "min": min(pt["scores"]), "max": max(pt["scores"])} for pt in result["points"]]
+    best = max(r["mean"] for r in rows)
+    for r in rows:
+        r["vs_best"] = r["mean"] / best
+    rows.sort(key=lambda r: -r["mean"])
+    print(f"# {len(rows)} points, {result['repeats']} visits each, {result['seconds']:.0f} s")
+    print(format_table(rows, [("knobs", "knobs", ""), ("mean", "samples/s", ".2f"), ("min", "min", ".2f"),
+                              ("max", "max", ".2f"), ("vs_best", "vs_best", ".3f")]))
