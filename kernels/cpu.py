@@ -36,8 +36,8 @@ def _combine(a, b, op):
     if op == 0:
         return a + b
     if op == 1:
-        return b if (b != b or b < a) else a  # nan propagates, like numpy.minimum
-    return b if (b != b or b > a) else a
+        return b if (b != b or b < a) else a  # noqa: PLR0124 - b != b is the NaN test; NaN propagates
+    return b if (b != b or b > a) else a  # noqa: PLR0124
 
 
 def _copy_table(rows):

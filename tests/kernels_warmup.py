@@ -1,9 +1,9 @@
 """Compile every CPU kernel specialisation the engine uses (all dtypes), filling Numba's disk cache."""
 
 import numpy as np
+from tunelab.kernels import ReduceOp, get_backend
 
 from tunelab.dtypes import dtype_from_name, supported_names
-from tunelab.kernels import ReduceOp, get_backend
 
 
 def warm() -> None:

@@ -259,7 +259,7 @@ def case_coordinator_stall(comm: MPI.Comm, stall_s: float = 3.0) -> dict:
                 time.sleep(0.2)
             except StallError as exc:
                 message = str(exc)
-            except Exception as exc:  # noqa: BLE001 - a stalled probe tensor may be named instead
+            except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}"
     return {"message": message, "elapsed_s": time.monotonic() - t0}
 
@@ -294,6 +294,8 @@ def _find_case(name: str):
     if name in globals():
         return globals()[name]
     module = "mpi_tf_cases" if name.startswith("case_tf_") else "mpi_torch_cases"
+    if name.startswith("case_replay_"):
+        module = "mpi_replay_cases"  # no framework needed
     return getattr(__import__(module), name)  # framework cases import their framework only when used
 
 
@@ -302,7 +304,7 @@ def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     try:
         result = _find_case("case_" + case)(comm, **json.loads(params))
-    except Exception:  # noqa: BLE001 - report and end the whole job
+    except Exception:
         traceback.print_exc()
         comm.Abort(1)
         return 1

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from mpi_harness import run_ok
 
 pytestmark = pytest.mark.mpi

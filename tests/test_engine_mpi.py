@@ -1,7 +1,6 @@
 """The allreduce engine on 1-4 ranks (real host and emulated nodes), against numpy references."""
 
 import pytest
-
 from mpi_harness import run_case, run_ok
 
 pytestmark = pytest.mark.mpi

@@ -3,9 +3,9 @@
 import ml_dtypes
 import numpy as np
 import pytest
+from tunelab.kernels import ReduceOp, get_backend
 
 from tunelab.dtypes import dtype_from_name, supported_names
-from tunelab.kernels import ReduceOp, get_backend
 
 K = get_backend("cpu")
 NP_OPS = {ReduceOp.SUM: None, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}

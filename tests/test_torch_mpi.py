@@ -1,7 +1,6 @@
 """tunelab.torch on 2-3 ranks against single-process training and plain reductions."""
 
 import pytest
-
 from mpi_harness import run_case, run_ok
 
 pytest.importorskip("torch")

@@ -54,13 +54,13 @@ def run_rank(p: dict) -> dict:
             out.view(np.uint8).fill(0xFF)
             reset = None
             if algo in engines:
-                def op(e=engines[algo], out=out) -> None:
+                def op(e=engines[algo], src=src, out=out) -> None:
                     e.allreduce(src, out=out)
             elif algo == "mpi":
-                def op(out=out) -> None:
+                def op(src=src, out=out) -> None:
                     comm.Allreduce(src, out, op=MPI.SUM)
             else:
-                def reset(out=out) -> None:
+                def reset(src=src, out=out) -> None:
                     np.copyto(out, src)
 
                 def op(out=out) -> None:

@@ -16,7 +16,7 @@ MPI_UNSUPPORTED = ("float16", "bfloat16")  # MPI has no standard reduction for t
 class GlooGroup:
     """A torch.distributed gloo process group over the same ranks (rendezvous via MPI)."""
 
-    def __init__(self, comm: "MPI.Comm") -> None:
+    def __init__(self, comm: MPI.Comm) -> None:
         import torch.distributed as dist
 
         self.dist = dist

@@ -38,7 +38,7 @@ def count_wrong(result: np.ndarray, expected: np.ndarray) -> int:
     return int(np.any(a != b, axis=1).sum())
 
 
-def timed_iterations(comm: "MPI.Comm", op: Callable[[], None], iters: int, warmup: int,
+def timed_iterations(comm: MPI.Comm, op: Callable[[], None], iters: int, warmup: int,
                      reset: Callable[[], None] | None = None) -> np.ndarray:
     """Seconds per iteration, each the slowest rank's time (ranks start together after a barrier)."""
     times = np.empty(iters, dtype=np.float64)

@@ -31,7 +31,7 @@ def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
     return hash((header, tuple(rows))) & 0x3FFF_FFFF_FFFF_FFFF
 
 
-def wait_or_timeout(req: "MPI.Request", timeout_s: float, what: str, rank: int) -> None:
+def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int) -> None:
     """Wait for ``req``; CollectiveTimeoutError after ``timeout_s``.  Spins briefly, then sleeps."""
     if req.Test():
         return
@@ -50,9 +50,9 @@ def wait_or_timeout(req: "MPI.Request", timeout_s: float, what: str, rank: int) 
 HeaderLabels = tuple[tuple[str, "tuple[str, ...] | None"], ...]
 
 
-def agree(comm: "MPI.Comm", header: tuple[int, ...], rows: list[tuple[int, ...]],
+def agree(comm: MPI.Comm, header: tuple[int, ...], rows: list[tuple[int, ...]],
           timeout_s: float, what: str, labels: HeaderLabels = (),
-          node_barrier: "NodeBarrier | None" = None) -> None:
+          node_barrier: NodeBarrier | None = None) -> None:
     """Raise RankMismatchError on every rank unless all ranks passed the same header and rows.
     ``labels`` name the header fields (and optionally the names of their integer values).
     With ``node_barrier`` (all of ``comm`` on one node) digests travel through shared memory."""

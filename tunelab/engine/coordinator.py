@@ -47,7 +47,7 @@ _IDLE_FACTOR = 10
 class Handle:
     """Completion of one submitted tensor; ``wait()`` returns the reduced array."""
 
-    __slots__ = ("name", "out", "_event", "_error")
+    __slots__ = ("_error", "_event", "name", "out")
 
     def __init__(self, name: str, out: np.ndarray) -> None:
         self.name = name
@@ -83,7 +83,7 @@ class _Request:
 class Coordinator:
     """Runs one engine's collectives from a background thread.  Collective to create and to shut down."""
 
-    def __init__(self, engine: "Engine", timeline_path: str | None = None,
+    def __init__(self, engine: Engine, timeline_path: str | None = None,
                  stall_timeout_s: float | None = None) -> None:
         self.engine = engine
         self.comm = engine.topology.world.Dup()
@@ -180,7 +180,7 @@ class Coordinator:
                 rest = (cycle_s * (_IDLE_FACTOR if self._idle else 1)) - (time.monotonic() - start)
                 if rest > 0 and self._wake.wait(rest):
                     self._wake.clear()
-        except BaseException as exc:  # noqa: BLE001 - every failure must reach the user's thread
+        except BaseException as exc:
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:

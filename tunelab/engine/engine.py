@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..kernels import ReduceOp, get_backend
-
 from ..config import EngineConfig, load_engine_config
 from ..dtypes import FLOAT_CODES, dtype_code
 from ..errors import TopologyError
+from ..kernels import ReduceOp, get_backend
 from ..knobs import Knobs
 from .consensus import agree
 from .fusion import Bucket, Entry, Layout, plan_buckets
@@ -54,7 +53,7 @@ def _op(op: str) -> tuple[str, ReduceOp, bool]:
 class Engine:
     """Allreduce engine for the ranks of ``comm`` (default: MPI.COMM_WORLD).  Collective to create."""
 
-    def __init__(self, comm: "MPI.Comm | None" = None, config: EngineConfig | None = None) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, config: EngineConfig | None = None) -> None:
         from mpi4py import MPI
 
         self.config = config or load_engine_config()
@@ -208,7 +207,7 @@ class Engine:
         self.arena.free()
         self.topology.free()
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:

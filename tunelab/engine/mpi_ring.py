@@ -27,7 +27,7 @@ def _pieces(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
 class RingAllreduce:
     """In-place ring allreduce of flat arrays over one communicator."""
 
-    def __init__(self, comm: "MPI.Comm", kernels: KernelBackend) -> None:
+    def __init__(self, comm: MPI.Comm, kernels: KernelBackend) -> None:
         self.comm = comm
         self.kernels = kernels
         self._scratch = np.empty(0, dtype=np.uint8)
@@ -73,12 +73,12 @@ class RingAllreduce:
         for req in sends:
             req.Wait()
 
-    def _post_recv(self, slot: np.ndarray, piece: tuple[int, int], isz: int, left: int) -> "MPI.Request":
+    def _post_recv(self, slot: np.ndarray, piece: tuple[int, int], isz: int, left: int) -> MPI.Request:
         nbytes = (piece[1] - piece[0]) * isz
         return self.comm.Irecv([slot[:nbytes], _byte()], left, _TAG)
 
 
-def _byte() -> "MPI.Datatype":
+def _byte() -> MPI.Datatype:
     from mpi4py import MPI
 
     return MPI.BYTE

@@ -20,11 +20,11 @@ _ALIGN = 256
 
 
 class SharedArena:
-    def __init__(self, local: "MPI.Comm") -> None:
+    def __init__(self, local: MPI.Comm) -> None:
         self.local = local
         self.half_bytes = 0
         self.parity = 0
-        self._win: "MPI.Win | None" = None
+        self._win: MPI.Win | None = None
         self._segments: list[np.ndarray] = []
 
     def ensure(self, half_bytes: int) -> None:
@@ -78,7 +78,7 @@ class NodeBarrier:
 
     _SLOT_INT64 = 16  # 128 bytes per rank: epoch, two payloads, padding against false sharing
 
-    def __init__(self, local: "MPI.Comm", timeout_s: float) -> None:
+    def __init__(self, local: MPI.Comm, timeout_s: float) -> None:
         from mpi4py import MPI
 
         self.local = local

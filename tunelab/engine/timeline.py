@@ -19,12 +19,12 @@ class Timeline:
         self.rank = rank
         self._lock = threading.Lock()
         self._t0 = time.perf_counter()
-        self._file: IO[str] | None = open(path, "w")  # noqa: SIM115 - closed in close()
+        self._file: IO[str] | None = open(path, "w")
         self._file.write("[\n")
         self._emit({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
 
     @classmethod
-    def for_rank(cls, path: str | None, rank: int) -> "Timeline | None":
+    def for_rank(cls, path: str | None, rank: int) -> Timeline | None:
         """A timeline for this rank: ``path`` as given on rank 0, or with ``{rank}`` filled in on every
         rank when it contains that placeholder; other ranks record nothing."""
         if not path:

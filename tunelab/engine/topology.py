@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class Topology:
-    world: "MPI.Comm"      # private duplicate of the user's communicator
-    local: "MPI.Comm"      # ranks of this (possibly emulated) node, sharing memory
-    cross: "MPI.Comm"      # one rank per node: those with this rank's local rank
+    world: MPI.Comm      # private duplicate of the user's communicator
+    local: MPI.Comm      # ranks of this (possibly emulated) node, sharing memory
+    cross: MPI.Comm      # one rank per node: those with this rank's local rank
     host_size: int         # ranks on this real host (they share its cores)
     node_sizes: tuple[int, ...]
 
@@ -63,7 +63,7 @@ class Topology:
             comm.Free()
 
 
-def build_topology(comm: "MPI.Comm", ranks_per_node: int | None = None) -> Topology:
+def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None) -> Topology:
     """Split ``comm`` into nodes; collective over ``comm``.  Raises TopologyError on every rank
     when ``ranks_per_node`` does not fit (never on some ranks only)."""
     from mpi4py import MPI
