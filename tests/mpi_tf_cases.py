@@ -125,15 +125,15 @@ def case_tf_autoload(comm, env_home: str) -> dict:
     import os
 
     os.environ["TUNELAB_HOME"] = env_home
-    tl.init(comm, cycle_time_ms=7.0)
-    rt = tl._rt.current()
-    model = tiny_model(seed=1)
-    opt = keras.optimizers.SGD(0.1)
-    r = tl.rank()
-    x, y = data(0, tl.size())
-    x, y = x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK]
     logs = []
-    for attempt in range(2):
+    for attempt in range(2):  # two jobs: the second starts after a profile was stored
+        tl.init(comm, cycle_time_ms=7.0)
+        rt = tl._rt.current()
+        model = tiny_model(seed=1)
+        opt = keras.optimizers.SGD(0.1)
+        r = tl.rank()
+        x, y = data(0, tl.size())
+        x, y = x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK]
         if attempt == 1 and r == 0:
             from tunelab.profiles import ProfileStore
 
@@ -152,7 +152,9 @@ def case_tf_autoload(comm, env_home: str) -> dict:
             opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
         logs.append(_captured(lambda: [step() for _ in range(3)]))  # one trace: one lookup
-    knobs = rt.engine.knobs.as_dict()
+        knobs = rt.engine.knobs.as_dict()
+        tl.shutdown()
+    tl.init(comm, cycle_time_ms=7.0)  # a third job trains with model.fit
     fitted = tiny_model(seed=1)
     fitted.compile(optimizer=tl.DistributedOptimizer(keras.optimizers.SGD(0.1), model_name="fitted"),
                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)

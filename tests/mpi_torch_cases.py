@@ -176,10 +176,10 @@ def case_torch_autoload(comm, env_home: str) -> dict:
 
     os.environ["TUNELAB_HOME"] = env_home
     torch.set_num_threads(1)
-    tl.init(comm, cycle_time_ms=7.0)  # pinned explicitly: must survive the profile
-    rt = tl._rt.current()
     logs = []
-    for attempt in range(2):
+    for attempt in range(2):  # two jobs: the second starts after a profile was stored
+        tl.init(comm, cycle_time_ms=7.0)  # pinned explicitly: must survive the profile
+        rt = tl._rt.current()
         model = tiny_model()  # a fresh model each time (same shapes, so the same signature)
         if attempt == 1 and tl.rank() == 0:
             from tunelab.profiles import ProfileStore
@@ -197,6 +197,10 @@ def case_torch_autoload(comm, env_home: str) -> dict:
         for x, y in batches(0, tl.size(), 1)[tl.rank()]:
             torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()  # a step later, the knobs have been applied at a cycle
-    knobs = rt.engine.knobs.as_dict()
-    tl.shutdown()
-    return {"first": logs[0], "second": logs[1], "knobs": knobs}
+        knobs = rt.engine.knobs.as_dict()
+        again = io.StringIO()
+        with contextlib.redirect_stdout(again):  # the same model again in this job: no second lookup
+            tl.DistributedOptimizer(torch.optim.SGD(tiny_model().parameters(), lr=0.1), model_name="tiny")
+        logs.append(again.getvalue().strip())
+        tl.shutdown()
+    return {"first": logs[0], "second": logs[2], "repeat": logs[3], "knobs": knobs}

@@ -86,3 +86,4 @@ def test_training_jobs_load_the_tuned_profile_and_keep_pinned_knobs(tmp_path):
     assert r0["knobs"]["fusion_threshold_bytes"] == 1 << 20 and r0["knobs"]["segment_bytes"] == 1 << 16
     assert r0["knobs"]["cycle_time_ms"] == 7.0  # pinned by the job: the profile's 3.0 must not win
     assert r1["second"] == ""  # only rank 0 logs
+    assert r0["repeat"] == ""  # one lookup per model and job

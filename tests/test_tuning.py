@@ -62,7 +62,7 @@ def test_tuner_is_reproducible_with_a_seed():
 
 
 def test_warm_start_points_reach_the_model():
-    t = Tuner(search_space({}, 1), seed=0, initial_points=3)
+    t = Tuner(search_space({}, 1), seed=0, initial_points=3)  # few random points: the warm start counts
     good = Knobs(fusion_threshold_bytes=4 << 20, cycle_time_ms=2.0, segment_bytes=1 << 20)
     t.warm_start([(good, 99.0), (Knobs(cycle_time_ms=50.0), 10.0), (Knobs(segment_bytes=1 << 24), 40.0)])
     t.tell(Knobs(), 50.0)

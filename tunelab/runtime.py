@@ -39,6 +39,7 @@ class Runtime:
         self.coordinator: Coordinator = Coordinator(self.engine, self.config.timeline)
         self.sync_comm = self.engine.topology.world.Dup()
         self._names = itertools.count()
+        self._profiles_loaded: dict[tuple[str, str], str] = {}
 
     @property
     def topology(self):
@@ -90,7 +91,10 @@ class Runtime:
     def load_profile(self, signature: str, framework: str, model_name: str = "") -> str:
         """Apply the best stored knobs for this hardware, model signature, framework and world size
         (collective).  Knobs the user set explicitly or through ``TUNELAB_*`` stay as they are.
-        Returns the one-line log (printed by rank 0)."""
+        Returns the one-line log (printed by rank 0).  A model already looked up is not looked up again
+        (every rank skips alike: they make the same calls), so wrapping a tape every step costs nothing."""
+        if (signature, framework) in self._profiles_loaded:
+            return self._profiles_loaded[(signature, framework)]
         line, knobs = "", None
         if self.sync_comm.rank == 0:
             line, knobs = self._lookup_profile(signature, framework, model_name)
@@ -99,6 +103,7 @@ class Runtime:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
         if self.sync_comm.rank == 0 and line:
             print(line, flush=True)
+        self._profiles_loaded[(signature, framework)] = line
         return line
 
     def profile_key(self, signature: str, framework: str) -> ProfileKey:

@@ -170,8 +170,8 @@ class DistributedGradientTape:
     With ``load_profile`` (collective: every rank must call ``gradient()``), the first ``gradient()``
     call applies the knobs ``tunelab tune`` stored for this hardware, model (the sources' shapes) and
     world size, logged in one line on rank 0; knobs set explicitly or through ``TUNELAB_*`` win.
-    A wrapper made inside a ``tf.function`` loads once per trace; an eager loop that wraps its tape
-    anew every step would load every step, so pass ``load_profile=(step == 0)`` there."""
+    A model is looked up once per job: wrappers made anew every step (the usual Horovod pattern) or
+    inside a ``tf.function`` trace reuse the first lookup."""
 
     def __init__(self, tape: tf.GradientTape, compression: type = Compression.none, op: str = Average,
                  load_profile: bool = True, model_name: str = "") -> None:
