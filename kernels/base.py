@@ -9,7 +9,7 @@ peers' mapped memory.
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,3 +50,56 @@ class KernelBackend(Protocol):
 
     def cast(self, src: np.ndarray, dst: np.ndarray) -> None:
         """float16/bfloat16 <-> float32 conversion, round to nearest even."""
+
+
+def half_kind(dtype: Any) -> int:
+    """1 for float16, 2 for bfloat16, 0 for every other element type."""
+    return HALF_KINDS.get(np.dtype(dtype).name, 0)
+
+
+def as_rows(rows: np.ndarray) -> np.ndarray:
+    """A copy table as a C-contiguous int64 [rows, 3] array; ValueError for any other shape."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.ndim != 2 or rows.shape[1] != 3:
+        raise ValueError(f"copy table must have shape [rows, 3], got {rows.shape}")
+    return rows
+
+
+def cuda_array_address(array: Any, backend: str) -> tuple[int, np.dtype, int] | None:
+    """(address, element type, count) of a C-contiguous ``__cuda_array_interface__`` exporter (CuPy,
+    numba, PyTorch), or None for other objects.  uint16 arrays hold bfloat16 bits (CuPy has no bfloat16)."""
+    iface = getattr(array, "__cuda_array_interface__", None)
+    if iface is None:
+        return None
+    shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
+    count = int(np.prod(shape, dtype=np.int64))
+    strides = iface.get("strides")
+    if strides is not None and count > 1 and strides != np.empty(shape, dtype).strides:
+        raise ValueError(f"{backend} kernels need C-contiguous arrays")
+    if dtype == np.uint16:
+        import ml_dtypes
+
+        dtype = np.dtype(ml_dtypes.bfloat16)
+    return int(iface["data"][0]), dtype, count
+
+
+class DeviceArrayOps:
+    """Array-level ``scale`` and ``cast`` for back ends that work on device pointers: they resolve the
+    arrays to addresses (``_device_address``) and call the pointer-level kernels."""
+
+    def _device_address(self, array: Any) -> tuple[int, np.dtype, int]:
+        raise NotImplementedError
+
+    def scale(self, array: Any, factor: float) -> None:
+        """In place ``array *= factor`` on a device array (uint16 arrays are bfloat16 bits)."""
+        addr, dtype, n = self._device_address(array)
+        if n:
+            self.scale_copy_table(np.array([[addr, addr, n]], np.int64), dtype, factor)  # type: ignore[attr-defined]
+
+    def cast(self, src: Any, dst: Any) -> None:
+        """float16/bfloat16 <-> float32 between device arrays (uint16 arrays are bfloat16 bits)."""
+        s_addr, s_dtype, n = self._device_address(src)
+        d_addr, d_dtype, m = self._device_address(dst)
+        if n != m:
+            raise ValueError(f"cast sizes differ: {n} vs {m}")
+        self.cast_addr(s_addr, d_addr, n, s_dtype, d_dtype)  # type: ignore[attr-defined]

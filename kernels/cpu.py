@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._lowlevel import as_voidptr, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import HALF_KINDS, ReduceOp
+from .base import ReduceOp, as_rows, half_kind
 
 _BLOCK = 4096
 
@@ -151,17 +151,6 @@ _KERNELS = {f.__name__: _serial_and_parallel(f) for f in (
     _copy_table, _scale_copy_table, _scale_copy_table_half, _reduce, _reduce_half, _to_f32, _from_f32)}
 
 
-def _half_kind(dtype: np.dtype) -> int:
-    return HALF_KINDS.get(np.dtype(dtype).name, 0)
-
-
-def _as_rows(rows: np.ndarray) -> np.ndarray:
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    if rows.ndim != 2 or rows.shape[1] != 3:
-        raise ValueError(f"copy table must have shape [rows, 3], got {rows.shape}")
-    return rows
-
-
 class CpuBackend:
     """The Numba CPU implementation of :class:`kernels.base.KernelBackend`."""
 
@@ -181,15 +170,15 @@ class CpuBackend:
         return _KERNELS[name][getattr(self._threads, "n", 1) > 1]
 
     def copy_table(self, rows: np.ndarray) -> None:
-        rows = _as_rows(rows)
+        rows = as_rows(rows)
         if rows.shape[0]:
             self._k("_copy_table")(rows)
 
     def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
-        rows = _as_rows(rows)
+        rows = as_rows(rows)
         if not rows.shape[0]:
             return
-        kind = _half_kind(dtype)
+        kind = half_kind(dtype)
         if kind:
             self._k("_scale_copy_table_half")(rows, kind, float(factor))
         else:
@@ -202,7 +191,7 @@ class CpuBackend:
         addrs = np.ascontiguousarray(src_addrs, dtype=np.intp)
         if addrs.size == 0:
             raise ValueError("reduce needs at least one source")
-        kind = _half_kind(dtype)
+        kind = half_kind(dtype)
         if kind:
             self._k("_reduce_half")(int(out_addr), addrs, int(count), kind, int(op))
         else:
@@ -220,9 +209,9 @@ class CpuBackend:
         if src.shape != dst.shape:
             raise ValueError(f"cast shapes differ: {src.shape} vs {dst.shape}")
         s, d = src.reshape(-1), dst.reshape(-1)
-        if d.dtype == np.float32 and _half_kind(s.dtype):
-            self._k("_to_f32")(s.view(np.uint16), d, _half_kind(s.dtype))
-        elif s.dtype == np.float32 and _half_kind(d.dtype):
-            self._k("_from_f32")(s, d.view(np.uint16), _half_kind(d.dtype))
+        if d.dtype == np.float32 and half_kind(s.dtype):
+            self._k("_to_f32")(s.view(np.uint16), d, half_kind(s.dtype))
+        elif s.dtype == np.float32 and half_kind(d.dtype):
+            self._k("_from_f32")(s, d.view(np.uint16), half_kind(d.dtype))
         else:
             raise ValueError(f"cast supports float16/bfloat16 <-> float32, not {s.dtype} -> {d.dtype}")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import HALF_KINDS, ReduceOp
+from .base import DeviceArrayOps, ReduceOp, as_rows, cuda_array_address, half_kind
 
 _INSTALL_HINT = "pip install 'tunelab[gpu]'"
 _UNROLL = 4  # grid sizing: each thread handles about this many words per pass
@@ -171,35 +171,15 @@ def _require_cupy() -> Any:
     return cupy
 
 
-def _half_kind(dtype: Any) -> int:
-    return HALF_KINDS.get(np.dtype(dtype).name, 0)
-
-
-def _as_rows(rows: np.ndarray) -> np.ndarray:
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    if rows.ndim != 2 or rows.shape[1] != 3:
-        raise ValueError(f"copy table must have shape [rows, 3], got {rows.shape}")
-    return rows
-
-
 def _device_address(array: Any) -> tuple[int, np.dtype, int]:
     """(address, element type, count) of a C-contiguous device array; uint16 means bfloat16 bits."""
-    iface = getattr(array, "__cuda_array_interface__", None)
-    if iface is None:
+    found = cuda_array_address(array, "cupy")
+    if found is None:
         raise TypeError(f"expected a device array (__cuda_array_interface__), got {type(array).__name__}")
-    shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
-    count = int(np.prod(shape, dtype=np.int64))
-    strides = iface.get("strides")
-    if strides is not None and count > 1 and strides != np.empty(shape, dtype).strides:
-        raise ValueError("cupy kernels need C-contiguous arrays")
-    if dtype == np.uint16:
-        import ml_dtypes
-
-        dtype = np.dtype(ml_dtypes.bfloat16)
-    return int(iface["data"][0]), dtype, count
+    return found
 
 
-class CupyBackend:
+class CupyBackend(DeviceArrayOps):
     """:class:`kernels.base.KernelBackend` on a CUDA device, kernels compiled by CuPy.
 
     Addresses are device pointers.  Launches go to CuPy's current stream and return without waiting:
@@ -207,6 +187,9 @@ class CupyBackend:
     """
 
     name = "cupy"
+
+    def _device_address(self, array: Any) -> tuple[int, np.dtype, int]:
+        return _device_address(array)
 
     def __init__(self, block: int = 256, max_blocks: int = 8192) -> None:
         self._cp = _require_cupy()
@@ -237,16 +220,16 @@ class CupyBackend:
         return (max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks)),)
 
     def copy_table(self, rows: np.ndarray) -> None:
-        rows = _as_rows(rows)
+        rows = as_rows(rows)
         if rows.shape[0] and rows[:, 2].max() > 0:
             table = self._cp.asarray(rows)
             self._fn("copy_rows")(self._row_grid(rows, 16), (self._block,), (table, np.int32(rows.shape[0])))
 
     def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
-        rows = _as_rows(rows)
+        rows = as_rows(rows)
         if not rows.shape[0] or rows[:, 2].max() <= 0:
             return
-        name, kind = np.dtype(dtype).name, _half_kind(dtype)
+        name, kind = np.dtype(dtype).name, half_kind(dtype)
         if not kind and name not in _TYPED:
             raise TypeError(f"cupy kernels do not handle {name}")
         head = (self._cp.asarray(rows), np.int32(rows.shape[0]))
@@ -261,7 +244,7 @@ class CupyBackend:
         addrs = np.ascontiguousarray(src_addrs, dtype=np.int64).reshape(-1)
         if addrs.size == 0:
             raise ValueError("reduce needs at least one source")
-        name, kind = np.dtype(dtype).name, _half_kind(dtype)
+        name, kind = np.dtype(dtype).name, half_kind(dtype)
         if not kind and name not in _TYPED:
             raise TypeError(f"cupy kernels do not handle {name}")
         args = (np.int64(out_addr), self._cp.asarray(addrs), np.int32(addrs.size), np.int64(count),
@@ -271,23 +254,9 @@ class CupyBackend:
         else:
             self._fn(f"reduce_{name}")(self._flat_grid(count), (self._block,), args)
 
-    def scale(self, array: Any, factor: float) -> None:
-        """In place ``array *= factor`` on a device array (uint16 arrays are bfloat16 bits)."""
-        addr, dtype, n = _device_address(array)
-        if n:
-            self.scale_copy_table(np.array([[addr, addr, n]], np.int64), dtype, factor)
-
-    def cast(self, src: Any, dst: Any) -> None:
-        """float16/bfloat16 <-> float32 between device arrays (uint16 arrays are bfloat16 bits)."""
-        s_addr, s_dtype, n = _device_address(src)
-        d_addr, d_dtype, m = _device_address(dst)
-        if n != m:
-            raise ValueError(f"cast sizes differ: {n} vs {m}")
-        self.cast_addr(s_addr, d_addr, n, s_dtype, d_dtype)
-
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
         """Pointer-level :meth:`cast` of ``count`` elements."""
-        s_kind, d_kind = _half_kind(src_dtype), _half_kind(dst_dtype)
+        s_kind, d_kind = half_kind(src_dtype), half_kind(dst_dtype)
         if s_kind and np.dtype(dst_dtype) == np.float32:
             name, kind = "widen", s_kind
         elif d_kind and np.dtype(src_dtype) == np.float32:

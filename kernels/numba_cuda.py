@@ -22,7 +22,7 @@ from numba import config as numba_config
 from numba.extending import register_jitable
 
 from ._lowlevel import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import HALF_KINDS, ReduceOp
+from .base import DeviceArrayOps, ReduceOp, as_rows, cuda_array_address, half_kind
 
 cuda: Any = None  # the numba.cuda module, bound by _kernels(); kernels refer to it as a global
 
@@ -264,47 +264,27 @@ def _kernels() -> SimpleNamespace:
 
 # ---- host side ---------------------------------------------------------------------------------
 
-def _half_kind(dtype: Any) -> int:
-    return HALF_KINDS.get(np.dtype(dtype).name, 0)
-
-
-def _array_dtype(dtype: np.dtype) -> np.dtype:
-    """Element type of a device array: uint16 arrays hold bfloat16 bits (CuPy has no bfloat16)."""
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16 if np.dtype(dtype) == np.uint16 else dtype)
-
-
-def _as_rows(rows: np.ndarray) -> np.ndarray:
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    if rows.ndim != 2 or rows.shape[1] != 3:
-        raise ValueError(f"copy table must have shape [rows, 3], got {rows.shape}")
-    return rows
-
-
 def _device_address(array: Any) -> tuple[int, np.dtype, int]:
     """(address, element type, count) of a C-contiguous device array.
 
     Any ``__cuda_array_interface__`` exporter (CuPy, numba, PyTorch) works on a device.  Under the
     simulator device memory is host memory, so numpy arrays and simulated device arrays work too.
     """
-    iface = getattr(array, "__cuda_array_interface__", None)
-    if iface is not None:
-        shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
-        count = int(np.prod(shape, dtype=np.int64))
-        strides = iface.get("strides")
-        if strides is not None and count > 1 and strides != np.empty(shape, dtype).strides:
-            raise ValueError("numba-cuda kernels need C-contiguous arrays")
-        return int(iface["data"][0]), _array_dtype(dtype), count
+    found = cuda_array_address(array, "numba-cuda")
+    if found is not None:
+        return found
     host = getattr(array, "_ary", array)  # a simulated device array wraps a numpy array
     if isinstance(host, np.ndarray) and numba_config.ENABLE_CUDASIM:
         if not host.flags.c_contiguous:
             raise ValueError("numba-cuda kernels need C-contiguous arrays")
-        return host.ctypes.data, _array_dtype(host.dtype), host.size
+        import ml_dtypes
+
+        dtype = np.dtype(ml_dtypes.bfloat16) if host.dtype == np.uint16 else host.dtype
+        return host.ctypes.data, dtype, host.size
     raise TypeError(f"expected a device array (__cuda_array_interface__), got {type(array).__name__}")
 
 
-class NumbaCudaBackend:
+class NumbaCudaBackend(DeviceArrayOps):
     """:class:`kernels.base.KernelBackend` on a CUDA device, kernels written with ``numba.cuda``.
 
     Addresses are device pointers.  Launches go to the default stream and return without waiting:
@@ -313,6 +293,9 @@ class NumbaCudaBackend:
     """
 
     name = "numba-cuda"
+
+    def _device_address(self, array: Any) -> tuple[int, np.dtype, int]:
+        return _device_address(array)
 
     def __init__(self, block: int = 256, max_blocks: int = 4096) -> None:
         self._k = _kernels()
@@ -335,15 +318,15 @@ class NumbaCudaBackend:
         return max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks))
 
     def copy_table(self, rows: np.ndarray) -> None:
-        rows = _as_rows(rows)
+        rows = as_rows(rows)
         if rows.shape[0] and rows[:, 2].max() > 0:
             self._k.copy_rows[self._row_grid(rows, 16), self._block](cuda.to_device(rows))
 
     def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
-        rows = _as_rows(rows)
+        rows = as_rows(rows)
         if not rows.shape[0] or rows[:, 2].max() <= 0:
             return
-        grid, table, kind = self._row_grid(rows, 1), cuda.to_device(rows), _half_kind(dtype)
+        grid, table, kind = self._row_grid(rows, 1), cuda.to_device(rows), half_kind(dtype)
         if kind:
             self._k.scale_rows_half[grid, self._block](table, np.float32(factor), kind)
         else:
@@ -356,30 +339,16 @@ class NumbaCudaBackend:
         addrs = np.ascontiguousarray(src_addrs, dtype=np.int64).reshape(-1)
         if addrs.size == 0:
             raise ValueError("reduce needs at least one source")
-        grid, srcs, kind = self._flat_grid(count), cuda.to_device(addrs), _half_kind(dtype)
+        grid, srcs, kind = self._flat_grid(count), cuda.to_device(addrs), half_kind(dtype)
         if kind:
             self._k.reduce_half[grid, self._block](int(out_addr), srcs, int(count), kind, int(op))
         else:
             like = np.dtype(dtype).type(0)
             self._k.reduce[grid, self._block](int(out_addr), srcs, int(count), like, int(op))
 
-    def scale(self, array: Any, factor: float) -> None:
-        """In place ``array *= factor`` on a device array (uint16 arrays are bfloat16 bits)."""
-        addr, dtype, n = _device_address(array)
-        if n:
-            self.scale_copy_table(np.array([[addr, addr, n]], np.int64), dtype, factor)
-
-    def cast(self, src: Any, dst: Any) -> None:
-        """float16/bfloat16 <-> float32 between device arrays (uint16 arrays are bfloat16 bits)."""
-        s_addr, s_dtype, n = _device_address(src)
-        d_addr, d_dtype, m = _device_address(dst)
-        if n != m:
-            raise ValueError(f"cast sizes differ: {n} vs {m}")
-        self.cast_addr(s_addr, d_addr, n, s_dtype, d_dtype)
-
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
         """Pointer-level :meth:`cast` of ``count`` elements."""
-        s_kind, d_kind = _half_kind(src_dtype), _half_kind(dst_dtype)
+        s_kind, d_kind = half_kind(src_dtype), half_kind(dst_dtype)
         args = (int(src_addr), int(dst_addr), int(count))
         if s_kind and np.dtype(dst_dtype) == np.float32:
             kernel, kind = self._k.widen, s_kind

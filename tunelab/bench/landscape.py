@@ -87,19 +87,9 @@ def grid_space(grid: dict[str, list[Any]], pinned: dict[str, Any], num_nodes: in
 
 # ---- rank side --------------------------------------------------------------------------------------
 def run_rank(p: dict) -> dict:
-    from mpi4py import MPI
+    from ..tuning.run import run_with_workload
 
-    from .. import runtime
-    from ..tuning.run import make_workload
-
-    comm = MPI.COMM_WORLD
-    pinned = dict(p.get("knobs", {}))
-    rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), **pinned)
-    try:
-        workload = make_workload(p, rt, comm)
-        return _record(p, rt, workload, pinned)
-    finally:
-        runtime.shutdown()
+    return run_with_workload(p, _record)
 
 
 def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:

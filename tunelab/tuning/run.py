@@ -26,6 +26,12 @@ class Workload:
 
 
 def run_rank(p: dict) -> dict:
+    return run_with_workload(p, _tune)
+
+
+def run_with_workload(p: dict, body: Callable[[dict, Any, Workload, dict], dict]) -> dict:
+    """Start the runtime with the scenario's pinned knobs, build its workload, run ``body(p, runtime,
+    workload, pinned)`` and shut down (used by ``tune`` and ``bench landscape``)."""
     from mpi4py import MPI
 
     from .. import runtime
@@ -34,8 +40,7 @@ def run_rank(p: dict) -> dict:
     pinned = dict(p.get("knobs", {}))
     rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), **pinned)
     try:
-        workload = make_workload(p, rt, comm)
-        return _tune(p, rt, workload, pinned)
+        return body(p, rt, make_workload(p, rt, comm), pinned)
     finally:
         runtime.shutdown()
 
