@@ -6,6 +6,7 @@ Errors are one line on stderr: bad usage exits 2, a failed run exits 1.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 from collections.abc import Sequence
@@ -165,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     hw = sub.add_parser("hw", help="print this host's hardware and software facts")
     hw.set_defaults(func=_cmd_hw)
 
+    from .report import add_parser as add_report_parser
+
+    add_report_parser(sub)  # report: one self-contained HTML file from tuning runs and benchmarks
+
     from .profiles_cli import add_parser as add_profiles_parser
 
     add_profiles_parser(sub)  # profiles list/show/export/import/delete: the tuning profile store
@@ -292,6 +297,10 @@ def _cmd_hw(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .launch import inside_mpi_job, job_rank
+
+    if inside_mpi_job() and job_rank() != 0:  # under the user's mpiexec/srun: rank 0 speaks for the job
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
     try:
         return args.func(args)
     except TunelabError as exc:

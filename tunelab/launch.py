@@ -28,6 +28,14 @@ def inside_mpi_job() -> bool:
     return False
 
 
+def job_rank() -> int:
+    """This process's rank in the launcher's job (0 outside a job), from the launcher's environment."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 @lru_cache(maxsize=1)
 def mpiexec_command() -> tuple[str, ...]:
     """mpiexec matching the installed libmpi (the one beside sys.executable first) and its flags."""

@@ -34,6 +34,10 @@ class Runtime:
         from .engine.coordinator import Coordinator
         from .engine.engine import Engine
 
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise TunelabError("tunelab's background coordinator needs MPI_THREAD_MULTIPLE, which this MPI "
+                               "library did not grant (import tunelab before initialising MPI yourself, or "
+                               "use an MPI built with thread support)")
         self.config = config or load_engine_config()
         self.engine: Engine = Engine(comm or MPI.COMM_WORLD, self.config)
         self.coordinator: Coordinator = Coordinator(self.engine, self.config.timeline)
