@@ -47,7 +47,7 @@ def test_import_tunelab_stays_light():
 def test_bench_allreduce_runs_and_writes_nccl_style_json(tmp_path):
     path = tmp_path / "ar.json"
     proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "4KiB,100KiB", "--dtype", "float32",
-                   "--iters", "3", "--warmup", "1", "--json", str(path))
+                   "--iters", "3", "--warmup", "1", "--json", str(path), "--no-report")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(path.read_text())
     rows = data["rows"]
@@ -68,7 +68,7 @@ def test_bench_allreduce_emulated_nodes_half_precision(tmp_path):
     path = tmp_path / "ar.json"
     proc = tunelab("bench", "allreduce", "--np", "4", "--ranks-per-node", "2", "--sizes", "3KiB",
                    "--dtype", "bfloat16", "--algorithms", "ring,hierarchical,mpi", "--iters", "2",
-                   "--warmup", "1", "--json", str(path))
+                   "--warmup", "1", "--json", str(path), "--no-report")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(path.read_text())
     assert data["hardware"]["nodes"] == 2
@@ -80,7 +80,8 @@ def test_bench_allreduce_emulated_nodes_half_precision(tmp_path):
 @pytest.mark.mpi
 def test_bench_fusion_reports_three_modes(tmp_path):
     path = tmp_path / "fu.json"
-    proc = tunelab("bench", "fusion", "--np", "2", "--iters", "1", "--warmup", "0", "--json", str(path))
+    proc = tunelab("bench", "fusion", "--np", "2", "--iters", "1", "--warmup", "0", "--json", str(path),
+                   "--no-report")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(path.read_text())["rows"]
     assert [r["mode"] for r in rows] == ["per-tensor", "fused", "contiguous"]
@@ -91,7 +92,7 @@ def test_bench_fusion_reports_three_modes(tmp_path):
 @pytest.mark.mpi
 def test_rank_errors_reach_the_user_as_one_line():
     proc = tunelab("bench", "allreduce", "--np", "2", "--ranks-per-node", "3", "--sizes", "1KiB",
-                   "--iters", "1", "--warmup", "0")
+                   "--iters", "1", "--warmup", "0", "--no-report")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("tunelab: error:")
     assert "ranks_per_node=3 but only 2 ranks share host" in proc.stderr

@@ -26,9 +26,9 @@ backward_ms = 40
 """
 
 
-def tunelab(*args, env=None, timeout=600):
+def tunelab(*args, env=None, timeout=600, cwd=None):
     return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env, cwd=cwd)
 
 
 @pytest.mark.mpi
@@ -36,8 +36,11 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "tune.json"
-    proc = tunelab("tune", "--scenario", str(scenario), "--seed", "3", "--json", str(out))
+    proc = tunelab("tune", "--scenario", str(scenario), "--seed", "3", "--json", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    reports = list((tmp_path / "reports").glob("tune-*.html"))  # written by default, path printed
+    assert len(reports) == 1 and f"# report: reports/{reports[0].name}" in proc.stdout
+    assert "tiny" in reports[0].read_text() or "resnet50" in reports[0].read_text()
     result = json.loads(out.read_text())
     samples = result["samples"]
     assert samples[0]["phase"] == "default" and samples[0]["knobs"]["fusion_threshold_bytes"] == 64 << 20
@@ -48,7 +51,7 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
     assert "[  1/5] default" in proc.stdout and "gain   :" in proc.stdout and "stored : profile" in proc.stdout
     listing = tunelab("profiles", "list")
     assert listing.returncode == 0 and "resnet50" in listing.stdout
-    again = tunelab("tune", "--scenario", str(scenario), "--budget", "2", "--no-store")
+    again = tunelab("tune", "--scenario", str(scenario), "--budget", "2", "--no-store", "--no-report")
     assert again.returncode == 0, again.stderr
     assert "warm start: 5 stored trials" in again.stdout
 

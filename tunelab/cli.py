@@ -119,11 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--dtype", choices=supported_names(), default="float32")
     ar.add_argument("--algorithms", type=_choice_list(ALGORITHMS), default=list(ALGORITHMS),
                     help=f"comma-separated, from {','.join(ALGORITHMS)}")
+    _report_flag(ar)
     ar.set_defaults(func=_cmd_bench_allreduce)
 
     fu = bsub.add_parser("fusion", help="a model's gradients: per-tensor vs fused vs contiguous")
     common(fu, iters=10, warmup=3)
     fu.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    _report_flag(fu)
     fu.set_defaults(func=_cmd_bench_fusion)
 
     from .bench.kernels import add_parser as add_kernels_parser
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pin a knob (excluded from the search); repeatable")
     tune.add_argument("--no-store", action="store_true", help="do not write the profile store")
     tune.add_argument("--json", type=Path, default=None, metavar="PATH")
+    _report_flag(tune)
     tune.set_defaults(func=_cmd_tune)
 
     hw = sub.add_parser("hw", help="print this host's hardware and software facts")
@@ -174,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_profiles_parser(sub)  # profiles list/show/export/import/delete: the tuning profile store
     return parser
+
+
+def _report_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
+                   help="write a self-contained HTML report under reports/ at the end (default: on)")
 
 
 def _version() -> str:
@@ -205,7 +213,8 @@ def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
                               ("busbw_vs_mpi", "busbw/mpi", ".2f"), ("wrong", "#wrong", "d")]))
     for note in result.get("notes", []):
         print(f"# note: {note}")
-    return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "algorithm")
+    return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "algorithm",
+                   ("allreduce", "bench") if args.report else None)
 
 
 def _cmd_bench_fusion(args: argparse.Namespace) -> int:
@@ -222,7 +231,8 @@ def _cmd_bench_fusion(args: argparse.Namespace) -> int:
                                         ("time_us_p10", "p10_us", ".0f"), ("time_us_p90", "p90_us", ".0f"),
                                         ("speedup_vs_per_tensor", "vs_per_tensor", ".2f"),
                                         ("vs_contiguous", "vs_contiguous", ".3f"), ("wrong", "#wrong", "d")]))
-    return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "mode")
+    return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "mode",
+                   ("fusion", "bench") if args.report else None)
 
 
 def _cmd_bench_train(args: argparse.Namespace) -> int:
@@ -271,19 +281,44 @@ def _cmd_tune(args: argparse.Namespace) -> int:
           + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
     result = run_job("tune", params, scenario.np)
     print_tune_summary(result)
-    return _finish(result, args.json, [], "model")
+    return _finish(result, args.json, [], "model", ("tune", "tune") if args.report else None)
 
 
-def _finish(result: dict, json_path: Path | None, bad_rows: list[dict], key: str) -> int:
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"# wrote {json_path}")
+def _finish(result: dict, json_path: Path | None, bad_rows: list[dict], key: str,
+            report: tuple[str, str] | None = None) -> int:
+    """Write ``--json``, the HTML report (``report`` = (name, "bench"|"tune"), None for none), and turn
+    wrong results into exit 1."""
+    if json_path is not None or report is not None:
+        import time
+
+        stem = f"{report[0] if report else 'result'}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path = json_path or Path("reports") / f"{stem}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"# wrote {path}")
+        if report is not None:
+            _write_report(path, Path("reports") / f"{stem}.html", report[1])
     if bad_rows:
         names = ", ".join(sorted({str(r[key]) for r in bad_rows}))
         sys.stderr.write(f"tunelab: error: wrong results from {names}\n")
         return 1
     return 0
+
+
+def _write_report(json_path: Path, out: Path, kind: str) -> None:
+    """The end-of-run HTML report; a missing report library is a note, never a failed run."""
+    try:
+        import jinja2  # noqa: F401
+        import matplotlib  # noqa: F401
+        import pandas  # noqa: F401
+    except ImportError as exc:
+        print(f"# report skipped: {exc.name} is not installed (pip install 'tunelab[report]')")
+        return
+    from .report.build import write_report
+
+    write_report(out, title=f"tunelab {json_path.stem}", profiles=[],
+                 benches=[json_path] if kind == "bench" else [], tunes=[json_path] if kind == "tune" else [])
+    print(f"# report: {out}")
 
 
 def _cmd_hw(args: argparse.Namespace) -> int:

@@ -1,0 +1,155 @@
+"""``tunelab report``: self-contained HTML from recorded tune/bench results (tests/data/report-*.json)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("pandas")
+pytest.importorskip("jinja2")
+
+from tunelab.cli import main
+from tunelab.profiles import ProfileStore
+from tunelab.report.build import build_html
+
+DATA = Path(__file__).resolve().parent / "data"
+BENCHES = ["report-allreduce.json", "report-fusion.json", "report-kernels.json", "report-tuner.json"]
+PAYLOAD = "<script>document.title='pwned'</script>"
+CHROMIUM = Path("/usr/bin/chromium")
+FIGURES = ["tune-0-convergence", "tune-0-landscape", "tune-1-convergence", "tune-1-landscape",
+           "fig-busbw", "fig-fusion", "fig-kernels", "fig-tuner"]
+SECTIONS = ["tune-0", "tune-1", "bench-allreduce", "bench-fusion", "bench-kernels", "bench-tuner"]
+IMG = re.compile(r'<figure class="report-figure" id="([^"]+)">\s*<img alt="[^"]*" src="data:image/png;base64,'
+                 r'([A-Za-z0-9+/=]+)">')
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> dict:
+    """The recorded tune run with a hostile model name, its profile imported into this test's store."""
+    store = ProfileStore()
+    [profile_id] = store.import_(json.loads((DATA / "report-profile-export.json").read_text()))
+    tune = json.loads((DATA / "report-tune.json").read_text())
+    tune["model"] = PAYLOAD
+    tune["profile_id"], tune["store"] = profile_id, str(store.path)
+    tune_path = tmp_path / "evil-tune.json"
+    tune_path.write_text(json.dumps(tune))
+    second = tmp_path / "other-host-allreduce.json"
+    shutil.copy(DATA / "report-allreduce.json", second)
+    benches = [DATA / b for b in BENCHES] + [second]
+    return {"tune": tune_path, "profile": profile_id, "benches": benches}
+
+
+@pytest.fixture
+def report(inputs: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> Path:
+    out = tmp_path / "out" / "report.html"
+    argv = ["report", "--tune", str(inputs["tune"]), "--profile", str(inputs["profile"]),
+            "--title", f"run {PAYLOAD}", "--out", str(out)]
+    for b in inputs["benches"]:
+        argv += ["--bench", str(b)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    return out
+
+
+def _pixels(png: bytes):
+    import matplotlib.image as mpimg
+
+    return mpimg.imread(io.BytesIO(png), format="png")
+
+
+def _not_blank(png: bytes) -> bool:
+    px = _pixels(png)[..., :3].reshape(-1, 3)
+    return bool((px != px[0]).any())
+
+
+def test_report_is_self_contained_and_complete(report: Path) -> None:
+    html = report.read_text()
+    assert "http://" not in html and "https://" not in html
+    refs = re.findall(r"""\b(?:src|href)\s*=\s*["']?([^"'\s>]*)""", html, re.IGNORECASE)
+    assert refs and all(r.startswith("data:image/png;base64,") for r in refs), "a src/href that is not a data URI"
+    assert "<script" not in html.lower()
+    for sid in SECTIONS:
+        assert f'id="{sid}"' in html, sid
+    figures = dict(IMG.findall(html))
+    assert sorted(figures) == sorted(FIGURES)
+    for fig_id, data in figures.items():
+        png = base64.b64decode(data)
+        assert png.startswith(b"\x89PNG") and _not_blank(png), fig_id
+    for text in ("hardware facts", "default vs tuned throughput", "locked configuration", "trials",
+                 "nccl-tests style results: report-allreduce.json", "other-host-allreduce.json",
+                 "tunelab profiles export", "load it automatically"):
+        assert text in html, text
+
+
+def test_user_text_is_escaped(report: Path) -> None:
+    html = report.read_text()
+    assert PAYLOAD not in html
+    assert "&lt;script&gt;document.title=&#39;pwned&#39;&lt;/script&gt;" in html
+
+
+def test_profile_only_report_and_errors(inputs: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    html = build_html("p", [inputs["profile"]], [], [])
+    assert 'id="tune-0-landscape"' in html and "hardware facts" in html
+    assert main(["report", "--profile", "999", "--out", str(tmp_path / "x.html")]) == 1
+    assert "no profile 999" in capsys.readouterr().err
+    assert main(["report", "--bench", str(inputs["tune"]), "--out", str(tmp_path / "y.html")]) == 1
+    assert "not a tunelab bench --json result" in capsys.readouterr().err
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_default_out_folder(inputs: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--bench", str(DATA / "report-kernels.json")]) == 0
+    out = Path(capsys.readouterr().out.strip())
+    assert out.parent == Path("reports") and out.name.startswith("report-") and out.suffix == ".html"
+    assert (tmp_path / out).is_file()
+
+
+def _chromium(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run",
+           f"--user-data-dir={tmp_path / 'chromium-profile'}", "--enable-logging=stderr", "--v=0", *args, url]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line]
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: apt-get install -y chromium")
+def test_report_in_headless_chromium(report: Path, tmp_path: Path) -> None:
+    dom = _chromium(tmp_path, report.as_uri(), "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert not _console_errors(dom.stderr)
+    title = re.search(r"<title>(.*?)</title>", dom.stdout, re.DOTALL)
+    assert title and title.group(1) == "run &lt;script&gt;document.title='pwned'&lt;/script&gt;"
+    assert "pwned" not in title.group(1).replace(PAYLOAD.replace("<", "&lt;").replace(">", "&gt;"), "")
+    assert "<script" not in dom.stdout.lower()
+    assert dom.stdout.count('class="report-figure"') == len(FIGURES)
+
+    shot = tmp_path / "page.png"
+    run = _chromium(tmp_path, report.as_uri(), "--window-size=1200,2000", f"--screenshot={shot}")
+    assert run.returncode == 0 and not _console_errors(run.stderr)
+    assert _not_blank(shot.read_bytes())
+    _figures_render(report, tmp_path)
+
+
+def _figures_render(report: Path, tmp_path: Path) -> None:
+    """Each figure alone on a page: Chromium decodes it and draws something other than one colour."""
+    for fig_id, data in IMG.findall(report.read_text()):
+        page = tmp_path / f"{fig_id}.html"
+        page.write_text(f'<!DOCTYPE html><html><body style="margin:0;background:#fff">'
+                        f'<img src="data:image/png;base64,{data}"></body></html>')
+        shot = tmp_path / f"{fig_id}.png"
+        run = _chromium(tmp_path, page.as_uri(), "--window-size=700,450", f"--screenshot={shot}")
+        assert run.returncode == 0 and not _console_errors(run.stderr), fig_id
+        assert _not_blank(shot.read_bytes()), fig_id

@@ -1,0 +1,108 @@
+"""Benchmark sections: allreduce bus bandwidth, fusion modes, kernels, tuner quality.
+
+Several results of one kind are compared side by side: one series (or column) per input, labelled
+by its hardware (host name) when that tells them apart, else by file name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..units import format_size
+from . import figures
+from .tables import table_block
+
+Result = tuple[str, dict[str, Any]]  # (label, parsed JSON)
+
+
+def kind_of(data: dict[str, Any]) -> str:
+    rows = data.get("rows") or [{}]
+    if "curves" in data:
+        return "tuner"
+    for key, kind in (("algorithm", "allreduce"), ("mode", "fusion"), ("kernel", "kernels")):
+        if key in rows[0]:
+            return kind
+    return "unknown"
+
+
+def allreduce_section(results: list[Result]) -> dict[str, Any]:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    tables = []
+    multi = len(results) > 1
+    for label, data in results:
+        for alg in dict.fromkeys(r["algorithm"] for r in data["rows"]):
+            rows = sorted((r for r in data["rows"] if r["algorithm"] == alg), key=lambda r: r["size"])
+            name = f"{alg} ({label})" if multi else alg
+            series[name] = ([r["size"] for r in rows], [r["busbw_gbps"] for r in rows])
+        cols = ["size", "count", "dtype", "algorithm", "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
+        table = [{c: (format_size(r[c]) if c == "size" else r.get(c)) for c in cols} for r in data["rows"]]
+        tables.append(table_block(f"nccl-tests style results: {label}", table))
+        hw = data.get("hardware")
+        if hw:
+            tables.append(table_block(f"hardware: {label}", [{"fact": k, "value": str(v)} for k, v in hw.items()]))
+    fig = figures.line_chart(series, "message size (bytes)", "bus bandwidth (GB/s)", logx=True)
+    blocks = [_figure("fig-busbw", "bus bandwidth vs message size, every algorithm incl. baselines", fig)]
+    return {"id": "bench-allreduce", "title": "Allreduce bandwidth", "blocks": blocks + tables}
+
+
+def fusion_section(results: list[Result]) -> dict[str, Any]:
+    modes = list(dict.fromkeys(r["mode"] for _, d in results for r in d["rows"]))
+    series = {label: [_lookup(d["rows"], "mode", m, "time_us") / 1000.0 for m in modes] for label, d in results}
+    fig = figures.grouped_bars(modes, series, "time per step (ms)")
+    blocks = [_figure("fig-fusion", "allreduce time per fusion mode", fig)]
+    for label, d in results:
+        blocks.append(table_block(f"fusion modes: {label} (model {d.get('model', '?')})", d["rows"]))
+    return {"id": "bench-fusion", "title": "Tensor fusion", "blocks": blocks}
+
+
+def kernels_section(results: list[Result]) -> dict[str, Any]:
+    groups = list(dict.fromkeys(f"{r['kernel']} {format_size(r['size'])}" for _, d in results for r in d["rows"]))
+    series: dict[str, list[float]] = {}
+    for label, d in results:
+        by_key = {f"{r['kernel']} {format_size(r['size'])}": r for r in d["rows"]}
+        series[f"kernel ({label})"] = [by_key[g]["gbps"] if g in by_key else 0.0 for g in groups]
+        series[f"copy ({label})"] = [by_key[g]["copy_gbps"] if g in by_key else 0.0 for g in groups]
+    fig = figures.grouped_bars(groups, series, "GB/s")
+    blocks = [_figure("fig-kernels", "kernel bandwidth next to a plain copy", fig)]
+    for label, d in results:
+        blocks.append(table_block(f"kernels: {label} ({d.get('backend', '?')}, {d.get('device', '?')})",
+                                  d["rows"]))
+    return {"id": "bench-kernels", "title": "Kernels", "blocks": blocks}
+
+
+def tuner_section(results: list[Result]) -> dict[str, Any]:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    multi = len(results) > 1
+    for label, d in results:
+        for strategy, curve in d["curves"].items():
+            name = f"{strategy} ({label})" if multi else strategy
+            series[name] = (list(range(1, len(curve) + 1)), curve)
+    fig = figures.line_chart(series, "samples", "best so far / landscape best", step=True)
+    blocks = [_figure("fig-tuner", "tuner quality: median best-so-far vs samples, per strategy", fig)]
+    for label, d in results:
+        blocks.append(table_block(f"tuner quality: {label} (target {d.get('target', '?')})", d["rows"]))
+    return {"id": "bench-tuner", "title": "Tuner quality", "blocks": blocks}
+
+
+SECTIONS = {"allreduce": allreduce_section, "fusion": fusion_section, "kernels": kernels_section,
+            "tuner": tuner_section}
+
+
+def bench_sections(results: list[Result]) -> list[dict[str, Any]]:
+    from ..errors import TunelabError
+
+    by_kind: dict[str, list[Result]] = {}
+    for label, data in results:
+        kind = kind_of(data)
+        if kind not in SECTIONS:
+            raise TunelabError(f"{label}: not a tunelab bench --json result")
+        by_kind.setdefault(kind, []).append((label, data))
+    return [SECTIONS[k](v) for k, v in by_kind.items()]
+
+
+def _lookup(rows: list[dict[str, Any]], key: str, value: object, field: str) -> float:
+    return next((float(r[field]) for r in rows if r[key] == value), 0.0)
+
+
+def _figure(fig_id: str, caption: str, uri: str) -> dict[str, Any]:
+    return {"kind": "figure", "id": fig_id, "caption": caption, "uri": uri}

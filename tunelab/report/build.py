@@ -1,0 +1,63 @@
+"""Collect the inputs, build the sections, render and write the page."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import TunelabError
+
+
+def default_out() -> Path:
+    return Path("reports") / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise TunelabError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise TunelabError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise TunelabError(f"{path}: not a tunelab --json result")
+    return data
+
+
+def _labels(paths: list[Path], datas: list[dict[str, Any]]) -> list[str]:
+    """Host names when they tell the inputs apart, else file names."""
+    hosts = [str((d.get("hardware") or {}).get("hostname", "")) for d in datas]
+    if all(hosts) and len(set(hosts)) == len(hosts):
+        return [f"{h} ({p.name})" for h, p in zip(hosts, paths)]
+    names = [p.name for p in paths]
+    return names if len(set(names)) == len(names) else [str(p) for p in paths]
+
+
+def build_html(title: str, profiles: list[int], benches: list[Path], tunes: list[Path],
+               store: Any | None = None) -> str:
+    from .bench import bench_sections
+    from .runs import run_from_json, run_from_profile
+    from .template import render
+    from .tuning import tuning_section
+
+    try:
+        runs = [run_from_json(p.name, _load(p)) for p in tunes]
+        runs += [run_from_profile(i, store) for i in profiles]
+        sections = [tuning_section(r, n) for n, r in enumerate(runs)]
+        bench_data = [_load(p) for p in benches]
+        sections += bench_sections(list(zip(_labels(benches, bench_data), bench_data)))
+    except (KeyError, TypeError, IndexError) as exc:
+        raise TunelabError(f"malformed input: missing or wrong field {exc}") from None
+    sources = [p.name for p in tunes + benches] + [f"profile {i}" for i in profiles]
+    return render({"title": title, "sections": sections, "sources": sources,
+                   "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+
+
+def write_report(out: Path, title: str, profiles: list[int], benches: list[Path], tunes: list[Path],
+                 store: Any | None = None) -> Path:
+    html = build_html(title, profiles, benches, tunes, store)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html, encoding="utf-8")
+    return out

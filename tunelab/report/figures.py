@@ -1,0 +1,95 @@
+"""Figure helpers: matplotlib (Agg) figures rendered to PNG data URIs."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+from typing import Any
+
+
+def new_figure(width: float = 7.0, height: float = 4.0) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def to_data_uri(fig: Any) -> str:
+    """The figure as a base64 PNG ``data:`` URI (no metadata, so no URLs inside)."""
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def line_chart(series: dict[str, tuple[Sequence[float], Sequence[float]]], xlabel: str, ylabel: str,
+               logx: bool = False, step: bool = False) -> str:
+    fig, ax = new_figure()
+    for label, (xs, ys) in series.items():
+        if step:
+            ax.step(xs, ys, where="post", label=label)
+        else:
+            ax.plot(xs, ys, marker="o", label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if series:
+        ax.legend(fontsize="small")
+    return to_data_uri(fig)
+
+
+def grouped_bars(groups: Sequence[str], series: dict[str, Sequence[float]], ylabel: str) -> str:
+    """One group of bars per entry of ``groups``, one bar per series within a group."""
+    fig, ax = new_figure()
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, values, width=width, label=label)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right", fontsize="small")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    return to_data_uri(fig)
+
+
+def convergence(scores: Sequence[float], phases: Sequence[str], default_score: float) -> str:
+    fig, ax = new_figure()
+    xs = list(range(len(scores)))
+    best = [max(scores[: i + 1]) for i in xs]
+    colours = {"default": "tab:gray", "explore": "tab:blue", "remeasure": "tab:orange"}
+    for phase in dict.fromkeys(phases):
+        idx = [i for i in xs if phases[i] == phase]
+        ax.scatter(idx, [scores[i] for i in idx], color=colours.get(phase, "tab:purple"), label=phase, zorder=3)
+    ax.step(xs, best, where="post", color="tab:green", label="best so far")
+    ax.axhline(default_score, color="tab:gray", linestyle="--", label="default")
+    ax.set_xlabel("sample")
+    ax.set_ylabel("samples/s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return to_data_uri(fig)
+
+
+def heatmap(xs: Sequence[float], ys: Sequence[float], z: Any, points: Sequence[tuple[float, float]],
+            xlabel: str, ylabel: str, zlabel: str) -> str:
+    fig, ax = new_figure(7.0, 4.5)
+    mesh = ax.pcolormesh(xs, ys, z, shading="auto", cmap="viridis")
+    bar = fig.colorbar(mesh, ax=ax, label=zlabel)
+    bar.formatter.set_useOffset(False)
+    bar.update_ticks()
+    if points:
+        px, py = zip(*points)
+        ax.scatter(px, py, c="white", edgecolors="black", s=40, label="samples")
+        ax.scatter(px[:1], py[:1], c="red", edgecolors="black", s=60, marker="s", label="default")
+        ax.legend(fontsize="small", loc="upper right")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return to_data_uri(fig)

@@ -1,0 +1,69 @@
+"""Tuning runs, normalised from a ``tunelab tune --json`` file or a profile in the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import TunelabError
+
+SEARCHABLE = ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes")
+
+
+def _spread(samples: list[dict[str, Any]], knobs: dict[str, Any]) -> float:
+    """Mean relative spread ((p90 - p10) / median of step rates) of the samples measured at ``knobs``."""
+    spreads = [float(s.get("spread", 0.0)) for s in samples if s["knobs"] == knobs]
+    return sum(spreads) / len(spreads) if spreads else 0.0
+
+
+def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(data.get("samples"), list) or "default" not in data or "best" not in data:
+        raise TunelabError(f"{label}: not a tunelab tune --json result")
+    facts, name = _facts_from_store(data)
+    return {
+        "label": label, "model": str(data.get("model", "?")), "hardware_name": name, "hardware_facts": facts,
+        "samples": data["samples"], "searched": list(data.get("searched", SEARCHABLE)),
+        "default": {"knobs": data["default"]["knobs"], "score": data["default"]["score"],
+                    "spread": _spread(data["samples"], data["default"]["knobs"])},
+        "best": {"knobs": data["best"]["knobs"], "score": data["best"]["score"],
+                 "spread": _spread(data["samples"], data["best"]["knobs"])},
+        "locked_final": data.get("locked_final", {}).get("score"), "profile_id": data.get("profile_id"),
+    }
+
+
+def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any]:
+    from ..profiles import ProfileStore
+
+    store = store if store is not None else ProfileStore()
+    summary = store.get(profile_id)
+    if summary is None:
+        raise TunelabError(f"no profile {profile_id} in {store.path}")
+    trials = store.trials(profile_id)
+    best = store.best_of(profile_id)
+    if not trials or best is None:
+        raise TunelabError(f"profile {profile_id} has no trials or no best config yet")
+    samples = [{"index": i, "phase": t.phase, "knobs": t.knobs, "score": t.score, "spread": t.spread}
+               for i, t in enumerate(trials)]
+    default = next((s for s in samples if s["phase"] == "default"), samples[0])
+    nodes = int(summary.hardware_facts.get("nodes", 1) or 1)
+    return {
+        "label": f"profile {profile_id}", "model": summary.model_name, "hardware_name": summary.hardware_name,
+        "hardware_facts": summary.hardware_facts, "samples": samples,
+        "searched": list(SEARCHABLE) + (["hierarchical"] if nodes > 1 else []),
+        "default": {"knobs": default["knobs"], "score": best.default_score, "spread": default["spread"]},
+        "best": {"knobs": best.knobs, "score": best.score, "spread": best.spread},
+        "locked_final": None, "profile_id": profile_id,
+    }
+
+
+def _facts_from_store(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Hardware facts of a JSON run, from the store it was recorded in (empty when unavailable)."""
+    if data.get("profile_id") is None or not data.get("store") or not Path(data["store"]).exists():
+        return {}, "?"
+    try:
+        from ..profiles import ProfileStore
+
+        summary = ProfileStore(data["store"]).get(int(data["profile_id"]))
+    except (TunelabError, OSError, ValueError):  # an unreadable store only costs the hardware table
+        return {}, "?"
+    return (summary.hardware_facts, summary.hardware_name) if summary else ({}, "?")
