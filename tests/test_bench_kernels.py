@@ -9,9 +9,11 @@ import sys
 import pytest
 
 
-def tunelab(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+def tunelab(*args: str, timeout: int = 120, cwd: str | None = None) -> subprocess.CompletedProcess:
+    import tempfile
+
     return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, cwd=cwd or tempfile.mkdtemp(prefix="tunelab-cli-"))
 
 
 def test_cpu_run_writes_rows_for_every_kernel_with_copy_baseline(tmp_path):

@@ -128,8 +128,11 @@ def test_cli_on_the_shipped_resnet50_landscape(tmp_path):
     out = tmp_path / "tuner.json"
     proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", "--landscape", str(shipped),
                            "--seeds", "3", "--max-samples", "15", "--json", str(out)],
-                          check=False, capture_output=True, text=True, timeout=300)
+                          check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    reports = list((tmp_path / "reports").glob("tuner-*.html"))  # a bench writes its report by default
+    assert len(reports) == 1 and f"# report: reports/{reports[0].name}" in proc.stdout
+    assert "Tuner quality" in reports[0].read_text() or "tuner" in reports[0].read_text().lower()
     result = json.loads(out.read_text())
     assert [r["strategy"] for r in result["rows"]] == ["tunelab", "random", "horovod"]
     for row in result["rows"]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,9 +74,7 @@ def _choice_list(choices: Sequence[str]):
 
 
 def _knob(text: str) -> tuple[str, str]:
-    from .knobs import SPECS
-
-    from .knobs import Knobs
+    from .knobs import SPECS, Knobs
 
     name, sep, value = text.partition("=")
     if not sep or name not in SPECS:
@@ -93,6 +90,7 @@ def _knob(text: str) -> tuple[str, str]:
 def build_parser() -> argparse.ArgumentParser:
     from .bench.allreduce import ALGORITHMS
     from .dtypes import supported_names
+    from .report.auto import add_report_flag
     from .workloads.shapes import MODELS
 
     parser = _Parser(prog="tunelab", description="Bayesian autotuning lab for data-parallel communication.")
@@ -119,13 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--dtype", choices=supported_names(), default="float32")
     ar.add_argument("--algorithms", type=_choice_list(ALGORITHMS), default=list(ALGORITHMS),
                     help=f"comma-separated, from {','.join(ALGORITHMS)}")
-    _report_flag(ar)
+    add_report_flag(ar)
     ar.set_defaults(func=_cmd_bench_allreduce)
 
     fu = bsub.add_parser("fusion", help="a model's gradients: per-tensor vs fused vs contiguous")
     common(fu, iters=10, warmup=3)
     fu.add_argument("--model", choices=sorted(MODELS), default="resnet50")
-    _report_flag(fu)
+    add_report_flag(fu)
     fu.set_defaults(func=_cmd_bench_fusion)
 
     from .bench.kernels import add_parser as add_kernels_parser
@@ -145,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--image-size", type=_positive_int, default=64)
     tr.add_argument("--batch-size", type=_positive_int, default=8, help="per rank")
     tr.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds per system")
+    add_report_flag(tr)
     tr.set_defaults(func=_cmd_bench_train)
 
     tune = sub.add_parser("tune", help="tune the engine's knobs live, inside one training run")
@@ -163,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="pin a knob (excluded from the search); repeatable")
     tune.add_argument("--no-store", action="store_true", help="do not write the profile store")
     tune.add_argument("--json", type=Path, default=None, metavar="PATH")
-    _report_flag(tune)
+    add_report_flag(tune)
     tune.set_defaults(func=_cmd_tune)
 
     hw = sub.add_parser("hw", help="print this host's hardware and software facts")
@@ -177,11 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_profiles_parser(sub)  # profiles list/show/export/import/delete: the tuning profile store
     return parser
-
-
-def _report_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                   help="write a self-contained HTML report under reports/ at the end (default: on)")
 
 
 def _version() -> str:
@@ -262,7 +256,7 @@ def _cmd_bench_train(args: argparse.Namespace) -> int:
         sys.stderr.write("tunelab: error: weights diverged across ranks for " +
                          ", ".join(r["system"] for r in bad) + "\n")
         return 1
-    return _finish(result, args.json, [], "system")
+    return _finish(result, args.json, [], "system", ("train", "bench") if args.report else None)
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -288,37 +282,14 @@ def _finish(result: dict, json_path: Path | None, bad_rows: list[dict], key: str
             report: tuple[str, str] | None = None) -> int:
     """Write ``--json``, the HTML report (``report`` = (name, "bench"|"tune"), None for none), and turn
     wrong results into exit 1."""
-    if json_path is not None or report is not None:
-        import time
+    from .report.auto import write_outputs
 
-        stem = f"{report[0] if report else 'result'}-{time.strftime('%Y%m%d-%H%M%S')}"
-        path = json_path or Path("reports") / f"{stem}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"# wrote {path}")
-        if report is not None:
-            _write_report(path, Path("reports") / f"{stem}.html", report[1])
+    write_outputs(result, json_path, report[0] if report else "result", report[1] if report else None)
     if bad_rows:
         names = ", ".join(sorted({str(r[key]) for r in bad_rows}))
         sys.stderr.write(f"tunelab: error: wrong results from {names}\n")
         return 1
     return 0
-
-
-def _write_report(json_path: Path, out: Path, kind: str) -> None:
-    """The end-of-run HTML report; a missing report library is a note, never a failed run."""
-    try:
-        import jinja2  # noqa: F401
-        import matplotlib  # noqa: F401
-        import pandas  # noqa: F401
-    except ImportError as exc:
-        print(f"# report skipped: {exc.name} is not installed (pip install 'tunelab[report]')")
-        return
-    from .report.build import write_report
-
-    write_report(out, title=f"tunelab {json_path.stem}", profiles=[],
-                 benches=[json_path] if kind == "bench" else [], tunes=[json_path] if kind == "tune" else [])
-    print(f"# report: {out}")
 
 
 def _cmd_hw(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ second and writes a third buffer, so 0.67 is copy-speed there).  Each result is 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TunelabError
+from ..report.auto import add_report_flag, write_outputs
 from ..units import format_size
 
 KERNELS = ("pack", "unpack", "reduce", "cast")
@@ -193,6 +193,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--iters", type=_positive_int, default=10)
     p.add_argument("--warmup", type=_non_negative_int, default=2)
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results as JSON")
+    add_report_flag(p)
     p.set_defaults(func=_cmd)
     return p
 
@@ -207,8 +208,5 @@ def _cmd(args: argparse.Namespace) -> int:
     print(format_table(rows, [("kernel", "kernel", ""), ("size_h", "size", ""), ("time_us", "time_us", ".1f"),
                               ("gbps", "GB/s", ".2f"), ("copy_gbps", "copy_GB/s", ".2f"),
                               ("vs_copy", "vs_copy", ".2f")]))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"# wrote {args.json}")
+    write_outputs(result, args.json, "kernels", "bench" if args.report else None)
     return 0

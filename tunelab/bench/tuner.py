@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import TunelabError
 from ..knobs import Knobs, MiB
+from ..report.auto import add_report_flag, write_outputs
 from ..tuning.space import SearchSpace
 
 STRATEGIES = ("tunelab", "random", "horovod")
@@ -290,6 +291,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--strategies", type=_choice_list(STRATEGIES), default=list(STRATEGIES),
                    help=f"comma-separated, from {','.join(STRATEGIES)}")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results as JSON")
+    add_report_flag(p)
     p.set_defaults(func=_cmd)
     return p
 
@@ -312,8 +314,5 @@ def _cmd(args: argparse.Namespace) -> int:
                               ("median_samples_to_5pct", "median", "g"), ("p25", "p25", "g"),
                               ("p75", "p75", "g"), ("reached_of", "reached", ""),
                               ("samples_used", "used", "g"), ("final_vs_best", "final/best", ".3f")]))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"# wrote {args.json}")
+    write_outputs(result, args.json, "tuner", "bench" if args.report else None)
     return 0

@@ -19,7 +19,7 @@ def kind_of(data: dict[str, Any]) -> str:
     rows = data.get("rows") or [{}]
     if "curves" in data:
         return "tuner"
-    for key, kind in (("algorithm", "allreduce"), ("mode", "fusion"), ("kernel", "kernels")):
+    for key, kind in (("algorithm", "allreduce"), ("mode", "fusion"), ("kernel", "kernels"), ("system", "train")):
         if key in rows[0]:
             return kind
     return "unknown"
@@ -84,7 +84,18 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
     return {"id": "bench-tuner", "title": "Tuner quality", "blocks": blocks}
 
 
-SECTIONS = {"allreduce": allreduce_section, "fusion": fusion_section, "kernels": kernels_section,
+def train_section(results: list[Result]) -> dict[str, Any]:
+    systems = list(dict.fromkeys(r["system"] for _, d in results for r in d["rows"]))
+    series = {label: [_lookup(d["rows"], "system", s, "samples_per_s") for s in systems] for label, d in results}
+    fig = figures.grouped_bars(systems, series, "samples/s")
+    blocks = [_figure("fig-train", "training throughput per system, measured in the same run", fig)]
+    for label, d in results:
+        title = f"training: {label} (model {d.get('model', '?')}, {d.get('framework', '?')}, {d.get('world_size', '?')} ranks)"
+        blocks.append(table_block(title, d["rows"]))
+    return {"id": "bench-train", "title": "Training throughput", "blocks": blocks}
+
+
+SECTIONS = {"train": train_section, "allreduce": allreduce_section, "fusion": fusion_section, "kernels": kernels_section,
             "tuner": tuner_section}
 
 
