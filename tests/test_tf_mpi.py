@@ -70,7 +70,7 @@ def test_tune_trains_a_keras_model_and_stores_its_profile(tmp_path):
     scenario.write_text(TF_SCENARIO)
     out = tmp_path / "tune.json"
     env = {**os.environ, "TUNELAB_HOME": str(tmp_path / "home")}
-    proc = tunelab("tune", "--scenario", str(scenario), "--json", str(out), env=env, timeout=400)
+    proc = tunelab("tune", "--scenario", str(scenario), "--json", str(out), "--no-report", env=env, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["model"] == "resnet50" and result["world_size"] == 2
