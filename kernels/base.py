@@ -65,6 +65,14 @@ def as_rows(rows: np.ndarray) -> np.ndarray:
     return rows
 
 
+def as_sources(src_addrs: Any, dtype: Any = np.int64) -> np.ndarray:
+    """Source addresses of a reduce as a flat C-contiguous array; ValueError when there are none."""
+    addrs = np.ascontiguousarray(src_addrs, dtype=dtype).reshape(-1)
+    if addrs.size == 0:
+        raise ValueError("reduce needs at least one source")
+    return addrs
+
+
 def cuda_array_address(array: Any, backend: str) -> tuple[int, np.dtype, int] | None:
     """(address, element type, count) of a C-contiguous ``__cuda_array_interface__`` exporter (CuPy,
     numba, PyTorch), or None for other objects.  uint16 arrays hold bfloat16 bits (CuPy has no bfloat16)."""

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._lowlevel import as_voidptr, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import ReduceOp, as_rows, half_kind
+from .base import ReduceOp, as_rows, as_sources, half_kind
 
 _BLOCK = 4096
 
@@ -188,9 +188,7 @@ class CpuBackend:
                op: ReduceOp) -> None:
         if count <= 0:
             return
-        addrs = np.ascontiguousarray(src_addrs, dtype=np.intp)
-        if addrs.size == 0:
-            raise ValueError("reduce needs at least one source")
+        addrs = as_sources(src_addrs, np.intp)
         kind = half_kind(dtype)
         if kind:
             self._k("_reduce_half")(int(out_addr), addrs, int(count), kind, int(op))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DeviceArrayOps, ReduceOp, as_rows, cuda_array_address, half_kind
+from .base import DeviceArrayOps, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
 
 _INSTALL_HINT = "pip install 'tunelab[gpu]'"
 _UNROLL = 4  # grid sizing: each thread handles about this many words per pass
@@ -241,9 +241,7 @@ class CupyBackend(DeviceArrayOps):
                op: ReduceOp) -> None:
         if count <= 0:
             return
-        addrs = np.ascontiguousarray(src_addrs, dtype=np.int64).reshape(-1)
-        if addrs.size == 0:
-            raise ValueError("reduce needs at least one source")
+        addrs = as_sources(src_addrs)
         name, kind = np.dtype(dtype).name, half_kind(dtype)
         if not kind and name not in _TYPED:
             raise TypeError(f"cupy kernels do not handle {name}")

@@ -22,7 +22,7 @@ from numba import config as numba_config
 from numba.extending import register_jitable
 
 from ._lowlevel import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import DeviceArrayOps, ReduceOp, as_rows, cuda_array_address, half_kind
+from .base import DeviceArrayOps, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
 
 cuda: Any = None  # the numba.cuda module, bound by _kernels(); kernels refer to it as a global
 
@@ -336,9 +336,7 @@ class NumbaCudaBackend(DeviceArrayOps):
                op: ReduceOp) -> None:
         if count <= 0:
             return
-        addrs = np.ascontiguousarray(src_addrs, dtype=np.int64).reshape(-1)
-        if addrs.size == 0:
-            raise ValueError("reduce needs at least one source")
+        addrs = as_sources(src_addrs)
         grid, srcs, kind = self._flat_grid(count), cuda.to_device(addrs), half_kind(dtype)
         if kind:
             self._k.reduce_half[grid, self._block](int(out_addr), srcs, int(count), kind, int(op))
