@@ -290,6 +290,34 @@ def case_topology(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_emulated_link(comm: MPI.Comm, gbps: float = 0.5, count: int = 1 << 20, seed: int = 7) -> dict:
+    """Allreduce through an emulated link between 2-rank nodes: exact results, the bytes each rank
+    took through its node's link, and how long the call took."""
+    dtype = np.dtype(np.float32)
+    inputs = exact_inputs(count, dtype, comm.size, seed)
+    want = reference(inputs, "sum")
+    out: dict = {"failures": []}
+    for hierarchical in (False, True):
+        cfg = load_engine_config(ranks_per_node=2, link_gbps=gbps, hierarchical=hierarchical,
+                                 segment_bytes="1MiB")
+        engine = Engine(comm, cfg)
+        engine.allreduce(inputs[comm.rank], "sum")  # warm-up: kernels, plans, arena
+        before = engine.link.bytes_through
+        comm.Barrier()
+        t0 = time.perf_counter()
+        got = engine.allreduce(inputs[comm.rank], "sum")
+        elapsed = time.perf_counter() - t0
+        if bit_mismatches(got, want):
+            out["failures"].append(f"hierarchical={hierarchical}: {bit_mismatches(got, want)} wrong")
+        key = "hierarchical" if hierarchical else "flat"
+        out[key] = {"bytes": engine.link.bytes_through - before, "elapsed_s": elapsed}
+        engine.close()
+    plain = Engine(comm, load_engine_config(ranks_per_node=2))
+    out["unlinked"] = plain.link is None
+    plain.close()
+    return out
+
+
 def _find_case(name: str):
     if name in globals():
         return globals()[name]

@@ -22,6 +22,9 @@ def tunelab(*args, timeout=300):
     (["bench", "allreduce", "--knob", "segment_bytes=1"], "out of range 4KiB .. 256MiB"),
     (["bench", "fusion", "--model", "alexnet"], "invalid choice: 'alexnet'"),
     (["bench", "allreduce", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bench", "allreduce", "--link-gbps", "0"], "expected a number > 0, got '0'"),
+    (["tune", "--link-gbps", "fast"], "expected a number > 0, got 'fast'"),
+    (["tune", "--link-latency-us", "-1"], "expected a number >= 0, got '-1'"),
     (["bench"], "required"),
     ([], "required"),
 ])
@@ -32,6 +35,15 @@ def test_bad_cli_input_is_one_line_and_exit_2(args, fragment):
     assert len(lines) == 1, proc.stderr
     assert fragment in lines[0] and lines[0].startswith("tunelab")
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("command", [["bench", "allreduce"], ["tune"], ["bench", "landscape"]])
+def test_an_emulated_link_without_emulated_nodes_is_refused(command):
+    proc = tunelab(*command, "--link-gbps", "10", "--no-report" if command[-1] != "landscape" else "--repeats=1",
+                   timeout=60)
+    assert proc.returncode == 1 and proc.stdout.count("\n") <= 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "link" in lines[0] and "ranks" in lines[0] and "node" in lines[0], proc.stderr
 
 
 def test_import_tunelab_stays_light():

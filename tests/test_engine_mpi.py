@@ -78,3 +78,22 @@ def test_topology_splits(n):
             assert crank == rank // k
             assert sizes == [min(k, n - i * k) for i in range(-(-n // k))]
             assert csize == sum(1 for s in sizes if s > lrank)
+
+
+def test_emulated_link_carries_the_cross_node_bytes_at_its_bandwidth():
+    gbps, nbytes = 0.5, 4 * (1 << 20)  # 62.5 MB/s; 1Mi float32 on 4 ranks = 2 nodes of 2
+    results = run_ok("emulated_link", 4, gbps=gbps, count=1 << 20, limit_s=120)
+    for res in results:
+        assert res["failures"] == [] and res["unlinked"]
+    # Flat ring 0-1-2-3: ranks 0 and 2 receive from the other node, 2*(N-1)/N of the data each.
+    assert [r["flat"]["bytes"] for r in results] == [nbytes * 3 // 2, 0, nbytes * 3 // 2, 0]
+    # Hierarchical: every rank sends its half shard across, 2 nodes -> it receives half a shard
+    # twice (reduce-scatter and allgather); both ranks of a node share the node's one link.
+    assert [r["hierarchical"]["bytes"] for r in results] == [nbytes // 2] * 4
+
+    def seconds(nbytes_through: int) -> float:
+        return nbytes_through * 8 / (gbps * 1e9)
+
+    # A rank that receives through the link waits for it; two sharing one link wait for both.
+    assert min(results[r]["flat"]["elapsed_s"] for r in (0, 2)) >= seconds(nbytes * 3 // 2)
+    assert max(r["hierarchical"]["elapsed_s"] for r in results) >= seconds(nbytes)

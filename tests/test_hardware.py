@@ -27,6 +27,13 @@ def test_hash_changes_with_the_job_layout():
     assert len(hashes) == 4
 
 
+def test_an_emulated_link_is_part_of_the_hardware():
+    plain, linked = fingerprint(2, [2, 2]), fingerprint(2, [2, 2], emulated_link="10 Gb/s")
+    assert plain.hash != linked.hash != fingerprint(2, [2, 2], emulated_link="25 Gb/s").hash
+    assert "emulated_link" not in plain.facts and linked.facts["emulated_link"] == "10 Gb/s"
+    assert "2 nodes x 2 ranks (emulated link 10 Gb/s)" in linked.name
+
+
 def test_hash_ignores_the_hostname(monkeypatch):
     before = fingerprint(1, [2])
     monkeypatch.setattr(hardware.socket, "gethostname", lambda: "some-other-node-17")

@@ -61,3 +61,17 @@ def test_bad_environment_values_name_the_setting():
         load_engine_config({"TUNELAB_CYCLE_TIME_MS": "fast"})
     with pytest.raises(ValueError, match="ranks_per_node"):
         load_engine_config({"TUNELAB_RANKS_PER_NODE": "0"})
+
+
+def test_emulated_link_settings_are_checked():
+    cfg = load_engine_config({"TUNELAB_RANKS_PER_NODE": "2", "TUNELAB_LINK_GBPS": "25",
+                              "TUNELAB_LINK_LATENCY_US": "5"})
+    assert (cfg.link_gbps, cfg.link_latency_us) == (25.0, 5.0)
+    assert load_engine_config({}).link_gbps is None
+    with pytest.raises(ValueError, match="set ranks_per_node too"):
+        load_engine_config({}, link_gbps=10)
+    for bad in ("0", "-1", "fast", "nan", "inf"):
+        with pytest.raises(ValueError, match="link_gbps must be a number > 0"):
+            load_engine_config({"TUNELAB_LINK_GBPS": bad}, ranks_per_node=2)
+    with pytest.raises(ValueError, match="link_latency_us must be a number >= 0"):
+        load_engine_config({}, ranks_per_node=2, link_gbps=1, link_latency_us=-1)

@@ -9,7 +9,7 @@ from tunelab.errors import ScenarioError, TunelabError
 from tunelab.scenarios import Scenario, list_scenarios, load_scenario, scenario_dirs
 
 SHIPPED = {"resnet50", "resnet50-tf", "vgg16", "vgg16-tf", "bert", "bert-tf",
-           "replay-resnet50", "replay-vgg16", "resnet50-2nodes"}
+           "replay-resnet50", "replay-vgg16", "replay-vgg16-2nodes", "resnet50-2nodes"}
 HEADER = 'workload = "train"\nmodel = "resnet50"\n'
 MiB = 1 << 20
 
@@ -45,6 +45,12 @@ def test_shipped_scenarios_carry_their_specific_settings():
     assert (replay.replay_forward_ms, replay.replay_backward_ms) == (100.0, 250.0)
     assert load_scenario("replay-vgg16").model == "vgg16"
     assert any(d.is_dir() for d in scenario_dirs())
+
+
+def test_the_linked_two_node_replay_scenario_emulates_its_network():
+    s = load_scenario("replay-vgg16-2nodes")
+    assert (s.np, s.ranks_per_node, s.link_gbps, s.link_latency_us) == (4, 2, 10.0, 0.0)
+    assert s.with_overrides(link_gbps=25, link_latency_us=3).link_gbps == 25.0
 
 
 def test_a_complete_file_with_pinned_knobs_is_normalised(tmp_path):
@@ -88,6 +94,10 @@ BROKEN = [
     ('workload = "train"\n', "model is required"),
     (HEADER + "[run]\nnp = 2\nranks_per_node = 3\n", "[run].ranks_per_node must be at most [run].np = 2, got 3"),
     ('workload = "train"\nmodel = "bert"\n[data]\nseq_len = 1024\n', "[data].seq_len must be at most 512"),
+    (HEADER + "[run]\nnp = 4\nlink_gbps = 10\n", "[run].link_gbps emulates the link between emulated nodes: set [run].ranks_per_node"),
+    (HEADER + "[run]\nnp = 4\nranks_per_node = 2\nlink_gbps = 0\n", "[run].link_gbps must be a positive number of Gb/s, got 0"),
+    (HEADER + '[run]\nnp = 4\nranks_per_node = 2\nlink_gbps = "fast"\n', '[run].link_gbps must be a positive number of Gb/s, got "fast"'),
+    (HEADER + "[run]\nlink_latency_us = -5\n", "[run].link_latency_us must be a non-negative number of microseconds"),
     (HEADER + "name = \n", "invalid TOML: "),
     (HEADER + '[data]\nbatch_size = 8\n[data]\nimage_size = 32\n', "invalid TOML: "),
     (HEADER + 'description = """two\nlines"""\n', "description is not a known key"),

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .engine.link import add_link_flags
 from .errors import TunelabError
 from .units import format_size, parse_size
 
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--dtype", choices=supported_names(), default="float32")
     ar.add_argument("--algorithms", type=_choice_list(ALGORITHMS), default=list(ALGORITHMS),
                     help=f"comma-separated, from {','.join(ALGORITHMS)}")
+    add_link_flags(ar)
     add_report_flag(ar)
     ar.set_defaults(func=_cmd_bench_allreduce)
 
@@ -152,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None)
     tune.add_argument("--np", type=_positive_int, default=None, help="ranks to launch")
     tune.add_argument("--ranks-per-node", type=_positive_int, default=None)
+    add_link_flags(tune)
     tune.add_argument("--image-size", type=_positive_int, default=None)
     tune.add_argument("--batch-size", type=_positive_int, default=None, help="per rank")
     budget = tune.add_mutually_exclusive_group()
@@ -194,7 +197,10 @@ def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
     from .bench.common import format_table
     from .launch import run_job
 
-    params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms}
+    if args.link_gbps is not None and args.ranks_per_node is None:
+        raise TunelabError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
+    params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms,
+              "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us}
     result = run_job("bench-allreduce", params, args.np)
     add_ratios(result["rows"])
     hw = result["hardware"]
@@ -266,7 +272,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
     scenario = scenario.with_overrides(
-        framework=args.framework, np=args.np, ranks_per_node=args.ranks_per_node, image_size=args.image_size,
+        framework=args.framework, np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
+        link_latency_us=args.link_latency_us, image_size=args.image_size,
         batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
         knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
     params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store}

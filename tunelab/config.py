@@ -7,6 +7,7 @@ Knobs set explicitly anywhere are *pinned*: the tuner leaves them alone.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ ENV_TIMEOUT_S = "TUNELAB_TIMEOUT_S"
 ENV_BACKEND = "TUNELAB_KERNEL_BACKEND"
 ENV_TIMELINE = "TUNELAB_TIMELINE"
 ENV_HOME = "TUNELAB_HOME"
+ENV_LINK_GBPS = "TUNELAB_LINK_GBPS"
+ENV_LINK_LATENCY_US = "TUNELAB_LINK_LATENCY_US"
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class EngineConfig:
     backend: str = "cpu"
     pinned: frozenset[str] = frozenset()
     timeline: str | None = None        # Chrome-trace path (``{rank}`` expands per rank)
+    link_gbps: float | None = None     # emulated link between emulated nodes (None: not slowed)
+    link_latency_us: float = 0.0
 
 
 def env_knobs(environ: Mapping[str, str]) -> dict[str, str]:
@@ -50,7 +55,8 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
         merged.update(layer)
     knob_values = {k: v for k, v in merged.items() if k in SPECS}
     other = {k: v for k, v in merged.items() if k not in SPECS}
-    unknown = set(other) - {"ranks_per_node", "timeout_s", "backend", "timeline"}
+    unknown = set(other) - {"ranks_per_node", "timeout_s", "backend", "timeline", "link_gbps",
+                            "link_latency_us"}
     if unknown:
         raise ValueError(f"unknown engine setting {sorted(unknown)[0]!r}")
     rpn = other.get("ranks_per_node")
@@ -59,9 +65,16 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     timeout = float(other.get("timeout_s", 60.0))  # type: ignore[arg-type]
     if timeout <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout}")
+    gbps = other.get("link_gbps")
+    if gbps is not None:
+        gbps = _positive_float("link_gbps", gbps)
+        if rpn is None:
+            raise ValueError("link_gbps emulates the link between emulated nodes: set ranks_per_node too")
+    latency = _non_negative_float("link_latency_us", other.get("link_latency_us", 0.0))
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
                         backend=str(other.get("backend", "cpu")), pinned=frozenset(knob_values),
-                        timeline=str(other["timeline"]) if other.get("timeline") else None)
+                        timeline=str(other["timeline"]) if other.get("timeline") else None,
+                        link_gbps=gbps, link_latency_us=latency)
 
 
 def tunelab_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -86,6 +99,10 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
         layer["timeout_s"] = environ[ENV_TIMEOUT_S]
     if ENV_BACKEND in environ:
         layer["backend"] = environ[ENV_BACKEND]
+    if environ.get(ENV_LINK_GBPS):
+        layer["link_gbps"] = environ[ENV_LINK_GBPS]
+    if environ.get(ENV_LINK_LATENCY_US):
+        layer["link_latency_us"] = environ[ENV_LINK_LATENCY_US]
     if environ.get(ENV_TIMELINE):
         layer["timeline"] = environ[ENV_TIMELINE]
     return layer
@@ -98,4 +115,30 @@ def _positive_int(name: str, value: object) -> int:
         raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
     if number < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def _positive_float(name: str, value: object) -> float:
+    number = _float(name, value, "a number > 0")
+    if not number > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return number
+
+
+def _non_negative_float(name: str, value: object) -> float:
+    number = _float(name, value, "a number >= 0")
+    if not number >= 0:
+        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    return number
+
+
+def _float(name: str, value: object, what: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return number

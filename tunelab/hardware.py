@@ -85,8 +85,11 @@ class Fingerprint:
 
 
 def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
-                frameworks: tuple[str, ...] = ("torch", "tensorflow")) -> Fingerprint:
+                frameworks: tuple[str, ...] = ("torch", "tensorflow"),
+                emulated_link: str | None = None) -> Fingerprint:
     """Fingerprint this host's hardware and software for a job of ``nodes`` nodes.
+    ``emulated_link`` (e.g. ``"10 Gb/s"``) names the emulated link between emulated nodes: a
+    config tuned behind one is not the best config without it, so it is part of the hash.
 
     Cheap enough to call at every job start: no torch/tensorflow import (versions come from the
     installed metadata), and the GPU query is one short ``nvidia-smi`` call.
@@ -105,6 +108,8 @@ def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
         "mpi_library": _mpi_library_line(),
         "frameworks": _framework_versions(frameworks),
     }
+    if emulated_link:
+        facts["emulated_link"] = emulated_link
     return fingerprint_from_facts(facts)
 
 
@@ -200,6 +205,8 @@ def _readable_name(facts: dict) -> str:
     nodes = int(facts.get("nodes", len(layout)) or 0)
     ranks = str(layout[0]) if len(set(layout)) == 1 else "+".join(map(str, layout)) or "?"
     parts.append(f"{nodes} node{'s' if nodes != 1 else ''} x {ranks} rank{'s' if ranks != '1' else ''}")
+    if facts.get("emulated_link"):
+        parts[-1] += f" (emulated link {facts['emulated_link']})"
     parts.append(_short_mpi(str(facts.get("mpi_library", "none"))))
     for framework, version in dict(facts.get("frameworks") or {}).items():
         match = re.match(r"\d+(\.\d+)?", version)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from .engine.coordinator import Coordinator
     from .engine.engine import Engine
+    from .hardware import Fingerprint
     from .profiles import ProfileKey
 
 _current: Runtime | None = None
@@ -110,13 +111,20 @@ class Runtime:
         self._profiles_loaded[(signature, framework)] = line
         return line
 
+    def fingerprint(self) -> Fingerprint:
+        """This job's hardware fingerprint: the host, the node layout and any emulated link."""
+        from .engine.link import describe_link
+        from .hardware import fingerprint
+
+        topo, cfg = self.topology, self.config
+        link = describe_link(cfg.link_gbps, cfg.link_latency_us) if self.engine.link is not None else None
+        return fingerprint(topo.num_nodes, list(topo.node_sizes), emulated_link=link)
+
     def profile_key(self, signature: str, framework: str) -> ProfileKey:
         """The store key of this job: hardware fingerprint (with the node layout), model, framework, size."""
-        from .hardware import fingerprint
         from .profiles import ProfileKey
 
-        topo = self.topology
-        return ProfileKey(fingerprint(topo.num_nodes, list(topo.node_sizes)).hash, signature, framework, topo.size)
+        return ProfileKey(self.fingerprint().hash, signature, framework, self.topology.size)
 
     def has_profile(self, signature: str, framework: str) -> bool:
         """Whether a tuned config is stored for this job (collective; rank 0 reads the store)."""

@@ -12,7 +12,8 @@ Layout (all tables optional; ``workload`` and ``model`` required)::
     workload = "train"         # "train" (a real framework step) or "replay" (no framework)
     model = "resnet50"         # resnet50 | vgg16 | bert
     framework = "torch"        # torch | tensorflow (ignored by replay)
-    [run]     np, ranks_per_node
+    [run]     np, ranks_per_node, link_gbps, link_latency_us (an emulated link between
+              emulated nodes: see tunelab.engine.link)
     [data]    image_size, batch_size, seq_len
     [tuning]  budget_samples, time_budget_s, warmup_steps, discard_steps, measure_steps
     [knobs]   pinned knob values (sizes may be written "64MiB")
@@ -42,7 +43,8 @@ BERT_MAX_LEN = 512  # position embeddings of the bert workload
 # TOML layout: table (None = top level) -> {key in the file: Scenario field}.  [knobs] is separate.
 _LAYOUT: dict[str | None, dict[str, str]] = {
     None: {"name": "name", "workload": "workload", "model": "model", "framework": "framework"},
-    "run": {"np": "np", "ranks_per_node": "ranks_per_node"},
+    "run": {"np": "np", "ranks_per_node": "ranks_per_node", "link_gbps": "link_gbps",
+            "link_latency_us": "link_latency_us"},
     "data": {"image_size": "image_size", "batch_size": "batch_size", "seq_len": "seq_len"},
     "tuning": {k: k for k in ("budget_samples", "time_budget_s", "warmup_steps", "discard_steps",
                               "measure_steps")},
@@ -68,6 +70,8 @@ class Scenario:
     framework: str = "torch"
     np: int = 2
     ranks_per_node: int | None = None
+    link_gbps: float | None = None
+    link_latency_us: float = 0.0
     image_size: int = 64
     batch_size: int = 8
     seq_len: int = 128
@@ -89,6 +93,9 @@ class Scenario:
         if self.ranks_per_node is not None and self.ranks_per_node > self.np:
             raise ScenarioError(f"{where}: [run].ranks_per_node must be at most [run].np = {self.np}, "
                                 f"got {self.ranks_per_node}")
+        if self.link_gbps is not None and self.ranks_per_node is None:
+            raise ScenarioError(f"{where}: [run].link_gbps emulates the link between emulated nodes: "
+                                "set [run].ranks_per_node too")
         if self.model == "bert" and self.seq_len > BERT_MAX_LEN:
             raise ScenarioError(f"{where}: [data].seq_len must be at most {BERT_MAX_LEN} for bert "
                                 f"(its position embeddings), got {self.seq_len}")
@@ -144,6 +151,10 @@ def _check_value(name: str, value: Any) -> Any:
         return _integer(value, 0, "a non-negative")
     if name in _NON_NEGATIVE_MS:
         return _number(value, "a non-negative number of milliseconds", positive=False)
+    if name == "link_gbps" and value is not None:
+        return _number(value, "a positive number of Gb/s", positive=True)
+    if name == "link_latency_us":
+        return _number(value, "a non-negative number of microseconds", positive=False)
     if name == "time_budget_s" and value is not None:
         return _number(value, "a positive number of seconds", positive=True)
     return value

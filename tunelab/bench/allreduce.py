@@ -31,12 +31,15 @@ def run_rank(p: dict) -> dict:
     engines: dict[str, Engine] = {}
     for algo in ("ring", "hierarchical"):
         if algo in algorithms:
-            cfg = load_engine_config(ranks_per_node=p.get("ranks_per_node"),
+            cfg = load_engine_config(ranks_per_node=p.get("ranks_per_node"), link_gbps=p.get("link_gbps"),
+                                     link_latency_us=p.get("link_latency_us"),
                                      **{**p.get("knobs", {}), "hierarchical": algo == "hierarchical"})
             engines[algo] = Engine(comm, cfg)
     if "mpi" in algorithms and dtype.name in MPI_UNSUPPORTED:
         algorithms.remove("mpi")
         notes.append(f"mpi: skipped, MPI has no standard {dtype.name} sum")
+    if p.get("link_gbps") is not None and ({"mpi", "gloo"} & set(algorithms)):
+        notes.append("mpi and gloo run outside the engine: the emulated link does not slow them")
     gloo = None
     if "gloo" in algorithms:
         if torch_available():

@@ -153,6 +153,7 @@ def describe(knobs: Knobs) -> str:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench landscape`` under the ``bench`` sub-command parsers."""
     from ..cli import _non_negative_int, _positive_int
+    from ..engine.link import add_link_flags
 
     p = subparsers.add_parser("landscape", help="samples/s of a grid of knob settings in one training run")
     which = p.add_mutually_exclusive_group()
@@ -160,6 +161,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     which.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
     p.add_argument("--np", type=_positive_int, default=None, help="ranks to launch (default: the scenario's)")
     p.add_argument("--ranks-per-node", type=_positive_int, default=None)
+    add_link_flags(p)
     p.add_argument("--grid", type=_grid_arg, nargs="+", default=None, metavar="NAME=V1,V2",
                    help=f"knob values to combine (default: {' '.join(DEFAULT_GRID)})")
     p.add_argument("--repeats", type=_positive_int, default=2, help="visits per grid point (default 2)")
@@ -182,7 +184,8 @@ def _cmd(args: argparse.Namespace) -> int:
     from ..scenarios import load_scenario
 
     scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
-    scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node)
+    scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
+                                       link_latency_us=args.link_latency_us)
     try:
         grid = parse_grid(args.grid or DEFAULT_GRID)
     except ValueError as exc:

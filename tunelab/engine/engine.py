@@ -29,6 +29,7 @@ from ..kernels import ReduceOp, get_backend
 from ..knobs import Knobs
 from .consensus import agree
 from .fusion import Bucket, Entry, Layout, plan_buckets
+from .link import EmulatedLink
 from .mpi_ring import RingAllreduce
 from .shm import NodeBarrier, SharedArena
 from .topology import build_topology
@@ -66,13 +67,31 @@ class Engine:
         self.use_kernel_threads()
         self.arena = SharedArena(self.topology.local)
         self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s)
-        self._ring_world = RingAllreduce(self.topology.world, self.kernels)
-        self._ring_cross = RingAllreduce(self.topology.cross, self.kernels)
+        self.link = self._emulated_link()
+        self._ring_world = RingAllreduce(self.topology.world, self.kernels,
+                                         self._link_from_left(self.topology.world))
+        self._ring_cross = RingAllreduce(self.topology.cross, self.kernels,
+                                         self._link_from_left(self.topology.cross))
         self._fusion = np.empty(0, dtype=np.uint8)
         self._plans: dict[tuple, list[Bucket]] = {}
         self._calls = 0
         self._knobs = Knobs()
         self.set_knobs(self.config.knobs)
+
+    def _emulated_link(self) -> EmulatedLink | None:
+        topo, gbps = self.topology, self.config.link_gbps
+        if gbps is None or topo.num_nodes == 1:
+            return None
+        return EmulatedLink(topo.local, gbps, self.config.link_latency_us)
+
+    def _link_from_left(self, comm: MPI.Comm) -> EmulatedLink | None:
+        """The link for a ring over ``comm`` when its left neighbour is on another emulated node of
+        this host (collective over ``comm``)."""
+        world_ranks = comm.allgather(self.topology.rank)
+        left = world_ranks[(comm.rank - 1) % comm.size]
+        if self.link is None or not self.topology.emulated_boundary(left, self.topology.rank):
+            return None
+        return self.link
 
     def use_kernel_threads(self) -> None:
         """Apply this engine's kernel thread budget to the calling thread."""
@@ -203,6 +222,8 @@ class Engine:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
         self.barrier.free()
         self.arena.free()
         self.topology.free()

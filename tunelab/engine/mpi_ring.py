@@ -17,6 +17,8 @@ from ..kernels import KernelBackend, ReduceOp
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from .link import EmulatedLink
+
 _TAG = 0x7E1
 
 
@@ -25,11 +27,13 @@ def _pieces(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
 
 
 class RingAllreduce:
-    """In-place ring allreduce of flat arrays over one communicator."""
+    """In-place ring allreduce of flat arrays over one communicator.  ``link``: the emulated
+    link that everything received from the left neighbour passes through (None: not slowed)."""
 
-    def __init__(self, comm: MPI.Comm, kernels: KernelBackend) -> None:
+    def __init__(self, comm: MPI.Comm, kernels: KernelBackend, link: EmulatedLink | None = None) -> None:
         self.comm = comm
         self.kernels = kernels
+        self.link = link
         self._scratch = np.empty(0, dtype=np.uint8)
 
     def __call__(self, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
@@ -53,6 +57,8 @@ class RingAllreduce:
                                right, _TAG,
                                [raw[bounds[recv_c] * isz:bounds[recv_c + 1] * isz], _byte()],
                                left, _TAG)
+            if self.link is not None:
+                self.link.transfer((bounds[recv_c + 1] - bounds[recv_c]) * isz)
 
     def _reduce_step(self, buf: np.ndarray, op: ReduceOp, step: int, send: list[int],
                      recv: list[int], right: int, left: int) -> None:
@@ -65,6 +71,8 @@ class RingAllreduce:
         recvs = [self._post_recv(slots[k], pieces[k], isz, left) for k in range(min(2, len(pieces)))]
         for k, (a, b) in enumerate(pieces):
             recvs[k].Wait()
+            if self.link is not None:
+                self.link.transfer((b - a) * isz)
             here = buf.ctypes.data + a * isz
             srcs = np.array([slots[k % 2].ctypes.data, here], dtype=np.intp)
             self.kernels.reduce(here, srcs, b - a, buf.dtype, op)

@@ -25,6 +25,12 @@ class Topology:
     cross: MPI.Comm      # one rank per node: those with this rank's local rank
     host_size: int         # ranks on this real host (they share its cores)
     node_sizes: tuple[int, ...]
+    node_of: tuple[int, ...] = ()  # node index of every world rank
+    host_of: tuple[int, ...] = ()  # real host of every world rank (its lowest world rank)
+
+    def emulated_boundary(self, a: int, b: int) -> bool:
+        """Whether world ranks ``a`` and ``b`` are on different emulated nodes of one real host."""
+        return self.node_of[a] != self.node_of[b] and self.host_of[a] == self.host_of[b]
 
     @property
     def rank(self) -> int:
@@ -86,6 +92,7 @@ def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None) -> Topolog
     else:
         local = host.Split(color=host.rank // ranks_per_node, key=host.rank)
     host_size = host.size
+    host_leaders = world.allgather(host.allreduce(world.rank, op=MPI.MIN))
     host.Free()
     # Number nodes by their lowest world rank so every rank sees the same order.
     leaders = world.allgather(local.allreduce(world.rank, op=MPI.MIN))
@@ -96,4 +103,5 @@ def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None) -> Topolog
     for leader in leaders:
         sizes[order.index(leader)] += 1
     return Topology(world=world, local=local, cross=cross, host_size=host_size,
-                    node_sizes=tuple(sizes))
+                    node_sizes=tuple(sizes), node_of=tuple(order.index(x) for x in leaders),
+                    host_of=tuple(host_leaders))

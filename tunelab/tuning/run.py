@@ -38,7 +38,8 @@ def run_with_workload(p: dict, body: Callable[[dict, Any, Workload, dict], dict]
 
     comm = MPI.COMM_WORLD
     pinned = dict(p.get("knobs", {}))
-    rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), **pinned)
+    rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), link_gbps=p.get("link_gbps"),
+                      link_latency_us=p.get("link_latency_us"), **pinned)
     try:
         return body(p, rt, make_workload(p, rt, comm), pinned)
     finally:
@@ -225,11 +226,9 @@ class _Recorder:
 
     @classmethod
     def create(cls, p: dict, rt: Any, workload: Workload, write: bool = True) -> _Recorder:
-        from ..hardware import fingerprint
         from ..profiles import ProfileStore
 
-        topo = rt.topology
-        fp = fingerprint(topo.num_nodes, list(topo.node_sizes))
+        fp = rt.fingerprint()
         key = rt.profile_key(workload.signature, p["framework"] if p["workload"] != "replay" else "replay")
         store = ProfileStore()
         existing = _profile_id(store, key)
