@@ -318,6 +318,49 @@ def case_emulated_link(comm: MPI.Comm, gbps: float = 0.5, count: int = 1 << 20, 
     return out
 
 
+def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda") -> dict:
+    """The device data path on ``backend``: every layout, through the engine and the coordinator,
+    against numpy references.  Under Numba's CUDA simulator device memory is host memory; on a GPU
+    the ranks share one device and map each other's staging segments through CUDA IPC."""
+    if backend == "cupy":
+        import cupy
+
+        upload, download = cupy.asarray, cupy.asnumpy
+    else:
+        from numba import cuda
+
+        upload, download = cuda.to_device, lambda a: a.copy_to_host()
+    from tunelab.engine.coordinator import Coordinator
+
+    out: dict = {"failures": [], "checks": 0}
+    counts = (1, 7, 300, 2500)  # fused: several 4 KiB pipeline pieces
+    for lay in layouts(comm.size):
+        engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, **lay))
+        if not engine.on_device:
+            out["failures"].append(f"{lay}: engine is not on the device path")
+        for dtype_name, op in (("float32", "sum"), ("float16", "average"), ("int32", "max")):
+            dtype = dtype_from_name(dtype_name)
+            inputs = [exact_inputs(c, dtype, comm.size, seed + c) for c in counts]
+            got = engine.allreduce_batch([upload(x[comm.rank]) for x in inputs], op)
+            for c, g, x in zip(counts, got, inputs):
+                out["checks"] += 1
+                host = download(g).view(dtype)
+                if bit_mismatches(host, reference(x, op)):
+                    out["failures"].append(f"{lay} {dtype_name} {op} count={c}: "
+                                           f"{bit_mismatches(host, reference(x, op))} wrong")
+        # In place, through the coordinator, as a framework adapter submits gradients.
+        coord = Coordinator(engine)
+        x = exact_inputs(513, np.dtype(np.float32), comm.size, seed)
+        dev = upload(x[comm.rank])
+        coord.submit("grad.w", dev, "sum", out=dev).wait(timeout=120)
+        out["checks"] += 1
+        if bit_mismatches(download(dev), reference(x, "sum")):
+            out["failures"].append(f"{lay} coordinator in-place: wrong")
+        coord.shutdown()
+        engine.close()
+    return out
+
+
 def _find_case(name: str):
     if name in globals():
         return globals()[name]

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from tunelab.knobs import Knobs
@@ -86,15 +87,17 @@ class FakeCoordinator:
         self.knobs = knobs
 
 
-def run_session(plan, pinned=None, steps=400):
-    """Steps take 1/landscape(knobs) seconds of a fake clock: the session should find fast knobs."""
+def run_session(plan, pinned=None, steps=400, speed=None):
+    """Steps take 1/speed(knobs) seconds of a fake clock (default: the smooth landscape): the
+    session should find fast knobs."""
+    speed = speed or landscape
     coord = FakeCoordinator()
     now = [0.0]
     sp = search_space(pinned or {}, 1, base=Knobs(**(pinned or {})))
     session = TuningSession(coord, FakeComm(), samples_per_step=1.0, tuner=Tuner(sp, seed=1), plan=plan,
                             clock=lambda: now[0])
     for _ in range(steps):
-        now[0] += 1.0 / landscape(coord.knobs)
+        now[0] += 1.0 / speed(coord.knobs)
         if not session.step_done():
             break
     return session, coord
@@ -111,6 +114,23 @@ def test_session_measures_default_first_then_explores_remeasures_and_locks():
     assert landscape(session.locked) == max(landscape(s.knobs) for s in session.samples)
     assert session.samples[0].score == pytest.approx(landscape(Knobs()))  # samples/s of that config
     assert session.stop_reason == "budget of 12 samples spent"
+
+
+def test_a_gain_inside_the_noise_keeps_the_default():
+    rng = np.random.default_rng(3)
+
+    def noisy_flat(_knobs):  # every config equally fast, each step 10 % noisy
+        return 100.0 * (1 + 0.1 * rng.standard_normal())
+
+    plan = SessionPlan(warmup_steps=1, discard_steps=0, measure_steps=3, budget_samples=10, remeasure_rounds=3)
+    session, coord = run_session(plan, speed=noisy_flat)
+    assert session.kept_default and session.locked == Knobs() == coord.knobs
+    up = session.runner_up
+    assert up != Knobs() and np.mean(session.scores_of(up)) > np.mean(session.scores_of(Knobs()))
+    assert min(session.scores_of(up)) <= max(session.scores_of(Knobs()))
+    # A clear winner is still adopted: the smooth landscape's best is far above the default.
+    session, _ = run_session(SessionPlan(warmup_steps=1, discard_steps=0, measure_steps=3, budget_samples=10))
+    assert not session.kept_default and session.locked != Knobs()
 
 
 def test_session_excludes_pinned_knobs_and_stops_when_everything_is_pinned():

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -73,6 +73,7 @@ class _Request:
     handle: Handle
     op: str
     group: str | None
+    out_view: Any = None  # the output as a device buffer (device tensors only)
     since: float = field(default_factory=time.monotonic)
 
     @property
@@ -123,6 +124,16 @@ class Coordinator:
             raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
         reqs = []
         for i, (name, a) in enumerate(zip(names, arrays)):
+            if self.engine.on_device:  # zero-copy views of device tensors; results land in ``out``
+                from .device import device_buffer, empty_like
+
+                src = device_buffer(a)
+                out = outs[i] if outs is not None else empty_like(src)
+                view = device_buffer(out)
+                if view.shape != src.shape or view.dtype != src.dtype:
+                    raise ValueError(f"output for {name!r} must be a device array {src.dtype}{list(src.shape)}")
+                reqs.append(_Request(name, src, Handle(name, out), op, group, view))
+                continue
             src = np.ascontiguousarray(a)
             out = outs[i] if outs is not None else np.empty_like(src)
             if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
@@ -275,7 +286,8 @@ class Coordinator:
             group_ids: dict[str, int] = {}
             groups = [None if r.group is None else group_ids.setdefault(r.group, len(group_ids))
                       for r in batch]
-            arrays, outs = [r.array for r in batch], [r.handle.out for r in batch]
+            arrays = [r.array for r in batch]
+            outs = [r.handle.out if r.out_view is None else r.out_view for r in batch]
             if self.timeline is None:
                 self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
             else:

@@ -16,6 +16,7 @@ and reported on every rank before any data moves).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -60,17 +61,28 @@ class Engine:
         self.config = config or load_engine_config()
         self.topology = build_topology(comm or MPI.COMM_WORLD, self.config.ranks_per_node)
         self.kernels = get_backend(self.config.backend)
+        # A GPU back end means tensors live in device memory: the node's staging segments are then
+        # device memory mapped between ranks with CUDA IPC, and the MPI rings (which run on the
+        # host) receive their data through a pinned staging buffer.
+        self.on_device = self.kernels.name != "cpu"
+        host_kernels = get_backend("cpu") if self.on_device else self.kernels
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         # Ranks sharing a host share its cores.  The setting is per thread (Numba's is thread-local):
         # threads that run collectives (the coordinator) call use_kernel_threads() themselves.
         self.kernel_threads = max(1, (cores or 1) // self.topology.host_size)
         self.use_kernel_threads()
-        self.arena = SharedArena(self.topology.local)
+        if self.on_device:
+            from .device import DeviceArena, PinnedStaging
+
+            self.arena: SharedArena | DeviceArena = DeviceArena(self.topology.local, self.kernels.name)
+            self._staging = PinnedStaging()
+        else:
+            self.arena = SharedArena(self.topology.local)
         self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s)
         self.link = self._emulated_link()
-        self._ring_world = RingAllreduce(self.topology.world, self.kernels,
+        self._ring_world = RingAllreduce(self.topology.world, host_kernels,
                                          self._link_from_left(self.topology.world))
-        self._ring_cross = RingAllreduce(self.topology.cross, self.kernels,
+        self._ring_cross = RingAllreduce(self.topology.cross, host_kernels,
                                          self._link_from_left(self.topology.cross))
         self._fusion = np.empty(0, dtype=np.uint8)
         self._plans: dict[tuple, list[Bucket]] = {}
@@ -136,8 +148,15 @@ class Engine:
         ``verify=False`` skips rank agreement: only for callers (the coordinator) that negotiated
         the exact same call on every rank already."""
         name, kop, average = _op(op)
-        arrays = [np.asarray(t) for t in tensors]
-        outs_ = _check_outs(arrays, outs)
+        if self.on_device:
+            from .device import device_buffer
+
+            arrays = [device_buffer(t) for t in tensors]
+            given = list(outs) if outs is not None else None
+            outs_ = self._device_outs(arrays, given)
+        else:
+            arrays = [np.asarray(t) for t in tensors]
+            outs_ = _check_outs(arrays, outs)
         groups_ = list(groups) if groups is not None else [None] * len(arrays)
         if len(groups_) != len(arrays):
             raise ValueError(f"{len(groups_)} group ids for {len(arrays)} tensors")
@@ -154,11 +173,31 @@ class Engine:
             if average and row[0] not in FLOAT_CODES:
                 raise TypeError(f"average needs a floating dtype, got {a.dtype.name}; use sum")
         factor = 1.0 / self.topology.size if average else 1.0
+        if self.on_device:
+            self.kernels.synchronize()  # the producers' kernels (e.g. backward) have written the inputs
         for bucket in self._plan(arrays, groups_, rows):
-            srcs = [arrays[i] if arrays[i].flags.c_contiguous else np.ascontiguousarray(arrays[i])
-                    for i in bucket.indices]
+            srcs = [arrays[i] if self.on_device or arrays[i].flags.c_contiguous
+                    else np.ascontiguousarray(arrays[i]) for i in bucket.indices]
             self._run(Layout(srcs, [outs_[i] for i in bucket.indices]), kop, factor)
+        if self.on_device:
+            self.kernels.synchronize()  # results are in place before anyone reads them
+            return [o.owner for o in outs_]
         return outs_
+
+    def _device_outs(self, arrays: list, outs: list | None) -> list:
+        from .device import device_buffer, empty_like
+
+        if outs is None:
+            return [device_buffer(empty_like(a)) for a in arrays]
+        if len(outs) != len(arrays):
+            raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
+        checked = []
+        for i, (a, o) in enumerate(zip(arrays, outs)):
+            buf = device_buffer(o)
+            if buf.shape != a.shape or buf.dtype != a.dtype:
+                raise ValueError(f"output {i} must be a device array of shape {a.shape} and dtype {a.dtype}")
+            checked.append(buf)
+        return checked
 
     def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
         k = self._knobs
@@ -192,25 +231,48 @@ class Engine:
             parity = self.arena.parity
             addrs = self.arena.half_addrs(parity)
             self.kernels.copy_table(_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
+            self._device_sync()  # peers read this segment after the barrier
             self.barrier.wait()
             lo, hi = m * me // nloc, m * (me + 1) // nloc
             if hi > lo:
                 self.kernels.reduce(int(addrs[me]) + lo * isz, addrs + lo * isz, hi - lo, dtype, op)
                 if cross:
-                    shard = self.arena.half(me, parity)[lo * isz:hi * isz].view(dtype)
-                    self._ring_cross(shard, op, self._knobs.segment_bytes)
+                    self._cross_ring(int(addrs[me]) + lo * isz, hi - lo, dtype, op)
+            self._device_sync()
             self.barrier.wait()
             parts = [layout.unpack_rows(p0 + m * q // nloc, p0 + m * (q + 1) // nloc,
                                         int(addrs[q]) + (m * q // nloc) * isz) for q in range(nloc)]
             self._unpack(np.concatenate(parts), dtype, factor)
             self.arena.parity ^= 1
 
+    def _device_sync(self) -> None:
+        if self.on_device:
+            self.kernels.synchronize()
+
+    def _cross_ring(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp) -> None:
+        """Allreduce this rank's shard (``count`` elements at ``addr``) with its peers on the other
+        nodes: in place in shared memory, or through the pinned staging buffer for device memory."""
+        nbytes = count * dtype.itemsize
+        if not self.on_device:
+            shard = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr)).view(dtype)
+            self._ring_cross(shard, op, self._knobs.segment_bytes)
+            return
+        host = self._staging.view(nbytes, dtype)
+        self.kernels.copy_table(np.array([[addr, host.ctypes.data, nbytes]], dtype=np.int64))
+        self.kernels.synchronize()
+        self._ring_cross(host, op, self._knobs.segment_bytes)
+        self.kernels.copy_table(np.array([[host.ctypes.data, addr, nbytes]], dtype=np.int64))
+
     def _flat_ring(self, layout: Layout, op: ReduceOp, factor: float) -> None:
         isz, nbytes = layout.itemsize, layout.count * layout.itemsize
-        if self._fusion.size < nbytes:
-            self._fusion = np.empty(nbytes, dtype=np.uint8)
-        buf = self._fusion[:nbytes].view(layout.dtype)
+        if self.on_device:  # pinned host memory is addressable by device kernels (unified addressing)
+            buf = self._staging.view(nbytes, layout.dtype)
+        else:
+            if self._fusion.size < nbytes:
+                self._fusion = np.empty(nbytes, dtype=np.uint8)
+            buf = self._fusion[:nbytes].view(layout.dtype)
         self.kernels.copy_table(_bytes(layout.pack_rows(0, layout.count, buf.ctypes.data), isz))
+        self._device_sync()
         self._ring_world(buf, op, self._knobs.segment_bytes)
         self._unpack(layout.unpack_rows(0, layout.count, buf.ctypes.data), layout.dtype, factor)
 

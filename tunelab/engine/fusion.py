@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,11 @@ def _fill(entries: Sequence[Entry], members: list[int], threshold: int) -> list[
     return done
 
 
+def address(a: Any) -> int:
+    """Where ``a``'s data starts: a numpy array's, or a device buffer's (``.addr``)."""
+    return int(a.addr) if hasattr(a, "addr") else int(a.ctypes.data)
+
+
 class Layout:
     """A bucket: tensors ``srcs`` (read) and ``dsts`` (written), C-contiguous, one dtype, any shape."""
 
@@ -75,8 +81,8 @@ class Layout:
         self.ends = np.cumsum(counts)
         self.starts = self.ends - counts
         self.count = int(self.ends[-1]) if len(counts) else 0
-        self.src_addrs = np.array([a.ctypes.data for a in srcs], dtype=np.int64)
-        self.dst_addrs = np.array([a.ctypes.data for a in dsts], dtype=np.int64)
+        self.src_addrs = np.array([address(a) for a in srcs], dtype=np.int64)
+        self.dst_addrs = np.array([address(a) for a in dsts], dtype=np.int64)
         self.single = len(srcs) == 1
 
     def _rows(self, lo: int, hi: int, buf_addr: int, tensor_addrs: np.ndarray,

@@ -209,6 +209,10 @@ def _summary(session: TuningSession, final: list[float], workload: Workload, spa
         "searched": list(space.names),
     }
     result["gain"] = result["best"]["score"] / result["default"]["score"]
+    if session.kept_default and session.runner_up is not None:
+        scores = session.scores_of(session.runner_up)
+        result["runner_up"] = {"knobs": session.runner_up.as_dict(), "score": float(np.mean(scores)),
+                               "scores": scores}
     if recorder is not None and recorder.write:
         recorder.finish(result)
         result["profile_id"] = recorder.profile_id

@@ -44,6 +44,9 @@ class SessionPlan:
     time_budget_s: float | None = None
     remeasure_top: int = 3
     remeasure_rounds: int = 2       # candidates re-measured in interleaved rounds (ABCABC): drift hits all
+    # Adopt a config other than the default only if each of its re-measurements beat each of the
+    # default's: a "gain" inside the noise would change a user's job for nothing.
+    clear_win: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class TuningSession:
         self.phase = "warmup"
         self.stop_reason = ""
         self.locked: Knobs | None = None
+        self.kept_default = False  # the best finalist did not beat the default clearly
+        self.runner_up: Knobs | None = None  # that finalist, when so
         self._warmup_left = plan.warmup_steps
         self._queue: list[tuple[Knobs, str]] = []
         self._current: _Measuring | None = None
@@ -182,6 +187,13 @@ class TuningSession:
         return again or [s.score for s in self.samples if s.knobs == knobs]
 
     def best_knobs(self) -> Knobs:
-        """The finalist with the best mean over its re-measurements."""
+        """The finalist with the best mean over its re-measurements; the default instead when that
+        finalist did not beat it clearly (see ``SessionPlan.clear_win``)."""
         candidates = {s.knobs for s in self.samples if s.phase == "remeasure"} or {s.knobs for s in self.samples}
-        return max(candidates, key=lambda k: float(np.mean(self.scores_of(k))))
+        best = max(candidates, key=lambda k: float(np.mean(self.scores_of(k))))
+        default = self.tuner.space.base
+        if self.plan.clear_win and default in candidates and best != default and \
+                min(self.scores_of(best)) <= max(self.scores_of(default)):
+            self.kept_default, self.runner_up = True, best
+            return default
+        return best
