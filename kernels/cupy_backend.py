@@ -208,7 +208,8 @@ class CupyBackend(DeviceArrayOps):
         """Host threads do not apply to device kernels; kept for the common interface."""
 
     def synchronize(self) -> None:
-        self._cp.cuda.get_current_stream().synchronize()
+        """Wait for all work on the device, every stream's (a framework's kernels included)."""
+        self._cp.cuda.Device().synchronize()
 
     def _row_grid(self, rows: np.ndarray, unit: int) -> tuple[int, int]:
         """(x, y) grid for a table: y strides over rows, x splits the longest row ``unit`` at a time."""

@@ -20,7 +20,7 @@ from mpi4py import MPI
 from tunelab.config import load_engine_config
 from tunelab.dtypes import dtype_from_name, supported_names
 from tunelab.engine.engine import Engine
-from tunelab.errors import CollectiveTimeoutError, RankMismatchError, TopologyError
+from tunelab.errors import CollectiveTimeoutError, RankMismatchError, TopologyError, TunelabError
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -336,8 +336,6 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
     counts = (1, 7, 300, 2500)  # fused: several 4 KiB pipeline pieces
     for lay in layouts(comm.size):
         engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, **lay))
-        if not engine.on_device:
-            out["failures"].append(f"{lay}: engine is not on the device path")
         for dtype_name, op in (("float32", "sum"), ("float16", "average"), ("int32", "max")):
             dtype = dtype_from_name(dtype_name)
             inputs = [exact_inputs(c, dtype, comm.size, seed + c) for c in counts]
@@ -358,6 +356,32 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
             out["failures"].append(f"{lay} coordinator in-place: wrong")
         coord.shutdown()
         engine.close()
+    # Host and device tensors in one call each take their own path; results keep their side.
+    engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096))
+    x = [exact_inputs(c, np.dtype(np.float32), comm.size, seed + 1 + c) for c in (5, 600, 40)]
+    mixed = [x[0][comm.rank], upload(x[1][comm.rank]), x[2][comm.rank]]
+    got = engine.allreduce_batch(mixed, "sum")
+    out["mixed_kinds"] = [type(g).__name__ == "ndarray" for g in got]
+    for i, (g, xi) in enumerate(zip(got, x)):
+        out["checks"] += 1
+        host = g if isinstance(g, np.ndarray) else download(g)
+        if bit_mismatches(host, reference(xi, "sum")):
+            out["failures"].append(f"mixed call, tensor {i}: wrong")
+    # A rank that passes host memory where the others pass device memory: one clear error.
+    y = np.ones(8, np.float32)
+    try:
+        engine.allreduce(y if comm.rank == 0 else upload(y), "sum")
+        out["kind_mismatch"] = ""
+    except RankMismatchError as exc:
+        out["kind_mismatch"] = str(exc)
+    engine.close()
+    refusing = Engine(comm, load_engine_config(backend="cpu"))  # no GPU kernels: device tensors refused
+    try:
+        refusing.allreduce(upload(y), "sum")
+        out["cpu_refuses"] = ""
+    except TunelabError as exc:
+        out["cpu_refuses"] = str(exc)
+    refusing.close()
     return out
 
 

@@ -40,8 +40,8 @@ def reference_weights(steps: int, world: int, micro: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def distributed_weights(steps: int, micro: int, **opt_kwargs) -> list[torch.Tensor]:
-    model = tiny_model(seed=tl.rank())  # different init per rank: broadcast must fix it
+def distributed_weights(steps: int, micro: int, device: str = "cpu", **opt_kwargs) -> list[torch.Tensor]:
+    model = tiny_model(seed=tl.rank()).to(device)  # different init per rank: broadcast must fix it
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     tl.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = tl.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -50,9 +50,9 @@ def distributed_weights(steps: int, micro: int, **opt_kwargs) -> list[torch.Tens
     for step in range(steps):
         opt.zero_grad()
         for x, y in batches(step, tl.size(), micro)[tl.rank()]:
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
         opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return [p.detach().cpu().clone() for p in model.parameters()]
 
 
 def digest(tensors: list[torch.Tensor]) -> str:
@@ -79,6 +79,19 @@ def case_torch_training(comm, steps: int = 6) -> dict:
         torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
     out["explicit_groups_digest"] = digest([p.detach() for p in model.parameters()])
+    tl.shutdown()
+    return out
+
+
+def case_torch_training_cuda(comm, steps: int = 6) -> dict:
+    """CUDA gradients through the device path (every rank on GPU 0: IPC between processes)."""
+    tl.init(comm, backend="auto")
+    out = {}
+    for mode, micro, kwargs in (("plain", 1, {}), ("bpps2", 2, {})):
+        mine = distributed_weights(steps, micro, device="cuda", **kwargs)
+        ref = reference_weights(steps, tl.size(), micro)
+        out[mode] = {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(mine, ref)),
+                     "digest": digest(mine)}
     tl.shutdown()
     return out
 

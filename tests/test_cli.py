@@ -1,15 +1,16 @@
 """The tunelab command: bad input gets one line and exit 2; real runs write the documented JSON."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 
-def tunelab(*args, timeout=300):
+def tunelab(*args, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **env} if env else None)
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -44,6 +45,29 @@ def test_an_emulated_link_without_emulated_nodes_is_refused(command):
     assert proc.returncode == 1 and proc.stdout.count("\n") <= 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "link" in lines[0] and "ranks" in lines[0] and "node" in lines[0], proc.stderr
+
+
+def test_bench_allreduce_on_the_device_path_under_the_simulator(tmp_path):
+    out = tmp_path / "dev.json"
+    proc = tunelab("bench", "allreduce", "--device", "cuda", "--np", "2", "--sizes", "4KiB", "--iters", "1",
+                   "--warmup", "0", "--json", str(out), "--no-report", timeout=300,
+                   env={"NUMBA_ENABLE_CUDASIM": "1"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["algorithm"] for r in rows} == {"ring", "hierarchical", "mpi"}
+    assert all(r["wrong"] == 0 and r["count"] == 1024 for r in rows)
+    assert "under the CUDA simulator" in proc.stdout and "gloo: skipped" in proc.stdout
+
+
+def test_bench_allreduce_on_cuda_without_a_device_is_one_clear_error():
+    from tunelab.kernels import get_backend
+
+    if get_backend("auto").name != "cpu":
+        pytest.skip("this machine has a GPU back end")
+    proc = tunelab("bench", "allreduce", "--device", "cuda", "--np", "2", "--no-report", timeout=120)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda needs a CUDA device" in lines[0], proc.stderr
 
 
 def test_import_tunelab_stays_light():

@@ -33,6 +33,15 @@ def test_host_memory_is_refused_with_a_clear_error():
         device_buffer(np.zeros(3, np.float32))  # numpy's DLPack device is the CPU
 
 
+def test_the_kernel_backend_setting_is_checked():
+    from tunelab.config import load_engine_config
+
+    assert load_engine_config({}).backend == "auto"
+    assert load_engine_config({"TUNELAB_KERNEL_BACKEND": "cupy"}).backend == "cupy"
+    with pytest.raises(ValueError, match="backend must be one of auto, cupy, numba-cuda, cpu, got 'cuda'"):
+        load_engine_config({"TUNELAB_KERNEL_BACKEND": "cuda"})
+
+
 def test_cuda_aware_mpi_can_be_forced_either_way():
     assert cuda_aware_mpi({"TUNELAB_CUDA_AWARE_MPI": "1"}) is True
     assert cuda_aware_mpi({"TUNELAB_CUDA_AWARE_MPI": "off"}) is False
@@ -46,6 +55,9 @@ def test_device_path_under_the_cuda_simulator(n):
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
     for rank, res in enumerate(run.results):
         assert res["checks"] >= 39 and res["failures"] == [], f"rank {rank}: {res['failures']}"
+        assert res["mixed_kinds"] == [True, False, True]  # host in, host out; device in, device out
+        assert "cuda float32[8]" in res["kind_mismatch"] and "rank 0: float32[8]" in res["kind_mismatch"]
+        assert res["cpu_refuses"].startswith("device tensors need a GPU kernel back end")
 
 
 def _gpu_backend_or_skip(name: str) -> None:

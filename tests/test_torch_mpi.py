@@ -19,6 +19,20 @@ def test_training_matches_single_process_on_concatenated_batches(n):
     assert len({res["explicit_groups_digest"] for res in results}) == 1
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2, 4])
+def test_cuda_training_matches_single_process_through_the_device_path(n):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device and a CUDA build of torch")
+    results = run_ok("torch_training_cuda", n, limit_s=300)
+    for res in results:
+        for mode in ("plain", "bpps2"):  # GPU kernels sum in another order than the CPU reference
+            assert res[mode]["max_abs_diff"] < 1e-4, (mode, res[mode])
+    assert len({res["plain"]["digest"] for res in results}) == 1
+
+
 def test_collectives_match_numpy_semantics():
     n = 3
     results = run_ok("torch_collectives", n, limit_s=200)

@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--algorithms", type=_choice_list(ALGORITHMS), default=list(ALGORITHMS),
                     help=f"comma-separated, from {','.join(ALGORITHMS)}")
     add_link_flags(ar)
+    ar.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the buffers live (cuda: the engine's device path, CUDA IPC within a node)")
     add_report_flag(ar)
     ar.set_defaults(func=_cmd_bench_allreduce)
 
@@ -200,11 +202,11 @@ def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
     if args.link_gbps is not None and args.ranks_per_node is None:
         raise TunelabError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms,
-              "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us}
+              "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us, "device": args.device}
     result = run_job("bench-allreduce", params, args.np)
     add_ratios(result["rows"])
     hw = result["hardware"]
-    print(f"# allreduce  np={hw['world_size']}  nodes={hw['nodes']} {hw['ranks_per_node']}  "
+    print(f"# allreduce  np={hw['world_size']}  nodes={hw['nodes']} {hw['ranks_per_node']}  device={args.device}  "
           f"dtype={args.dtype}  iters={args.iters}  warmup={args.warmup}  (time: median of slowest rank)")
     rows = [{**r, "size_h": format_size(r["size"])} for r in result["rows"]]
     print(format_table(rows, [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("count", "count", "d"),

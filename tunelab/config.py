@@ -30,7 +30,7 @@ class EngineConfig:
     knobs: Knobs = field(default_factory=Knobs)
     ranks_per_node: int | None = None  # emulate nodes of this many ranks (None: real hosts)
     timeout_s: float = 60.0            # how long a rank waits for the others before failing
-    backend: str = "cpu"
+    backend: str = "auto"             # GPU kernels for CUDA tensors: auto | cupy | numba-cuda | cpu (refuse them)
     pinned: frozenset[str] = frozenset()
     timeline: str | None = None        # Chrome-trace path (``{rank}`` expands per rank)
     link_gbps: float | None = None     # emulated link between emulated nodes (None: not slowed)
@@ -72,7 +72,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
             raise ValueError("link_gbps emulates the link between emulated nodes: set ranks_per_node too")
     latency = _non_negative_float("link_latency_us", other.get("link_latency_us", 0.0))
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
-                        backend=str(other.get("backend", "cpu")), pinned=frozenset(knob_values),
+                        backend=_backend(other.get("backend", "auto")), pinned=frozenset(knob_values),
                         timeline=str(other["timeline"]) if other.get("timeline") else None,
                         link_gbps=gbps, link_latency_us=latency)
 
@@ -142,3 +142,10 @@ def _float(name: str, value: object, what: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{name} must be {what}, got {value!r}")
     return number
+
+
+def _backend(value: object) -> str:
+    names = ("auto", "cupy", "numba-cuda", "cpu")
+    if value not in names:
+        raise ValueError(f"backend must be one of {', '.join(names)}, got {value!r}")
+    return str(value)

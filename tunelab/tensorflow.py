@@ -83,9 +83,27 @@ def _reduce_numpy(names: list[str], arrays: list[np.ndarray], op: str, group: st
     return [h.wait() for h in handles]
 
 
+def _to_engine(t: tf.Tensor) -> Any:
+    """A GPU tensor as a CuPy array on the same memory (DLPack, no copy), so the engine reduces it
+    on the device; anything else (and bfloat16, which CuPy cannot hold) as a numpy array."""
+    if "GPU" in (t.device or "").upper() and t.dtype != tf.bfloat16:
+        import cupy
+
+        return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
+    return t.numpy()
+
+
+def _from_engine(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return a
+    return tf.experimental.dlpack.from_dlpack(a.toDlpack())  # back to a TF GPU tensor, no copy
+
+
 def _py_collective(fn: Any, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
-    """Run ``fn(list of numpy arrays) -> list of numpy arrays`` as one op, eager or in a graph."""
-    outs = tf.py_function(lambda *ts: fn([t.numpy() for t in ts]), tensors, [t.dtype for t in tensors])
+    """Run ``fn(list of arrays) -> list of arrays`` as one op, eager or in a graph: numpy arrays for
+    host tensors, CuPy arrays (zero-copy, reduced on the device) for GPU tensors."""
+    outs = tf.py_function(lambda *ts: [_from_engine(a) for a in fn([_to_engine(t) for t in ts])], tensors,
+                          [t.dtype for t in tensors])
     for o, t in zip(outs, tensors):
         o.set_shape(t.shape)
     return list(outs)
@@ -121,8 +139,9 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
-    def bcast(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        a = np.ascontiguousarray(arrays[0]).copy()
+    def bcast(arrays: list[Any]) -> list[np.ndarray]:
+        first = arrays[0]
+        a = np.ascontiguousarray(first if isinstance(first, np.ndarray) else first.get()).copy()  # once per job
         _rt.current().broadcast_(a, root_rank, name or "tensor")
         return [a]
 

@@ -4,11 +4,15 @@
 Collectives run on tunelab's engine through its background coordinator; the
 ``DistributedOptimizer`` starts each gradient's allreduce from an autograd hook as
 soon as that gradient is ready, so communication overlaps the rest of backward.
-CPU tensors only for now (CUDA tensors need the GPU data path).
+CUDA tensors are reduced on the device: the engine reads them in place through
+``__cuda_array_interface__`` (no host copy) and ranks of a node exchange device staging buffers
+through CUDA IPC.  Allgather and broadcast, which run once per job rather than per step, stage
+CUDA tensors through host memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,11 +52,28 @@ def init(comm: Any = None, **settings: object) -> None:
 def _numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor (no copy)."""
     if t.device.type != "cpu":
-        raise TunelabError(f"tensor on {t.device}: only CPU tensors are supported so far")
+        raise TunelabError(f"tensor on {t.device}: expected a CPU tensor here")
     t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_np_bfloat16())
     return t.numpy()
+
+
+def _engine_view(t: torch.Tensor) -> Any:
+    """What the engine reduces, without copying: a numpy view of a CPU tensor, a device buffer of
+    a CUDA tensor (through ``__cuda_array_interface__``; bfloat16, which the interface cannot
+    describe, through its int16 view)."""
+    if t.device.type == "cpu":
+        return _numpy(t)
+    if t.device.type != "cuda":
+        raise TunelabError(f"tensor on {t.device}: tunelab reduces CPU and CUDA tensors")
+    from .engine.device import device_buffer
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        buf = device_buffer(t.view(torch.int16))
+        return dataclasses.replace(buf, dtype=np.dtype(_np_bfloat16()), owner=t)
+    return dataclasses.replace(device_buffer(t), owner=t)
 
 
 class _NoneCompressor:
@@ -108,7 +129,8 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
     srcs = [c.contiguous() for c, _ in packed]
     direct = [inplace and c.data_ptr() == t.data_ptr() and t.is_contiguous() for (c, _), t in zip(packed, tensors)]
     results = [s if d else torch.empty_like(s) for s, d in zip(srcs, direct)]
-    inner = coord.submit_group(names, [_numpy(s) for s in srcs], op, [_numpy(r) for r in results], group=group)
+    inner = coord.submit_group(names, [_engine_view(s) for s in srcs], op, [_engine_view(r) for r in results],
+                               group=group)
 
     def finish(res: list[torch.Tensor]) -> list[torch.Tensor]:
         outs = [compression.decompress(r, ctx) for r, (_, ctx) in zip(res, packed)]
@@ -175,14 +197,15 @@ def poll(handle: Handle) -> bool:
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (first dims may differ)."""
     t = tensor.detach().contiguous()
-    out = _rt.current().allgather(_numpy(t), name or "tensor")
+    out = _rt.current().allgather(_numpy(t.cpu()), name or "tensor")
     if t.dtype == torch.bfloat16:
-        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(out)
+        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).to(t.device)
+    return torch.from_numpy(out).to(t.device)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    work = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
+    work = tensor.detach() if tensor.is_contiguous() and tensor.device.type == "cpu" else \
+        tensor.detach().contiguous().cpu()
     _rt.current().broadcast_(_numpy(work), root_rank, name or "tensor")
     if work.data_ptr() != tensor.data_ptr():
         tensor.detach().copy_(work)

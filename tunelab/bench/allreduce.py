@@ -4,6 +4,10 @@ For every size and algorithm: warm-up, then timed iterations that start together
 after a barrier; the reported time is the median over iterations of the slowest
 rank.  Inputs are exact-sum integers, outputs are poisoned first and compared
 bit for bit with a numpy reference: ``wrong`` counts mismatched elements.
+
+With ``--device cuda`` inputs and outputs live in device memory: ring and hierarchical run the
+engine's device path (CUDA-IPC staging within a node), and ``mpi`` is the path a script without
+one takes: copy to the host, ``MPI_Allreduce``, copy back.  gloo is host-only and is skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ def run_rank(p: dict) -> dict:
     dtype = dtype_from_name(p["dtype"])
     algorithms = list(p["algorithms"])
     notes: list[str] = []
+    on_device = p.get("device", "cpu") == "cuda"
+    upload, download, store = _device_tools() if on_device else (None, None, None)
+    if on_device and "gloo" in algorithms:
+        algorithms.remove("gloo")
+        notes.append("gloo: skipped on --device cuda (it reduces host memory only)")
+    if on_device and "mpi" in algorithms:
+        notes.append("mpi on --device cuda: device -> host copy, MPI_Allreduce, host -> device copy")
     engines: dict[str, Engine] = {}
     for algo in ("ring", "hierarchical"):
         if algo in algorithms:
@@ -56,6 +67,19 @@ def run_rank(p: dict) -> dict:
             out = np.empty_like(src)
             out.view(np.uint8).fill(0xFF)
             reset = None
+            if on_device:
+                d_src, d_out = upload(src), upload(out)
+                if algo in engines:
+                    def op(e=engines[algo], src=d_src, out=d_out) -> None:
+                        e.allreduce(src, out=out)
+                else:
+                    def op(src=d_src, out=d_out, host=out) -> None:
+                        comm.Allreduce(download(src), host, op=MPI.SUM)
+                        store(out, host)
+                times = timed_iterations(comm, op, p["iters"], p["warmup"], None)
+                wrong = comm.allreduce(count_wrong(download(d_out), expected), op=MPI.SUM)
+                rows.append(_row(algo, count, dtype, times, wrong, comm.size))
+                continue
             if algo in engines:
                 def op(e=engines[algo], src=src, out=out) -> None:
                     e.allreduce(src, out=out)
@@ -72,6 +96,13 @@ def run_rank(p: dict) -> dict:
             wrong = comm.allreduce(count_wrong(out, expected), op=MPI.SUM)
             rows.append(_row(algo, count, dtype, times, wrong, comm.size))
     topo = next(iter(engines.values())).topology if engines else None
+    if on_device and engines:
+        from ..engine.device import device_backend_name
+
+        from ..engine.device import simulated
+
+        notes.append(f"device kernels: {device_backend_name(next(iter(engines.values())).config.backend)}"
+                     + (" under the CUDA simulator: results are checked, timings mean nothing" if simulated() else ""))
     hardware = {**host_info(), "world_size": comm.size,
                 "nodes": topo.num_nodes if topo else None,
                 "ranks_per_node": list(topo.node_sizes) if topo else None}
@@ -80,6 +111,24 @@ def run_rank(p: dict) -> dict:
     if gloo is not None:
         gloo.close()
     return {"rows": rows, "hardware": hardware, "notes": notes}
+
+
+def _device_tools() -> tuple:
+    """(upload, download, store host into device) for the GPU back end the engine will use."""
+    from ..config import load_engine_config as _cfg
+    from ..engine.device import device_backend_name
+    from ..errors import TunelabError
+
+    name = device_backend_name(_cfg().backend)
+    if name == "cupy":
+        import cupy
+
+        return cupy.asarray, cupy.asnumpy, lambda d, h: d.set(h)
+    if name == "numba-cuda":
+        from numba import cuda
+
+        return cuda.to_device, lambda a: a.copy_to_host(), lambda d, h: d.copy_to_device(h)
+    raise TunelabError("--device cuda needs a CUDA device with CuPy or numba-cuda; none is available")
 
 
 def _row(algo: str, count: int, dtype: np.dtype, times: np.ndarray, wrong: int, world: int) -> dict:

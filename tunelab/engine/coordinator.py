@@ -78,7 +78,7 @@ class _Request:
 
     @property
     def meta(self) -> tuple:
-        return (self.array.dtype.name, self.array.shape, self.op, self.group)
+        return (self.array.dtype.name, self.array.shape, self.op, self.group, self.out_view is not None)
 
 
 class Coordinator:
@@ -124,7 +124,7 @@ class Coordinator:
             raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
         reqs = []
         for i, (name, a) in enumerate(zip(names, arrays)):
-            if self.engine.on_device:  # zero-copy views of device tensors; results land in ``out``
+            if self.engine.is_device_tensor(a):  # zero-copy views of device tensors; results land in ``out``
                 from .device import device_buffer, empty_like
 
                 src = device_buffer(a)
@@ -260,7 +260,7 @@ class Coordinator:
             metas = [t[name] for t in tables]
             if any(m != meta for m in metas):
                 raise RankMismatchError(f"ranks disagree on tensor {name!r}: " + "; ".join(
-                    f"rank {r}: {m[0]}{list(m[1])} op={m[2]} group={m[3]}" for r, m in enumerate(metas)))
+                    f"rank {r}: {'cuda ' if m[4] else ''}{m[0]}{list(m[1])} op={m[2]} group={m[3]}" for r, m in enumerate(metas)))
             self._ids[name] = len(self._names)
             self._names.append(name)
             new.append(self._ids[name])

@@ -102,6 +102,16 @@ def _dlpack_buffer(obj: Any) -> DeviceBuffer | None:
     return _interface_buffer(cupy.from_dlpack(obj))
 
 
+def device_backend_name(configured: str) -> str:
+    """The GPU kernel back end for device tensors: the configured one ("cpu" refuses them), or for
+    "auto" the best available (CuPy, else numba-cuda; "cpu" when there is none)."""
+    if configured in ("cupy", "numba-cuda", "cpu"):
+        return configured
+    from ..kernels import get_backend
+
+    return get_backend("auto").name
+
+
 def cuda_aware_mpi(environ: dict[str, str] | None = None) -> bool:
     """Whether MPI may be handed device pointers: ``TUNELAB_CUDA_AWARE_MPI=0/1`` if set, else
     what the library says (Open MPI's ``MPIX_Query_cuda_support``, MPICH's

@@ -19,16 +19,16 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..config import EngineConfig, load_engine_config
 from ..dtypes import FLOAT_CODES, dtype_code
-from ..errors import TopologyError
+from ..errors import TopologyError, TunelabError
 from ..kernels import ReduceOp, get_backend
 from ..knobs import Knobs
-from .consensus import agree
+from .consensus import _DEVICE_ROW, agree
 from .fusion import Bucket, Entry, Layout, plan_buckets
 from .link import EmulatedLink
 from .mpi_ring import RingAllreduce
@@ -43,6 +43,7 @@ OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
 _HEADER_LABELS = (("op", tuple(OPS)), ("number of tensors", None))
 _PLAN_CACHE_SIZE = 256
+DEVICE_ROW = _DEVICE_ROW  # marks a device tensor's dtype code in the agreed call signature
 
 
 def _op(op: str) -> tuple[str, ReduceOp, bool]:
@@ -60,29 +61,25 @@ class Engine:
 
         self.config = config or load_engine_config()
         self.topology = build_topology(comm or MPI.COMM_WORLD, self.config.ranks_per_node)
-        self.kernels = get_backend(self.config.backend)
-        # A GPU back end means tensors live in device memory: the node's staging segments are then
-        # device memory mapped between ranks with CUDA IPC, and the MPI rings (which run on the
-        # host) receive their data through a pinned staging buffer.
-        self.on_device = self.kernels.name != "cpu"
-        host_kernels = get_backend("cpu") if self.on_device else self.kernels
+        # Host tensors use the Numba CPU kernels and the node's shared-memory segments.  Device
+        # tensors (CUDA) use the GPU kernels of ``config.backend`` ("auto": CuPy, else numba-cuda)
+        # and staging segments in device memory mapped between ranks with CUDA IPC, set up on the
+        # first device tensor; the MPI rings run on the host and receive device data through a
+        # pinned buffer.
+        self.kernels = get_backend("cpu")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         # Ranks sharing a host share its cores.  The setting is per thread (Numba's is thread-local):
         # threads that run collectives (the coordinator) call use_kernel_threads() themselves.
         self.kernel_threads = max(1, (cores or 1) // self.topology.host_size)
         self.use_kernel_threads()
-        if self.on_device:
-            from .device import DeviceArena, PinnedStaging
-
-            self.arena: SharedArena | DeviceArena = DeviceArena(self.topology.local, self.kernels.name)
-            self._staging = PinnedStaging()
-        else:
-            self.arena = SharedArena(self.topology.local)
+        self.arena = SharedArena(self.topology.local)
+        self._host = _Memory(self.kernels, self.arena)
+        self._device: _Memory | None = None
         self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s)
         self.link = self._emulated_link()
-        self._ring_world = RingAllreduce(self.topology.world, host_kernels,
+        self._ring_world = RingAllreduce(self.topology.world, self.kernels,
                                          self._link_from_left(self.topology.world))
-        self._ring_cross = RingAllreduce(self.topology.cross, host_kernels,
+        self._ring_cross = RingAllreduce(self.topology.cross, self.kernels,
                                          self._link_from_left(self.topology.cross))
         self._fusion = np.empty(0, dtype=np.uint8)
         self._plans: dict[tuple, list[Bucket]] = {}
@@ -148,56 +145,81 @@ class Engine:
         ``verify=False`` skips rank agreement: only for callers (the coordinator) that negotiated
         the exact same call on every rank already."""
         name, kop, average = _op(op)
-        if self.on_device:
-            from .device import device_buffer
-
-            arrays = [device_buffer(t) for t in tensors]
-            given = list(outs) if outs is not None else None
-            outs_ = self._device_outs(arrays, given)
-        else:
-            arrays = [np.asarray(t) for t in tensors]
-            outs_ = _check_outs(arrays, outs)
-        groups_ = list(groups) if groups is not None else [None] * len(arrays)
-        if len(groups_) != len(arrays):
-            raise ValueError(f"{len(groups_)} group ids for {len(arrays)} tensors")
-        rows = [(_safe_code(a.dtype), -1 if g is None else int(g), *a.shape) for a, g in zip(arrays, groups_)]
+        n = len(tensors)
+        if outs is not None and len(outs) != n:
+            raise ValueError(f"{len(outs)} outputs for {n} tensors")
+        groups_ = list(groups) if groups is not None else [None] * n
+        if len(groups_) != n:
+            raise ValueError(f"{len(groups_)} group ids for {n} tensors")
+        on_device = [is_device_tensor(t) for t in tensors]
+        arrays, outs_ = self._inputs(tensors, outs, on_device)
+        # Where a tensor lives is part of the call: ranks that disagree get one clear error.
+        rows = [(_safe_code(a.dtype) | (DEVICE_ROW if d else 0), -1 if g is None else int(g), *a.shape)
+                for a, g, d in zip(arrays, groups_, on_device)]
         self._calls += 1
         if verify:
-            agree(self.topology.world, (_OP_CODES[name], len(arrays)), rows,
+            agree(self.topology.world, (_OP_CODES[name], n), rows,
                   self.config.timeout_s, f"allreduce call #{self._calls}", _HEADER_LABELS,
                   self.barrier if self.topology.num_nodes == 1 else None)
         # The verdicts below are the same on every rank: the dtypes were just agreed.
         for a, row in zip(arrays, rows):
-            if row[0] == 0:
+            code = row[0] & ~DEVICE_ROW
+            if code == 0:
                 dtype_code(a.dtype)  # raises TypeError naming the dtype
-            if average and row[0] not in FLOAT_CODES:
+            if average and code not in FLOAT_CODES:
                 raise TypeError(f"average needs a floating dtype, got {a.dtype.name}; use sum")
         factor = 1.0 / self.topology.size if average else 1.0
-        if self.on_device:
-            self.kernels.synchronize()  # the producers' kernels (e.g. backward) have written the inputs
-        for bucket in self._plan(arrays, groups_, rows):
-            srcs = [arrays[i] if self.on_device or arrays[i].flags.c_contiguous
-                    else np.ascontiguousarray(arrays[i]) for i in bucket.indices]
-            self._run(Layout(srcs, [outs_[i] for i in bucket.indices]), kop, factor)
-        if self.on_device:
-            self.kernels.synchronize()  # results are in place before anyone reads them
-            return [o.owner for o in outs_]
-        return outs_
+        for device in (False, True):  # host tensors, then device tensors, each in submission order
+            idx = [i for i in range(n) if on_device[i] == device]
+            if not idx:
+                continue
+            mem = self._device_memory() if device else self._host
+            if device:
+                mem.kernels.synchronize()  # the producers' kernels (e.g. backward) wrote the inputs
+            for bucket in self._plan([arrays[i] for i in idx], [groups_[i] for i in idx], [rows[i] for i in idx]):
+                members = [idx[j] for j in bucket.indices]
+                srcs = [arrays[i] if device or arrays[i].flags.c_contiguous else np.ascontiguousarray(arrays[i])
+                        for i in members]
+                self._run(Layout(srcs, [outs_[i] for i in members]), kop, factor, mem)
+            if device:
+                mem.kernels.synchronize()  # results are in place before anyone reads them
+        return [o.owner if d else o for o, d in zip(outs_, on_device)]
 
-    def _device_outs(self, arrays: list, outs: list | None) -> list:
-        from .device import device_buffer, empty_like
+    def is_device_tensor(self, tensor: object) -> bool:
+        """Whether ``tensor`` lives in device memory (and so takes the device path)."""
+        return is_device_tensor(tensor)
 
-        if outs is None:
-            return [device_buffer(empty_like(a)) for a in arrays]
-        if len(outs) != len(arrays):
-            raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
-        checked = []
-        for i, (a, o) in enumerate(zip(arrays, outs)):
-            buf = device_buffer(o)
-            if buf.shape != a.shape or buf.dtype != a.dtype:
-                raise ValueError(f"output {i} must be a device array of shape {a.shape} and dtype {a.dtype}")
-            checked.append(buf)
-        return checked
+    def _inputs(self, tensors: Sequence[Any], outs: Sequence[Any] | None,
+                on_device: list[bool]) -> tuple[list[Any], list[Any]]:
+        """Host tensors as numpy arrays, device tensors as zero-copy device buffers, and an output
+        for each (checked, or allocated like its input on the same side)."""
+        arrays: list[Any] = []
+        results: list[Any] = []
+        for i, (t, device) in enumerate(zip(tensors, on_device)):
+            if device:
+                from .device import device_buffer, empty_like
+
+                a = device_buffer(t)
+                o = device_buffer(outs[i] if outs is not None else empty_like(a))
+                if o.shape != a.shape or o.dtype != a.dtype:
+                    raise ValueError(f"output {i} must be a device array of shape {a.shape} and dtype {a.dtype}")
+            else:
+                a = np.asarray(t)
+                o = _check_out(i, a, outs[i]) if outs is not None else np.empty_like(a, order="C")
+            arrays.append(a)
+            results.append(o)
+        return arrays, results
+
+    def _device_memory(self) -> _Memory:
+        if self._device is None:
+            from .device import DeviceArena, PinnedStaging, device_backend_name
+
+            kernels = get_backend(device_backend_name(self.config.backend))
+            if kernels.name == "cpu":
+                raise TunelabError("device tensors need a GPU kernel back end (cupy or numba-cuda) and a "
+                                   "CUDA device; none is available")
+            self._device = _Memory(kernels, DeviceArena(self.topology.local, kernels.name), PinnedStaging())
+        return self._device
 
     def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
         k = self._knobs
@@ -212,81 +234,81 @@ class Engine:
         return plan
 
     # ---- data paths --------------------------------------------------------------------------
-    def _run(self, layout: Layout, op: ReduceOp, factor: float) -> None:
+    def _run(self, layout: Layout, op: ReduceOp, factor: float, mem: _Memory) -> None:
         if layout.count == 0:
             return
         topo = self.topology
         if topo.num_nodes == 1 or self._knobs.hierarchical:
-            self._shared_memory(layout, op, factor, cross=topo.num_nodes > 1)
+            self._shared_memory(layout, op, factor, mem, cross=topo.num_nodes > 1)
         else:
-            self._flat_ring(layout, op, factor)
+            self._flat_ring(layout, op, factor, mem)
 
-    def _shared_memory(self, layout: Layout, op: ReduceOp, factor: float, cross: bool) -> None:
+    def _shared_memory(self, layout: Layout, op: ReduceOp, factor: float, mem: _Memory, cross: bool) -> None:
         isz, dtype = layout.itemsize, layout.dtype
         me, nloc = self.topology.local_rank, self.topology.local_size
+        arena, kernels = mem.arena, mem.kernels
         piece = max(1, min(self._knobs.segment_bytes // isz, layout.count))
-        self.arena.ensure(piece * isz)
+        arena.ensure(piece * isz)
         for p0 in range(0, layout.count, piece):
             m = min(layout.count, p0 + piece) - p0
-            parity = self.arena.parity
-            addrs = self.arena.half_addrs(parity)
-            self.kernels.copy_table(_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
-            self._device_sync()  # peers read this segment after the barrier
+            parity = arena.parity
+            addrs = arena.half_addrs(parity)
+            kernels.copy_table(_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
+            mem.sync()  # peers read this segment after the barrier
             self.barrier.wait()
             lo, hi = m * me // nloc, m * (me + 1) // nloc
             if hi > lo:
-                self.kernels.reduce(int(addrs[me]) + lo * isz, addrs + lo * isz, hi - lo, dtype, op)
+                kernels.reduce(int(addrs[me]) + lo * isz, addrs + lo * isz, hi - lo, dtype, op)
                 if cross:
-                    self._cross_ring(int(addrs[me]) + lo * isz, hi - lo, dtype, op)
-            self._device_sync()
+                    self._cross_ring(int(addrs[me]) + lo * isz, hi - lo, dtype, op, mem)
+            mem.sync()
             self.barrier.wait()
             parts = [layout.unpack_rows(p0 + m * q // nloc, p0 + m * (q + 1) // nloc,
                                         int(addrs[q]) + (m * q // nloc) * isz) for q in range(nloc)]
-            self._unpack(np.concatenate(parts), dtype, factor)
-            self.arena.parity ^= 1
+            self._unpack(np.concatenate(parts), dtype, factor, mem)
+            arena.parity ^= 1
 
-    def _device_sync(self) -> None:
-        if self.on_device:
-            self.kernels.synchronize()
-
-    def _cross_ring(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp) -> None:
+    def _cross_ring(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, mem: _Memory) -> None:
         """Allreduce this rank's shard (``count`` elements at ``addr``) with its peers on the other
         nodes: in place in shared memory, or through the pinned staging buffer for device memory."""
         nbytes = count * dtype.itemsize
-        if not self.on_device:
+        if not mem.device:
             shard = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr)).view(dtype)
             self._ring_cross(shard, op, self._knobs.segment_bytes)
             return
-        host = self._staging.view(nbytes, dtype)
-        self.kernels.copy_table(np.array([[addr, host.ctypes.data, nbytes]], dtype=np.int64))
-        self.kernels.synchronize()
+        host = mem.staging.view(nbytes, dtype)
+        mem.kernels.copy_table(np.array([[addr, host.ctypes.data, nbytes]], dtype=np.int64))
+        mem.sync()
         self._ring_cross(host, op, self._knobs.segment_bytes)
-        self.kernels.copy_table(np.array([[host.ctypes.data, addr, nbytes]], dtype=np.int64))
+        mem.kernels.copy_table(np.array([[host.ctypes.data, addr, nbytes]], dtype=np.int64))
 
-    def _flat_ring(self, layout: Layout, op: ReduceOp, factor: float) -> None:
+    def _flat_ring(self, layout: Layout, op: ReduceOp, factor: float, mem: _Memory) -> None:
         isz, nbytes = layout.itemsize, layout.count * layout.itemsize
-        if self.on_device:  # pinned host memory is addressable by device kernels (unified addressing)
-            buf = self._staging.view(nbytes, layout.dtype)
+        if mem.device:  # pinned host memory is addressable by device kernels (unified addressing)
+            buf = mem.staging.view(nbytes, layout.dtype)
         else:
             if self._fusion.size < nbytes:
                 self._fusion = np.empty(nbytes, dtype=np.uint8)
             buf = self._fusion[:nbytes].view(layout.dtype)
-        self.kernels.copy_table(_bytes(layout.pack_rows(0, layout.count, buf.ctypes.data), isz))
-        self._device_sync()
+        mem.kernels.copy_table(_bytes(layout.pack_rows(0, layout.count, buf.ctypes.data), isz))
+        mem.sync()
         self._ring_world(buf, op, self._knobs.segment_bytes)
-        self._unpack(layout.unpack_rows(0, layout.count, buf.ctypes.data), layout.dtype, factor)
+        self._unpack(layout.unpack_rows(0, layout.count, buf.ctypes.data), layout.dtype, factor, mem)
 
-    def _unpack(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
+    @staticmethod
+    def _unpack(rows: np.ndarray, dtype: np.dtype, factor: float, mem: _Memory) -> None:
         if factor == 1.0:
-            self.kernels.copy_table(_bytes(rows, dtype.itemsize))
+            mem.kernels.copy_table(_bytes(rows, dtype.itemsize))
         else:
-            self.kernels.scale_copy_table(rows, dtype, factor)
+            mem.kernels.scale_copy_table(rows, dtype, factor)
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
         if self.link is not None:
             self.link.close()
         self.barrier.free()
+        if self._device is not None:
+            self._device.arena.free()
         self.arena.free()
         self.topology.free()
 
@@ -310,14 +332,43 @@ def _safe_code(dtype: np.dtype) -> int:
         return 0  # agreed like any other code; rejected on every rank after agreement
 
 
-def _check_outs(arrays: list[np.ndarray], outs: Sequence[np.ndarray] | None) -> list[np.ndarray]:
-    if outs is None:
-        return [np.empty_like(a, order="C") for a in arrays]
-    if len(outs) != len(arrays):
-        raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
-    for i, (a, o) in enumerate(zip(arrays, outs)):
-        if not isinstance(o, np.ndarray) or o.shape != a.shape or o.dtype != a.dtype:
-            raise ValueError(f"output {i} must be an array of shape {a.shape} and dtype {a.dtype}")
-        if not o.flags.c_contiguous or not o.flags.writeable:
-            raise ValueError(f"output {i} must be C-contiguous and writeable")
-    return list(outs)
+def _check_out(i: int, a: np.ndarray, o: Any) -> np.ndarray:
+    if not isinstance(o, np.ndarray) or o.shape != a.shape or o.dtype != a.dtype:
+        raise ValueError(f"output {i} must be an array of shape {a.shape} and dtype {a.dtype}")
+    if not o.flags.c_contiguous or not o.flags.writeable:
+        raise ValueError(f"output {i} must be C-contiguous and writeable")
+    return o
+
+
+class _Memory:
+    """One side of the data path: its kernels, its node staging arena, and (device memory only) the
+    pinned host buffer through which data meets the host-side MPI rings."""
+
+    def __init__(self, kernels: Any, arena: Any, staging: Any = None) -> None:
+        self.kernels, self.arena, self.staging = kernels, arena, staging
+        self.device = staging is not None
+
+    def sync(self) -> None:
+        if self.device:
+            self.kernels.synchronize()
+
+
+def is_device_tensor(tensor: object) -> bool:
+    """Device memory: a ``__cuda_array_interface__`` exporter, or a DLPack exporter on a CUDA
+    device; under Numba's CUDA simulator, its simulated device arrays."""
+    if isinstance(tensor, np.ndarray):
+        return False
+    if type(tensor).__name__ in ("DeviceBuffer", "FakeCUDAArray"):  # ours; the simulator's arrays
+        return True
+    try:  # torch raises TypeError (not AttributeError) for the interface of a CPU tensor
+        tensor.__cuda_array_interface__  # noqa: B018 - evaluated for the exception it may raise
+        return True
+    except (AttributeError, TypeError, RuntimeError):
+        pass
+    dev = getattr(tensor, "__dlpack_device__", None)
+    if dev is None:
+        return False
+    try:
+        return int(dev()[0]) in (2, 3)  # kDLCUDA, kDLCUDAHost
+    except (TypeError, ValueError, RuntimeError, IndexError):
+        return False
