@@ -90,3 +90,14 @@ def test_training_jobs_load_the_tuned_profile_and_keep_pinned_knobs(tmp_path):
     assert r0["knobs"]["cycle_time_ms"] == 7.0  # pinned by the job: the profile's 3.0 must not win
     assert r1["second"] == ""  # only rank 0 logs
     assert r0["repeat"] == ""  # one lookup per model and job
+
+
+def test_bench_train_rotates_the_order_of_systems_each_round():
+    from tunelab.bench.train import rotated
+
+    systems = ["tunelab-tuned", "tunelab", "ddp"]
+    orders = [rotated(systems, r) for r in range(3)]
+    assert orders == [systems, ["tunelab", "ddp", "tunelab-tuned"], ["ddp", "tunelab-tuned", "tunelab"]]
+    for position in range(3):  # over three rounds every system runs once in every position
+        assert {order[position] for order in orders} == set(systems)
+    assert rotated(systems, 3) == systems and rotated([], 1) == []

@@ -1,8 +1,8 @@
 """``tunelab bench train``: training throughput of tunelab next to the framework's own data-parallel
 path (torch DDP with gloo, TensorFlow's MultiWorkerMirroredStrategy), measured in the same run (rank side).
 
-Systems alternate in rounds (tunelab, ddp, tunelab, ddp, ...) so drift on a shared machine hits
-both alike; each system is started and shut down inside its phase, so neither has threads
+Systems alternate in rounds so drift on a shared machine hits all alike, and the order rotates
+from round to round (A B C, B C A, C A B, ...) so no system always follows the same one; each system is started and shut down inside its phase, so neither has threads
 running while the other is measured.  Every round starts from the same initial weights and data;
 after each phase the ranks check that their weights are identical.
 """
@@ -83,8 +83,8 @@ def _torch_bench(p: dict) -> dict:
         notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
                      "(run tunelab tune first)")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
-    for _ in range(p["rounds"]):
-        for system in systems:
+    for r in range(p["rounds"]):
+        for system in rotated(systems, r):
             torch.manual_seed(0)
             model = build(p["model"])
             if system == "ddp":
@@ -95,6 +95,14 @@ def _torch_bench(p: dict) -> dict:
     return {"rows": _rows(runs), "notes": notes, "model": p["model"], "framework": "torch", "world_size": comm.size,
             "batch_size": p["batch_size"], "image_size": p["image_size"], "steps": p["steps"],
             "threads_per_rank": torch.get_num_threads()}
+
+
+def rotated(systems: list[str], round_index: int) -> list[str]:
+    """Round ``r`` runs the systems starting from the r-th: over the rounds each system runs in every
+    position, so whatever one system leaves behind (warm caches, a baseline's lingering threads)
+    does not always land on the same next system."""
+    k = round_index % len(systems) if systems else 0
+    return systems[k:] + systems[:k]
 
 
 def _round_result(p: dict, world: int, total: float, per_step: list[float], identical: bool) -> dict:
@@ -196,8 +204,8 @@ def _tf_bench(p: dict) -> dict:
         notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
                      "(run tunelab tune --framework tensorflow first)")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
-    for _ in range(p["rounds"]):
-        for system in systems:
+    for r in range(p["rounds"]):
+        for system in rotated(systems, r):
             if system == "mwms":
                 total, per_step, identical = _mwms_phase(comm, strategy, x, y, p)
             else:
