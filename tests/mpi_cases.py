@@ -332,7 +332,7 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
         upload, download = cuda.to_device, lambda a: a.copy_to_host()
     from tunelab.engine.coordinator import Coordinator
 
-    out: dict = {"failures": [], "checks": 0}
+    out: dict = {"failures": [], "checks": 0, "direct": []}
     counts = (1, 7, 300, 2500)  # fused: several 4 KiB pipeline pieces
     for lay in layouts(comm.size):
         engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, **lay))
@@ -346,6 +346,8 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
                 if bit_mismatches(host, reference(x, op)):
                     out["failures"].append(f"{lay} {dtype_name} {op} count={c}: "
                                            f"{bit_mismatches(host, reference(x, op))} wrong")
+        if engine.topology.num_nodes > 1:
+            out["direct"].append(engine.direct_device_mpi)
         # In place, through the coordinator, as a framework adapter submits gradients.
         coord = Coordinator(engine)
         x = exact_inputs(513, np.dtype(np.float32), comm.size, seed)

@@ -1,5 +1,6 @@
 """The device data path: CUDA tensors enter zero-copy, ranks of a node share device staging
-segments (CUDA IPC on a GPU), shards cross nodes through pinned host memory.
+segments (CUDA IPC on a GPU), shards cross nodes through pinned host memory or, with a CUDA-aware
+MPI, straight from device memory.
 
 Without a GPU the whole path runs under Numba's CUDA simulator, where device memory is host
 memory: layouts, fusion, pipelining, staging and the coordinator are checked bit for bit against
@@ -49,11 +50,15 @@ def test_cuda_aware_mpi_can_be_forced_either_way():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n", [2, 4])
-def test_device_path_under_the_cuda_simulator(n):
-    run = run_case("device_path", n, 600, env={"NUMBA_ENABLE_CUDASIM": "1"}, backend="numba-cuda")
+@pytest.mark.parametrize(("n", "cuda_aware"), [(2, False), (4, False), (2, True), (3, True)])
+def test_device_path_under_the_cuda_simulator(n, cuda_aware):
+    """cuda_aware: MPI is told it may take device pointers (under the simulator they are host
+    pointers, so it can), and shards and flat-ring buffers cross nodes without host staging."""
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_CUDA_AWARE_MPI": "1" if cuda_aware else "0"}
+    run = run_case("device_path", n, 600, env=env, backend="numba-cuda")
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
     for rank, res in enumerate(run.results):
+        assert res["direct"] and set(res["direct"]) == {cuda_aware}
         assert res["checks"] >= 39 and res["failures"] == [], f"rank {rank}: {res['failures']}"
         assert res["mixed_kinds"] == [True, False, True]  # host in, host out; device in, device out
         assert "cuda float32[8]" in res["kind_mismatch"] and "rank 0: float32[8]" in res["kind_mismatch"]

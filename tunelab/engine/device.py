@@ -309,3 +309,28 @@ def empty_like(buf: DeviceBuffer) -> Any:
     import cupy
 
     return cupy.empty(buf.shape, dtype=buf.dtype if buf.dtype.kind != "V" else np.uint16)
+
+
+class DeviceScratch:
+    """A growing device allocation (the direct MPI path's receive slots and fusion buffer)."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._array: Any = None
+        self._nbytes = 0
+
+    def addr(self, nbytes: int) -> int:
+        """Address of at least ``nbytes`` bytes of device memory (contents undefined)."""
+        if nbytes > self._nbytes:
+            if simulated():
+                self._array = np.empty(nbytes, dtype=np.uint8)
+            elif self.backend == "cupy":
+                import cupy
+
+                self._array = cupy.empty(nbytes, dtype=cupy.uint8)
+            else:
+                from numba import cuda
+
+                self._array = cuda.device_array(nbytes, dtype=np.uint8)
+            self._nbytes = nbytes
+        return device_buffer(self._array).addr if self._array is not None else 0

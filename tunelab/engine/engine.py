@@ -185,6 +185,11 @@ class Engine:
                 mem.kernels.synchronize()  # results are in place before anyone reads them
         return [o.owner if d else o for o, d in zip(outs_, on_device)]
 
+    @property
+    def direct_device_mpi(self) -> bool:
+        """Whether device data crosses nodes without host staging (a CUDA-aware MPI, several nodes)."""
+        return self._device is not None and self._device.direct is not None
+
     def is_device_tensor(self, tensor: object) -> bool:
         """Whether ``tensor`` lives in device memory (and so takes the device path)."""
         return is_device_tensor(tensor)
@@ -212,13 +217,20 @@ class Engine:
 
     def _device_memory(self) -> _Memory:
         if self._device is None:
-            from .device import DeviceArena, PinnedStaging, device_backend_name
+            from .device import DeviceArena, DeviceScratch, PinnedStaging, cuda_aware_mpi, device_backend_name
 
             kernels = get_backend(device_backend_name(self.config.backend))
             if kernels.name == "cpu":
                 raise TunelabError("device tensors need a GPU kernel back end (cupy or numba-cuda) and a "
                                    "CUDA device; none is available")
-            self._device = _Memory(kernels, DeviceArena(self.topology.local, kernels.name), PinnedStaging())
+            # Several nodes and a CUDA-aware MPI: the rings hand device memory to MPI directly.
+            # Every rank must choose alike (one allreduce), or they would run different protocols.
+            direct = self.topology.num_nodes > 1 and cuda_aware_mpi()
+            from mpi4py import MPI
+
+            direct = bool(self.topology.world.allreduce(int(direct), op=MPI.MIN))
+            self._device = _Memory(kernels, DeviceArena(self.topology.local, kernels.name), PinnedStaging(),
+                                   (DeviceScratch(kernels.name), DeviceScratch(kernels.name)) if direct else None)
         return self._device
 
     def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
@@ -276,6 +288,10 @@ class Engine:
             shard = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr)).view(dtype)
             self._ring_cross(shard, op, self._knobs.segment_bytes)
             return
+        if mem.direct is not None:  # CUDA-aware MPI reads and writes the device shard itself
+            self._ring_cross.run(addr, count, dtype, op, self._knobs.segment_bytes, mem.kernels,
+                                 mem.direct[0].addr, device=True)
+            return
         host = mem.staging.view(nbytes, dtype)
         mem.kernels.copy_table(np.array([[addr, host.ctypes.data, nbytes]], dtype=np.int64))
         mem.sync()
@@ -284,6 +300,14 @@ class Engine:
 
     def _flat_ring(self, layout: Layout, op: ReduceOp, factor: float, mem: _Memory) -> None:
         isz, nbytes = layout.itemsize, layout.count * layout.itemsize
+        if mem.direct is not None:  # a device fusion buffer that a CUDA-aware MPI reads directly
+            scratch, fusion = mem.direct
+            addr = fusion.addr(nbytes)
+            mem.kernels.copy_table(_bytes(layout.pack_rows(0, layout.count, addr), isz))
+            self._ring_world.run(addr, layout.count, layout.dtype, op, self._knobs.segment_bytes, mem.kernels,
+                                 scratch.addr, device=True)
+            self._unpack(layout.unpack_rows(0, layout.count, addr), layout.dtype, factor, mem)
+            return
         if mem.device:  # pinned host memory is addressable by device kernels (unified addressing)
             buf = mem.staging.view(nbytes, layout.dtype)
         else:
@@ -341,12 +365,13 @@ def _check_out(i: int, a: np.ndarray, o: Any) -> np.ndarray:
 
 
 class _Memory:
-    """One side of the data path: its kernels, its node staging arena, and (device memory only) the
-    pinned host buffer through which data meets the host-side MPI rings."""
+    """One side of the data path: its kernels, its node staging arena, and (device memory only) how
+    data meets the MPI rings: a pinned host buffer, or device buffers for a CUDA-aware MPI."""
 
-    def __init__(self, kernels: Any, arena: Any, staging: Any = None) -> None:
+    def __init__(self, kernels: Any, arena: Any, staging: Any = None, direct: Any = None) -> None:
         self.kernels, self.arena, self.staging = kernels, arena, staging
         self.device = staging is not None
+        self.direct = direct  # (receive scratch, fusion buffer) in device memory for a CUDA-aware MPI
 
     def sync(self) -> None:
         if self.device:

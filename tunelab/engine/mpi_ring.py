@@ -8,6 +8,7 @@ layout always gives the same bits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,8 +28,10 @@ def _pieces(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
 
 
 class RingAllreduce:
-    """In-place ring allreduce of flat arrays over one communicator.  ``link``: the emulated
-    link that everything received from the left neighbour passes through (None: not slowed)."""
+    """In-place ring allreduce over one communicator, on raw memory: host arrays (``__call__``), or
+    any addresses the MPI library can read, such as device memory with a CUDA-aware MPI (``run``).
+    ``link``: the emulated link that everything received from the left neighbour passes through
+    (None: not slowed)."""
 
     def __init__(self, comm: MPI.Comm, kernels: KernelBackend, link: EmulatedLink | None = None) -> None:
         self.comm = comm
@@ -37,56 +40,66 @@ class RingAllreduce:
         self._scratch = np.empty(0, dtype=np.uint8)
 
     def __call__(self, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
+        self.run(buf.ctypes.data, buf.size, buf.dtype, op, segment_bytes, self.kernels, self._host_scratch)
+
+    def _host_scratch(self, nbytes: int) -> int:
+        if self._scratch.size < nbytes:
+            self._scratch = np.empty(nbytes, dtype=np.uint8)
+        return self._scratch.ctypes.data
+
+    def run(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, segment_bytes: int,
+            kernels: KernelBackend, scratch: Callable[[int], int], device: bool = False) -> None:
+        """Allreduce ``count`` elements at ``addr`` with ``kernels``; ``scratch(nbytes)`` gives the
+        address of a receive area in the same kind of memory.  ``device``: wait for the kernels before
+        MPI reads what they wrote, and before a receive reuses memory a kernel reads."""
         n, rank = self.comm.size, self.comm.rank
-        if n == 1 or buf.size == 0:
+        if n == 1 or count == 0:
             return
-        step = max(1, segment_bytes // buf.itemsize)
-        if self._scratch.size < 2 * step * buf.itemsize:
-            self._scratch = np.empty(2 * step * buf.itemsize, dtype=np.uint8)
-        bounds = [buf.size * j // n for j in range(n + 1)]
+        isz = dtype.itemsize
+        step = max(1, segment_bytes // isz)
+        slots = scratch(2 * step * isz)
+        bounds = [count * j // n for j in range(n + 1)]
         right, left = (rank + 1) % n, (rank - 1) % n
         for s in range(n - 1):
             send_c, recv_c = (rank - s) % n, (rank - s - 1) % n
-            self._reduce_step(buf, op, step, bounds[send_c:send_c + 2], bounds[recv_c:recv_c + 2],
-                              right, left)
-        raw = buf.view(np.uint8)
-        isz = buf.itemsize
+            self._reduce_step(addr, dtype, op, step, bounds[send_c:send_c + 2], bounds[recv_c:recv_c + 2],
+                              right, left, kernels, (slots, slots + step * isz), device)
         for s in range(n - 1):
             send_c, recv_c = (rank - s + 1) % n, (rank - s) % n
-            self.comm.Sendrecv([raw[bounds[send_c] * isz:bounds[send_c + 1] * isz], _byte()],
-                               right, _TAG,
-                               [raw[bounds[recv_c] * isz:bounds[recv_c + 1] * isz], _byte()],
-                               left, _TAG)
+            lo, hi = bounds[recv_c], bounds[recv_c + 1]
+            self.comm.Sendrecv(_mem(addr + bounds[send_c] * isz, (bounds[send_c + 1] - bounds[send_c]) * isz),
+                               right, _TAG, _mem(addr + lo * isz, (hi - lo) * isz), left, _TAG)
             if self.link is not None:
-                self.link.transfer((bounds[recv_c + 1] - bounds[recv_c]) * isz)
+                self.link.transfer((hi - lo) * isz)
 
-    def _reduce_step(self, buf: np.ndarray, op: ReduceOp, step: int, send: list[int],
-                     recv: list[int], right: int, left: int) -> None:
-        isz = buf.itemsize
-        raw = buf.view(np.uint8)
-        sends = [self.comm.Isend([raw[a * isz:b * isz], _byte()], right, _TAG)
+    def _reduce_step(self, addr: int, dtype: np.dtype, op: ReduceOp, step: int, send: list[int],
+                     recv: list[int], right: int, left: int, kernels: KernelBackend,
+                     slots: tuple[int, int], device: bool) -> None:
+        isz = dtype.itemsize
+        if device:
+            kernels.synchronize()  # what the previous step reduced is what this one sends
+        sends = [self.comm.Isend(_mem(addr + a * isz, (b - a) * isz), right, _TAG)
                  for a, b in _pieces(send[0], send[1], step)]
         pieces = _pieces(recv[0], recv[1], step)
-        slots = [self._scratch[k * step * isz:(k + 1) * step * isz] for k in (0, 1)]
-        recvs = [self._post_recv(slots[k], pieces[k], isz, left) for k in range(min(2, len(pieces)))]
+        recvs = [self.comm.Irecv(_mem(slots[k], (b - a) * isz), left, _TAG)
+                 for k, (a, b) in enumerate(pieces[:2])]
         for k, (a, b) in enumerate(pieces):
             recvs[k].Wait()
             if self.link is not None:
                 self.link.transfer((b - a) * isz)
-            here = buf.ctypes.data + a * isz
-            srcs = np.array([slots[k % 2].ctypes.data, here], dtype=np.intp)
-            self.kernels.reduce(here, srcs, b - a, buf.dtype, op)
+            here = addr + a * isz
+            kernels.reduce(here, np.array([slots[k % 2], here], dtype=np.intp), b - a, dtype, op)
             if k + 2 < len(pieces):
-                recvs.append(self._post_recv(slots[k % 2], pieces[k + 2], isz, left))
+                if device:
+                    kernels.synchronize()  # the reduce has read slot k % 2 before it is refilled
+                c, d = pieces[k + 2]
+                recvs.append(self.comm.Irecv(_mem(slots[k % 2], (d - c) * isz), left, _TAG))
         for req in sends:
             req.Wait()
 
-    def _post_recv(self, slot: np.ndarray, piece: tuple[int, int], isz: int, left: int) -> MPI.Request:
-        nbytes = (piece[1] - piece[0]) * isz
-        return self.comm.Irecv([slot[:nbytes], _byte()], left, _TAG)
 
-
-def _byte() -> MPI.Datatype:
+def _mem(addr: int, nbytes: int) -> list:
+    """An MPI message over raw memory (host, or device memory for a CUDA-aware MPI)."""
     from mpi4py import MPI
 
-    return MPI.BYTE
+    return [MPI.buffer.fromaddress(addr, nbytes), MPI.BYTE]
