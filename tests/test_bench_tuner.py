@@ -143,3 +143,10 @@ def test_cli_on_the_shipped_resnet50_landscape(tmp_path):
     for curve in result["curves"].values():
         assert len(curve) == 15 and all(0 < v <= 1.0 + 1e-9 for v in curve)  # fractions of the grid's best
     assert "horovod" in proc.stdout and "median" in proc.stdout
+
+
+def test_the_shipped_two_node_landscape_searches_hierarchical_jointly():
+    land = Landscape.load(LANDSCAPE_DIR / "replay-vgg16-2nodes-10gbps.json")
+    assert land.space.names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes", "hierarchical")
+    assert len(land.knobs) == 48
+    assert land.knobs[int(land.means.argmax())].hierarchical  # behind a slow link the node-local stages pay

@@ -35,6 +35,7 @@ from ..errors import TunelabError
 from ..knobs import Knobs, MiB
 from ..report.auto import add_report_flag, write_outputs
 from ..tuning.space import SearchSpace
+from ..tuning.tuner import quiet_repeats
 
 STRATEGIES = ("tunelab", "random", "horovod")
 TARGET = 0.95  # within 5 % of the grid's best true score
@@ -203,14 +204,16 @@ class _HorovodSearch:
             return self.sub.base
         if self.told < len(self.starts):
             return self.starts[self.told]
-        return self.sub.to_knobs(self.opt.ask())
+        with quiet_repeats():
+            return self.sub.to_knobs(self.opt.ask())
 
     def tell(self, knobs: Knobs, score: float) -> None:
         self.told += 1
         if self.opt is None:
             return
         self.reference = self.reference or score
-        self.opt.tell(self.sub.to_point(knobs), -score / self.reference)
+        with quiet_repeats():
+            self.opt.tell(self.sub.to_point(knobs), -score / self.reference)
 
 
 RUNNERS: dict[str, Callable[[SearchSpace, Measure, int, int], History]] = {

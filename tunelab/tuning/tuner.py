@@ -8,6 +8,9 @@ the expected improvement of the next proposal, relative to the best so far, has 
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,15 +62,18 @@ class Tuner:
         self.history.append(Observation(knobs, score, spread))
         if not self.searchable:
             return
-        self._opt.tell(self.space.to_point(knobs), -score / self.reference)
+        with quiet_repeats():
+            self._opt.tell(self.space.to_point(knobs), -score / self.reference)
         pending, self._pending = getattr(self, "_pending", []), []
         if pending:
             points = [self.space.to_point(self.space.base.replace(**_searched(k, self.space.names)))
                       for k, _ in pending]
-            self._opt.tell(points, [-s / self.reference for _, s in pending])
+            with quiet_repeats():
+                self._opt.tell(points, [-s / self.reference for _, s in pending])
 
     def ask(self) -> Knobs:
-        point = self._opt.ask()
+        with quiet_repeats():
+            point = self._opt.ask()
         self._update_patience(point)
         return self.space.to_knobs(point)
 
@@ -97,3 +103,14 @@ class Tuner:
 
 def _searched(knobs: Knobs, names: tuple[str, ...]) -> dict[str, object]:
     return {n: getattr(knobs, n) for n in names}
+
+
+@contextlib.contextmanager
+def quiet_repeats() -> Iterator[None]:
+    """Silence scikit-optimize's warning that a proposal repeats a measured point (it then proposes
+    a random one, which is what we want: with noisy scores a repeat is a sensible proposal, not a
+    problem for the user to read about)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The objective has been evaluated at point",
+                                category=UserWarning)
+        yield
