@@ -153,3 +153,13 @@ def _figures_render(report: Path, tmp_path: Path) -> None:
         run = _chromium(tmp_path, page.as_uri(), "--window-size=700,450", f"--screenshot={shot}")
         assert run.returncode == 0 and not _console_errors(run.stderr), fig_id
         assert _not_blank(shot.read_bytes()), fig_id
+
+
+def test_a_kept_default_shows_the_runner_up(inputs: dict, tmp_path: Path) -> None:
+    tune = json.loads(inputs["tune"].read_text())
+    tune["runner_up"] = {"knobs": tune["samples"][1]["knobs"], "score": 42.5, "scores": [42.5]}
+    path = tmp_path / "kept.json"
+    path.write_text(json.dumps(tune))
+    html = build_html("kept", [], [], [path])
+    assert "not adopted" in html and "<td>42.5</td>" in html
+    assert "not adopted" not in build_html("plain", [], [], [inputs["tune"]])
