@@ -336,6 +336,10 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
     counts = (1, 7, 300, 2500)  # fused: several 4 KiB pipeline pieces
     for lay in layouts(comm.size):
         engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, **lay))
+        tiny = exact_inputs(3, np.dtype(np.float32), comm.size, seed)  # small staging first: it must grow
+        out["checks"] += 1
+        if bit_mismatches(download(engine.allreduce(upload(tiny[comm.rank]), "sum")), reference(tiny, "sum")):
+            out["failures"].append(f"{lay} tiny: wrong")
         for dtype_name, op in (("float32", "sum"), ("float16", "average"), ("int32", "max")):
             dtype = dtype_from_name(dtype_name)
             inputs = [exact_inputs(c, dtype, comm.size, seed + c) for c in counts]

@@ -64,8 +64,8 @@ class Engine:
         # Host tensors use the Numba CPU kernels and the node's shared-memory segments.  Device
         # tensors (CUDA) use the GPU kernels of ``config.backend`` ("auto": CuPy, else numba-cuda)
         # and staging segments in device memory mapped between ranks with CUDA IPC, set up on the
-        # first device tensor; the MPI rings run on the host and receive device data through a
-        # pinned buffer.
+        # first device tensor.  Between nodes, device data goes to MPI directly when the MPI is
+        # CUDA-aware, otherwise through a pinned host buffer.
         self.kernels = get_backend("cpu")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         # Ranks sharing a host share its cores.  The setting is per thread (Numba's is thread-local):
