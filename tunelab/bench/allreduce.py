@@ -97,9 +97,7 @@ def run_rank(p: dict) -> dict:
             rows.append(_row(algo, count, dtype, times, wrong, comm.size))
     topo = next(iter(engines.values())).topology if engines else None
     if on_device and engines:
-        from ..engine.device import device_backend_name
-
-        from ..engine.device import simulated
+        from ..engine.device import device_backend_name, simulated
 
         notes.append(f"device kernels: {device_backend_name(next(iter(engines.values())).config.backend)}"
                      + (" under the CUDA simulator: results are checked, timings mean nothing" if simulated() else ""))
@@ -115,11 +113,10 @@ def run_rank(p: dict) -> dict:
 
 def _device_tools() -> tuple:
     """(upload, download, store host into device) for the GPU back end the engine will use."""
-    from ..config import load_engine_config as _cfg
     from ..engine.device import device_backend_name
     from ..errors import TunelabError
 
-    name = device_backend_name(_cfg().backend)
+    name = device_backend_name(load_engine_config().backend)
     if name == "cupy":
         import cupy
 

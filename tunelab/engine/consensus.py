@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 _SPIN_TESTS = 20  # then sleep: waiting threads must leave the cores to the training
 
 
-_DEVICE_ROW = 1 << 8  # the engine's mark for a device tensor in a row's dtype code
+DEVICE_ROW = 1 << 8  # the engine's mark for a device tensor in a row's dtype code
 
 
 def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
@@ -98,8 +98,8 @@ def describe_mismatch(everyone: list[tuple[tuple[int, ...], list[tuple[int, ...]
 def _describe_row(row: tuple[int, ...]) -> str:
     code, group, *shape = row
     grp = "" if group < 0 else f" group {group}"
-    where = "cuda " if code & _DEVICE_ROW else ""
-    return f"{where}{dtype_name_from_code(code & (_DEVICE_ROW - 1))}{list(shape)}{grp}"
+    where = "cuda " if code & DEVICE_ROW else ""
+    return f"{where}{dtype_name_from_code(code & (DEVICE_ROW - 1))}{list(shape)}{grp}"
 
 
 def _by_rank(label: str, values: list[str]) -> str:

@@ -28,7 +28,7 @@ from ..dtypes import FLOAT_CODES, dtype_code
 from ..errors import TopologyError, TunelabError
 from ..kernels import ReduceOp, get_backend
 from ..knobs import Knobs
-from .consensus import _DEVICE_ROW, agree
+from .consensus import DEVICE_ROW, agree
 from .fusion import Bucket, Entry, Layout, plan_buckets
 from .link import EmulatedLink
 from .mpi_ring import RingAllreduce
@@ -43,7 +43,6 @@ OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
 _HEADER_LABELS = (("op", tuple(OPS)), ("number of tensors", None))
 _PLAN_CACHE_SIZE = 256
-DEVICE_ROW = _DEVICE_ROW  # marks a device tensor's dtype code in the agreed call signature
 
 
 def _op(op: str) -> tuple[str, ReduceOp, bool]:
