@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--knob", type=_knob, action="append", default=[], metavar="NAME=VALUE",
                       help="pin a knob (excluded from the search); repeatable")
     tune.add_argument("--no-store", action="store_true", help="do not write the profile store")
+    tune.add_argument("--retune", type=_positive_int, nargs="?", const=200, default=0, metavar="STEPS",
+                      help="after the lock, train STEPS more steps (default 200) and tune again if step time "
+                           "leaves the locked configuration's interval")
     tune.add_argument("--json", type=Path, default=None, metavar="PATH")
     add_report_flag(tune)
     tune.set_defaults(func=_cmd_tune)
@@ -278,7 +281,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         link_latency_us=args.link_latency_us, image_size=args.image_size,
         batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
         knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
-    params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store}
+    params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store, "retune_steps": args.retune}
     print(f"# tuning {scenario.name}: {scenario.model} ({scenario.framework if scenario.workload == 'train' else 'replay'})"
           f" on {scenario.np} ranks, budget {scenario.budget_samples} samples"
           + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
