@@ -44,6 +44,17 @@ def get_backend(name: str = "cpu") -> KernelBackend:
     return _BACKENDS[name]
 
 
+def register_backend(name: str, backend: KernelBackend) -> KernelBackend | None:
+    """Make ``get_backend(name)`` return ``backend`` in this process (an instrumented or alternative
+    implementation, e.g. for tests); returns the one it replaces, if any."""
+    if name not in BACKEND_NAMES[:-1]:
+        raise ValueError(f"unknown kernel backend {name!r}; available: {', '.join(BACKEND_NAMES[:-1])}")
+    previous = _BACKENDS.get(name)
+    _BACKENDS[name] = backend
+    _BACKENDS.pop("auto", None)
+    return previous
+
+
 def _auto_name() -> str:
     """The best back end this process can run; probing imports the GPU libraries, so only on demand."""
     for candidate in ("cupy", "numba-cuda"):
@@ -55,4 +66,4 @@ def _auto_name() -> str:
     return "cpu"
 
 
-__all__ = ["BACKEND_NAMES", "HALF_KINDS", "KernelBackend", "ReduceOp", "get_backend"]
+__all__ = ["BACKEND_NAMES", "HALF_KINDS", "KernelBackend", "ReduceOp", "get_backend", "register_backend"]

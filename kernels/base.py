@@ -9,6 +9,7 @@ peers' mapped memory.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -89,6 +90,22 @@ def cuda_array_address(array: Any, backend: str) -> tuple[int, np.dtype, int] | 
 
         dtype = np.dtype(ml_dtypes.bfloat16)
     return int(iface["data"][0]), dtype, count
+
+
+@dataclass(frozen=True)
+class DeviceTable:
+    """A kernel table already in device memory: uploaded once, named by every launch that uses it,
+    so a warmed-up collective moves no table from the host.  ``array`` is the back end's device
+    array (it keeps the memory alive); ``max_count`` sizes copy grids (0 for address lists)."""
+
+    array: Any
+    addr: int
+    rows: int
+    max_count: int
+
+
+def table_rows(table: Any) -> int:
+    return table.rows if isinstance(table, DeviceTable) else int(np.shape(table)[0])
 
 
 class DeviceArrayOps:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DeviceArrayOps, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
+from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
 
 _INSTALL_HINT = "pip install 'tunelab[gpu]'"
 _UNROLL = 4  # grid sizing: each thread handles about this many words per pass
@@ -211,47 +211,106 @@ class CupyBackend(DeviceArrayOps):
         """Wait for all work on the device, every stream's (a framework's kernels included)."""
         self._cp.cuda.Device().synchronize()
 
-    def _row_grid(self, rows: np.ndarray, unit: int) -> tuple[int, int]:
+    # ---- streams, events, tables ---------------------------------------------------------------
+    def new_stream(self) -> Any:
+        return self._cp.cuda.Stream(non_blocking=True)
+
+    def stream_sync(self, stream: Any) -> None:
+        stream.synchronize()
+
+    def new_event(self, interprocess: bool = False) -> Any:
+        return self._cp.cuda.Event(block=False, disable_timing=True, interprocess=interprocess)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def event_sync(self, event: Any) -> None:
+        event.synchronize()
+
+    def external_stream(self, handle: int) -> Any:
+        """A stream another library created (its raw ``cudaStream_t``; 0: the legacy default)."""
+        return self._cp.cuda.ExternalStream(int(handle))
+
+    def device_id(self) -> str:
+        """Which physical GPU this process uses (PCI location): ranks with equal ids share one."""
+        rt = self._cp.cuda.runtime
+        props = rt.getDeviceProperties(rt.getDevice())
+        return f"{props['pciDomainID']:04x}:{props['pciBusID']:02x}:{props['pciDeviceID']:02x}"
+
+    def upload_table(self, table: np.ndarray) -> DeviceTable:
+        """Copy an int64 table to the device once (an allocation and a host-to-device transfer)."""
+        table = np.ascontiguousarray(table, dtype=np.int64)
+        array = self._cp.asarray(table)
+        max_count = int(table[:, 2].max()) if table.ndim == 2 and table.shape[0] else 0
+        return DeviceTable(array, int(array.data.ptr), int(table.shape[0]), max_count)
+
+    def alloc(self, nbytes: int) -> Any:
+        """A device allocation of ``nbytes`` bytes (the caller keeps it alive)."""
+        return self._cp.empty(max(1, nbytes), dtype=self._cp.uint8)
+
+    def address(self, array: Any) -> int:
+        return _device_address(array)[0]
+
+    # ---- kernels -------------------------------------------------------------------------------
+    def _launch(self, name: str, grid: tuple, args: tuple, stream: Any) -> None:
+        if stream is None or stream == 0:
+            self._fn(name)(grid, (self._block,), args)
+        else:
+            with stream:
+                self._fn(name)(grid, (self._block,), args)
+
+    def _row_grid(self, rows: int, longest: int, unit: int) -> tuple[int, int]:
         """(x, y) grid for a table: y strides over rows, x splits the longest row ``unit`` at a time."""
-        gy = min(rows.shape[0], 65535)
-        gx = -(-int(rows[:, 2].max()) // (self._block * _UNROLL * unit))
+        gy = min(rows, 65535)
+        gx = -(-longest // (self._block * _UNROLL * unit))
         return max(1, min(gx, self._max_blocks // gy)), gy
 
     def _flat_grid(self, count: int) -> tuple[int]:
         return (max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks)),)
 
-    def copy_table(self, rows: np.ndarray) -> None:
-        rows = as_rows(rows)
-        if rows.shape[0] and rows[:, 2].max() > 0:
-            table = self._cp.asarray(rows)
-            self._fn("copy_rows")(self._row_grid(rows, 16), (self._block,), (table, np.int32(rows.shape[0])))
+    def _table(self, rows: Any) -> DeviceTable | None:
+        """A copy table on the device, or None when there is nothing to copy."""
+        if not isinstance(rows, DeviceTable):
+            rows = as_rows(rows)
+            if not rows.shape[0] or rows[:, 2].max() <= 0:
+                return None
+            return self.upload_table(rows)
+        return rows if rows.rows and rows.max_count > 0 else None
 
-    def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
-        rows = as_rows(rows)
-        if not rows.shape[0] or rows[:, 2].max() <= 0:
+    def copy_table(self, rows: Any, stream: Any = None) -> None:
+        table = self._table(rows)
+        if table is not None:
+            self._launch("copy_rows", self._row_grid(table.rows, table.max_count, 16),
+                         (table.array, np.int32(table.rows)), stream)
+
+    def scale_copy_table(self, rows: Any, dtype: np.dtype, factor: float, stream: Any = None) -> None:
+        table = self._table(rows)
+        if table is None:
             return
         name, kind = np.dtype(dtype).name, half_kind(dtype)
         if not kind and name not in _TYPED:
             raise TypeError(f"cupy kernels do not handle {name}")
-        head = (self._cp.asarray(rows), np.int32(rows.shape[0]))
+        head = (table.array, np.int32(table.rows))
         args = (*head, np.float32(factor), np.int32(kind)) if kind else (*head, np.dtype(dtype).type(factor))
-        self._fn("scale_rows_half" if kind else f"scale_rows_{name}")(self._row_grid(rows, 1), (self._block,),
-                                                                      args)
+        self._launch("scale_rows_half" if kind else f"scale_rows_{name}",
+                     self._row_grid(table.rows, table.max_count, 1), args, stream)
 
-    def reduce(self, out_addr: int, src_addrs: np.ndarray, count: int, dtype: np.dtype,
-               op: ReduceOp) -> None:
+    def reduce(self, out_addr: int, src_addrs: Any, count: int, dtype: np.dtype,
+               op: ReduceOp, stream: Any = None) -> None:
         if count <= 0:
             return
-        addrs = as_sources(src_addrs)
+        srcs = src_addrs if isinstance(src_addrs, DeviceTable) else self.upload_table(as_sources(src_addrs))
         name, kind = np.dtype(dtype).name, half_kind(dtype)
         if not kind and name not in _TYPED:
             raise TypeError(f"cupy kernels do not handle {name}")
-        args = (np.int64(out_addr), self._cp.asarray(addrs), np.int32(addrs.size), np.int64(count),
-                np.int32(op))
+        args = (np.int64(out_addr), srcs.array, np.int32(srcs.rows), np.int64(count), np.int32(op))
         if kind:
-            self._fn("reduce_half")(self._flat_grid(count), (self._block,), (*args, np.int32(kind)))
+            self._launch("reduce_half", self._flat_grid(count), (*args, np.int32(kind)), stream)
         else:
-            self._fn(f"reduce_{name}")(self._flat_grid(count), (self._block,), args)
+            self._launch(f"reduce_{name}", self._flat_grid(count), args, stream)
 
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
         """Pointer-level :meth:`cast` of ``count`` elements."""

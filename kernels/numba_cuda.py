@@ -22,7 +22,7 @@ from numba import config as numba_config
 from numba.extending import register_jitable
 
 from ._lowlevel import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import DeviceArrayOps, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
+from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
 
 cuda: Any = None  # the numba.cuda module, bound by _kernels(); kernels refer to it as a global
 
@@ -287,9 +287,10 @@ def _device_address(array: Any) -> tuple[int, np.dtype, int]:
 class NumbaCudaBackend(DeviceArrayOps):
     """:class:`kernels.base.KernelBackend` on a CUDA device, kernels written with ``numba.cuda``.
 
-    Addresses are device pointers.  Launches go to the default stream and return without waiting:
-    call :meth:`synchronize` before host code or another library reads the results.  ``block`` and
-    ``max_blocks`` shape every launch (tests under the simulator use tiny grids).
+    Addresses are device pointers.  Launches go to ``stream`` (default: the default stream) and
+    return without waiting.  Tables may be host arrays (uploaded for that launch) or
+    :class:`DeviceTable` s uploaded once with :meth:`upload_table`.  ``block`` and ``max_blocks``
+    shape every launch (tests under the simulator use tiny grids).
     """
 
     name = "numba-cuda"
@@ -306,43 +307,100 @@ class NumbaCudaBackend(DeviceArrayOps):
         """Host threads do not apply to device kernels; kept for the common interface."""
 
     def synchronize(self) -> None:
+        """Wait for all work on the device (every stream's)."""
         cuda.synchronize()
 
-    def _row_grid(self, rows: np.ndarray, unit: int) -> tuple[int, int]:
+    # ---- streams, events, tables ---------------------------------------------------------------
+    def new_stream(self) -> Any:
+        return cuda.stream()
+
+    def stream_sync(self, stream: Any) -> None:
+        stream.synchronize()
+
+    def new_event(self) -> Any:
+        return cuda.event() if numba_config.ENABLE_CUDASIM else cuda.event(timing=False)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream=stream)
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        event.wait(stream=stream)
+
+    def event_sync(self, event: Any) -> None:
+        event.synchronize()
+
+    def external_stream(self, handle: int) -> Any:
+        """A stream another library created (its raw ``cudaStream_t``; 0: the legacy default)."""
+        if numba_config.ENABLE_CUDASIM:
+            return 0
+        return cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
+
+    def device_id(self) -> str:
+        """Which physical GPU this process uses (PCI location): ranks with equal ids share one."""
+        if numba_config.ENABLE_CUDASIM:
+            return "simulated"
+        dev = cuda.get_current_device()
+        return f"{dev.PCI_DOMAIN_ID:04x}:{dev.PCI_BUS_ID:02x}:{dev.PCI_DEVICE_ID:02x}"
+
+    def upload_table(self, table: np.ndarray) -> DeviceTable:
+        """Copy an int64 table to the device once (an allocation and a host-to-device transfer)."""
+        table = np.ascontiguousarray(table, dtype=np.int64)
+        array = cuda.to_device(table)
+        max_count = int(table[:, 2].max()) if table.ndim == 2 and table.shape[0] else 0
+        return DeviceTable(array, _device_address(array)[0], int(table.shape[0]), max_count)
+
+    def alloc(self, nbytes: int) -> Any:
+        """A device allocation of ``nbytes`` bytes (the caller keeps it alive)."""
+        return cuda.device_array(max(1, nbytes), dtype=np.uint8)
+
+    def address(self, array: Any) -> int:
+        return _device_address(array)[0]
+
+    # ---- kernels -------------------------------------------------------------------------------
+    def _row_grid(self, rows: int, longest: int, unit: int) -> tuple[int, int]:
         """(x, y) grid for a table: y strides over rows, x splits the longest row ``unit`` at a time."""
-        gy = min(rows.shape[0], 65535)
-        gx = -(-int(rows[:, 2].max()) // (self._block * _UNROLL * unit))
+        gy = min(rows, 65535)
+        gx = -(-longest // (self._block * _UNROLL * unit))
         return max(1, min(gx, self._max_blocks // gy)), gy
 
     def _flat_grid(self, count: int) -> int:
         return max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks))
 
-    def copy_table(self, rows: np.ndarray) -> None:
-        rows = as_rows(rows)
-        if rows.shape[0] and rows[:, 2].max() > 0:
-            self._k.copy_rows[self._row_grid(rows, 16), self._block](cuda.to_device(rows))
+    def _table(self, rows: Any) -> DeviceTable | None:
+        """A copy table on the device, or None when there is nothing to copy."""
+        if not isinstance(rows, DeviceTable):
+            rows = as_rows(rows)
+            if not rows.shape[0] or rows[:, 2].max() <= 0:
+                return None
+            return self.upload_table(rows)
+        return rows if rows.rows and rows.max_count > 0 else None
 
-    def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
-        rows = as_rows(rows)
-        if not rows.shape[0] or rows[:, 2].max() <= 0:
+    def copy_table(self, rows: Any, stream: Any = 0) -> None:
+        table = self._table(rows)
+        if table is not None:
+            self._k.copy_rows[self._row_grid(table.rows, table.max_count, 16), self._block, stream](table.array)
+
+    def scale_copy_table(self, rows: Any, dtype: np.dtype, factor: float, stream: Any = 0) -> None:
+        table = self._table(rows)
+        if table is None:
             return
-        grid, table, kind = self._row_grid(rows, 1), cuda.to_device(rows), half_kind(dtype)
+        grid, kind = self._row_grid(table.rows, table.max_count, 1), half_kind(dtype)
         if kind:
-            self._k.scale_rows_half[grid, self._block](table, np.float32(factor), kind)
+            self._k.scale_rows_half[grid, self._block, stream](table.array, np.float32(factor), kind)
         else:
-            self._k.scale_rows[grid, self._block](table, np.dtype(dtype).type(factor))
+            self._k.scale_rows[grid, self._block, stream](table.array, np.dtype(dtype).type(factor))
 
-    def reduce(self, out_addr: int, src_addrs: np.ndarray, count: int, dtype: np.dtype,
-               op: ReduceOp) -> None:
+    def reduce(self, out_addr: int, src_addrs: Any, count: int, dtype: np.dtype,
+               op: ReduceOp, stream: Any = 0) -> None:
         if count <= 0:
             return
-        addrs = as_sources(src_addrs)
-        grid, srcs, kind = self._flat_grid(count), cuda.to_device(addrs), half_kind(dtype)
+        srcs = src_addrs if isinstance(src_addrs, DeviceTable) else self.upload_table(as_sources(src_addrs))
+        grid, kind = self._flat_grid(count), half_kind(dtype)
         if kind:
-            self._k.reduce_half[grid, self._block](int(out_addr), srcs, int(count), kind, int(op))
+            self._k.reduce_half[grid, self._block, stream](int(out_addr), srcs.array, int(count), kind, int(op))
         else:
             like = np.dtype(dtype).type(0)
-            self._k.reduce[grid, self._block](int(out_addr), srcs, int(count), like, int(op))
+            self._k.reduce[grid, self._block, stream](int(out_addr), srcs.array, int(count), like, int(op))
 
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
         """Pointer-level :meth:`cast` of ``count`` elements."""

@@ -77,8 +77,9 @@ def case_engine_sweep(comm: MPI.Comm, seed: int = 0) -> dict:
     failures: list[str] = []
     checks = 0
     for lay in layouts(n):
-        for segment in (4096, 1 << 22):
-            engine = Engine(comm, load_engine_config(segment_bytes=segment, **lay))
+        # two-shot pipelined in tiny pieces, two-shot in one piece, and one-shot up to 256 KiB
+        for segment, oneshot in ((4096, 0), (1 << 22, 0), (4096, 1 << 18)):
+            engine = Engine(comm, load_engine_config(segment_bytes=segment, oneshot_max_bytes=oneshot, **lay))
             for name in supported_names():
                 dt = dtype_from_name(name)
                 for op in ("sum", "average", "min", "max"):
@@ -93,7 +94,7 @@ def case_engine_sweep(comm: MPI.Comm, seed: int = 0) -> dict:
                         bad = bit_mismatches(out, ref)
                         checks += 1
                         if bad:
-                            failures.append(f"{lay} seg={segment} {name} {op} n={count} "
+                            failures.append(f"{lay} seg={segment} oneshot={oneshot} {name} {op} n={count} "
                                             f"inplace={inplace}: {bad} wrong")
                         if not inplace and bit_mismatches(mine, inputs[comm.rank]):
                             failures.append(f"{lay} {name} {op} n={count}: input was modified")
@@ -111,6 +112,7 @@ def case_random_batches(comm: MPI.Comm, seed: int = 1, rounds: int = 25) -> dict
         lay = layouts(n)[rng.integers(len(layouts(n)))]
         knobs = {"fusion_threshold_bytes": int(rng.choice([0, 64, 4096, 1 << 16, 1 << 26])),
                  "segment_bytes": int(rng.choice([4096, 1 << 14, 1 << 20])),
+                 "oneshot_max_bytes": int(rng.choice([0, 256, 1 << 18])),
                  "group_fusion": bool(rng.integers(2))}
         engine = Engine(comm, load_engine_config(**lay, **knobs))
         ntensors = int(rng.integers(1, 12))
@@ -334,8 +336,9 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
 
     out: dict = {"failures": [], "checks": 0, "direct": []}
     counts = (1, 7, 300, 2500)  # fused: several 4 KiB pipeline pieces
-    for lay in layouts(comm.size):
-        engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, **lay))
+    for lay, oneshot in [(lay, oneshot) for lay in layouts(comm.size) for oneshot in (0, 1 << 18)]:
+        engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, oneshot_max_bytes=oneshot,
+                                                 **lay))
         tiny = exact_inputs(3, np.dtype(np.float32), comm.size, seed)  # small staging first: it must grow
         out["checks"] += 1
         if bit_mismatches(download(engine.allreduce(upload(tiny[comm.rank]), "sum")), reference(tiny, "sum")):
@@ -348,9 +351,9 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
                 out["checks"] += 1
                 host = download(g).view(dtype)
                 if bit_mismatches(host, reference(x, op)):
-                    out["failures"].append(f"{lay} {dtype_name} {op} count={c}: "
+                    out["failures"].append(f"{lay} oneshot={oneshot} {dtype_name} {op} count={c}: "
                                            f"{bit_mismatches(host, reference(x, op))} wrong")
-        if engine.topology.num_nodes > 1:
+        if engine.topology.num_nodes > 1 and oneshot:
             out["direct"].append(engine.direct_device_mpi)
         # In place, through the coordinator, as a framework adapter submits gradients.
         coord = Coordinator(engine)
@@ -388,6 +391,66 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
     except TunelabError as exc:
         out["cpu_refuses"] = str(exc)
     refusing.close()
+    return out
+
+
+class CountingBackend:
+    """A kernel back end that counts what the engine asks of the real one: launches, table uploads
+    (host-to-device transfers that allocate), allocations, stream and device-wide waits."""
+
+    def __init__(self, inner) -> None:
+        from collections import Counter
+
+        self._inner, self.name, self.counts = inner, inner.name, Counter()
+
+    def __getattr__(self, attr: str):
+        from tunelab.kernels.base import DeviceTable
+
+        fn = getattr(self._inner, attr)
+        if not callable(fn):
+            return fn
+
+        def counted(*args, **kwargs):
+            self.counts[attr] += 1
+            table = args[1] if attr == "reduce" else args[0] if attr in ("copy_table", "scale_copy_table") else None
+            if attr in ("copy_table", "scale_copy_table", "reduce") and not isinstance(table, DeviceTable):
+                self.counts["upload_table"] += 1  # a host table: uploaded for this one launch
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+def case_device_structure(comm: MPI.Comm, calls: int = 3) -> dict:
+    """What one warmed-up device allreduce costs in host<->device traffic, allocations and waits,
+    counted through an instrumenting kernel back end (under the CUDA simulator), per layout and
+    ordering; results are checked against numpy too."""
+    from tunelab.kernels import get_backend, register_backend
+
+    counting = CountingBackend(get_backend("numba-cuda"))
+    register_backend("numba-cuda", counting)
+    from numba import cuda
+
+    out: dict = {"runs": [], "failures": []}
+    inputs = [exact_inputs(c, np.dtype(np.float32), comm.size, 40 + c) for c in (3, 150, 1100)]
+    for lay in layouts(comm.size):
+        for oneshot in (0, 1 << 18):
+            engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096,
+                                                     oneshot_max_bytes=oneshot, **lay))
+            dev_in = [cuda.to_device(x[comm.rank]) for x in inputs]
+            dev_out = [cuda.device_array_like(x[comm.rank]) for x in inputs]
+            engine.allreduce(dev_in[1], "average", out=dev_out[1])
+            for _ in range(3):  # warm-up: staging, scratch, and the tables of both double-buffer phases
+                engine.allreduce_batch(dev_in, "sum", outs=dev_out)
+            counting.counts.clear()
+            for _ in range(calls):
+                engine.allreduce_batch(dev_in, "sum", outs=dev_out)
+            per_call = {k: v / calls for k, v in counting.counts.items()}
+            for x, o in zip(inputs, dev_out):
+                if bit_mismatches(o.copy_to_host(), reference(x, "sum")):
+                    out["failures"].append(f"{lay} oneshot={oneshot}: wrong result")
+            out["runs"].append({"layout": lay, "oneshot": oneshot, "per_call": per_call,
+                                "ordering": engine._device.ordering.name, "nodes": engine.topology.num_nodes})
+            engine.close()
     return out
 
 

@@ -84,3 +84,27 @@ def test_ipc_ring_on_one_gpu_shared_by_several_ranks(n, backend):
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
     for rank, res in enumerate(run.results):
         assert res["checks"] >= 39 and res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("n", "ordering"), [(1, "auto"), (2, "auto"), (3, "auto"), (2, "stream-sync")])
+def test_a_warm_device_call_uploads_no_table_allocates_nothing_and_never_waits_for_the_device(n, ordering):
+    """Counted through an instrumenting kernel back end under the simulator, every layout: after
+    warm-up a call launches kernels only, with its tables already on the device."""
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_CUDA_AWARE_MPI": "1", "TUNELAB_DEVICE_ORDERING": ordering}
+    run = run_case("device_structure", n, 600, env=env)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+        for r in res["runs"]:
+            pc = r["per_call"]
+            assert pc.get("copy_table", 0) >= 1, r  # it did run kernels
+            for what in ("upload_table", "alloc", "synchronize"):
+                assert pc.get(what, 0) == 0, f"rank {rank}: {what} per call in {r}"
+            expected = "stream-sync" if ordering == "stream-sync" else "ipc-events"
+            assert r["ordering"] == expected
+            if r["nodes"] == 1 and r["oneshot"]:  # one bucket, one ordering point
+                if expected == "ipc-events":  # peers' events are waited on by the stream
+                    assert pc.get("stream_sync", 0) == 0 and pc["wait_event"] == (n - 1) + 2, r
+                else:  # the stream (never the device) is waited on once, at the ordering point
+                    assert pc["stream_sync"] == 1 and pc["wait_event"] == 2, r

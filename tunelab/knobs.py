@@ -42,6 +42,10 @@ SPECS: dict[str, KnobSpec] = {s.name: s for s in (
              "let different groups (and ungrouped tensors) share a fusion buffer"),
     KnobSpec("segment_bytes", int, 4096, 256 * MiB,
              "pipeline piece: shared-memory staging size and MPI ring message size"),
+    KnobSpec("oneshot_max_bytes", int, 0, 64 * MiB,
+             "buckets up to this size take the one-shot algorithm within a node (every rank reads every "
+             "peer's copy and reduces once: one ordering point); larger ones the two-shot "
+             "reduce-scatter + allgather (0 = always two-shot)"),
 )}
 
 
@@ -52,6 +56,7 @@ class Knobs:
     hierarchical: bool = False
     group_fusion: bool = True
     segment_bytes: int = 4 * MiB
+    oneshot_max_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
         for spec in SPECS.values():

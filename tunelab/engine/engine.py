@@ -1,22 +1,22 @@
-"""The synchronous allreduce engine: agreement, fusion planning, and the two data paths.
+"""The synchronous allreduce engine: agreement, fusion planning, and dispatch to an algorithm
+(:mod:`tunelab.engine.algorithms`) over a data path (:mod:`tunelab.engine.paths`: host memory, or
+device memory in :mod:`tunelab.engine.device`).
 
-* shared memory (ranks of one node, and the node-local stages of hierarchical):
-  every rank packs a piece of the bucket into its own shared segment; rank r
-  reduces shard r of that piece straight from all peers' segments (in rank
-  order, so results never depend on how the bucket was cut); with
-  ``hierarchical`` the shard then goes round the cross-node MPI ring; finally
-  every rank unpacks all shards from their owners' segments (applying the
-  average's scale while it copies).
-* MPI ring (several nodes, ``hierarchical`` off): pack into a fusion buffer,
-  ring allreduce over the world communicator, unpack.
+* one node, buckets up to ``oneshot_max_bytes``: one-shot (one ordering point);
+* one node, larger buckets, or several nodes with ``hierarchical``: two-shot through the node's
+  staging, with a cross-node ring of each shard when there are several nodes;
+* several nodes, ``hierarchical`` off: a flat MPI ring over every rank.
 
-All ranks must make the same calls in the same order (a mismatch is detected
-and reported on every rank before any data moves).
+A single small host tensor on one node (the latency-bound case) takes the shortest route: ranks
+agree on the call in the same barrier that publishes their data, so the whole allreduce costs one
+synchronisation, about what MPI_Allreduce pays.
+
+All ranks must make the same calls in the same order (a mismatch is detected and reported on
+every rank before any result is written).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,14 +25,17 @@ import numpy as np
 
 from ..config import EngineConfig, load_engine_config
 from ..dtypes import FLOAT_CODES, dtype_code
-from ..errors import TopologyError, TunelabError
+from ..errors import RankMismatchError, TopologyError
 from ..kernels import ReduceOp, get_backend
+from ..kernels.base import half_kind
 from ..knobs import Knobs
-from .consensus import DEVICE_ROW, agree
+from . import algorithms
+from .consensus import DEVICE_ROW, agree, describe_mismatch, signature_hash
 from .fusion import Bucket, Entry, Layout, plan_buckets
 from .link import EmulatedLink
 from .mpi_ring import RingAllreduce
-from .shm import NodeBarrier, SharedArena
+from .paths import Call, HostPath
+from .shm import NodeBarrier
 from .topology import build_topology
 
 if TYPE_CHECKING:
@@ -43,6 +46,7 @@ OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
 _HEADER_LABELS = (("op", tuple(OPS)), ("number of tensors", None))
 _PLAN_CACHE_SIZE = 256
+_NUMPY_REDUCE = (np.add, np.minimum, np.maximum)  # by ReduceOp: same order and rounding as the kernels
 
 
 def _op(op: str) -> tuple[str, ReduceOp, bool]:
@@ -61,27 +65,26 @@ class Engine:
         self.config = config or load_engine_config()
         self.topology = build_topology(comm or MPI.COMM_WORLD, self.config.ranks_per_node)
         # Host tensors use the Numba CPU kernels and the node's shared-memory segments.  Device
-        # tensors (CUDA) use the GPU kernels of ``config.backend`` ("auto": CuPy, else numba-cuda)
-        # and staging segments in device memory mapped between ranks with CUDA IPC, set up on the
-        # first device tensor.  Between nodes, device data goes to MPI directly when the MPI is
-        # CUDA-aware, otherwise through a pinned host buffer.
+        # tensors (CUDA) take the device path (tunelab.engine.device), set up on the first one.
         self.kernels = get_backend("cpu")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         # Ranks sharing a host share its cores.  The setting is per thread (Numba's is thread-local):
         # threads that run collectives (the coordinator) call use_kernel_threads() themselves.
         self.kernel_threads = max(1, (cores or 1) // self.topology.host_size)
         self.use_kernel_threads()
-        self.arena = SharedArena(self.topology.local)
-        self._host = _Memory(self.kernels, self.arena)
-        self._device: _Memory | None = None
-        self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s)
+        # Waiting ranks spin briefly when every rank has a core of its own, and yield at once when
+        # ranks outnumber cores (a spinning rank would steal the core the awaited peer needs).
+        spin = 2000 if self.topology.host_size <= (cores or 1) else 0
+        self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s, spin=spin)
+        self._host = HostPath(self.topology.local, self.kernels, self.barrier)
+        self._device: Any = None
         self.link = self._emulated_link()
         self._ring_world = RingAllreduce(self.topology.world, self.kernels,
                                          self._link_from_left(self.topology.world))
         self._ring_cross = RingAllreduce(self.topology.cross, self.kernels,
                                          self._link_from_left(self.topology.cross))
-        self._fusion = np.empty(0, dtype=np.uint8)
         self._plans: dict[tuple, list[Bucket]] = {}
+        self._views: dict[tuple, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         self._calls = 0
         self._knobs = Knobs()
         self.set_knobs(self.config.knobs)
@@ -115,6 +118,11 @@ class Engine:
         (the coordinator does that for live changes)."""
         new = (knobs or self._knobs).replace(**changes) if changes else (knobs or self._knobs)
         self.check_knobs(new)
+        if new.oneshot_max_bytes > self._host.slots.half_bytes:  # the same verdict on every rank
+            self._host.ensure_slots(new.oneshot_max_bytes)
+            self._views.clear()
+        if self._device is not None:
+            self._device.ensure_slots(new.oneshot_max_bytes)
         self._knobs = new
         return new
 
@@ -128,6 +136,10 @@ class Engine:
     # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensor: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         """Allreduce one array.  Out-of-place by default; ``out=tensor`` reduces in place."""
+        if type(tensor) is np.ndarray and self._small_host_call(tensor):
+            name, kop, average = _op(op)
+            return self._agreed_oneshot(tensor, None if out is None else _check_out(0, tensor, out),
+                                        name, kop, average)
         return self.allreduce_batch([tensor], op, None if out is None else [out])[0]
 
     def grouped_allreduce(self, tensors: Sequence[np.ndarray], op: str = "sum",
@@ -152,42 +164,40 @@ class Engine:
             raise ValueError(f"{len(groups_)} group ids for {n} tensors")
         on_device = [is_device_tensor(t) for t in tensors]
         arrays, outs_ = self._inputs(tensors, outs, on_device)
+        if verify and n == 1 and not on_device[0] and groups_[0] is None and self._small_host_call(arrays[0]):
+            return [self._agreed_oneshot(arrays[0], outs_[0], name, kop, average)]
         # Where a tensor lives is part of the call: ranks that disagree get one clear error.
         rows = [(_safe_code(a.dtype) | (DEVICE_ROW if d else 0), -1 if g is None else int(g), *a.shape)
                 for a, g, d in zip(arrays, groups_, on_device)]
         self._calls += 1
+        what = f"allreduce call #{self._calls}"
         if verify:
-            agree(self.topology.world, (_OP_CODES[name], n), rows,
-                  self.config.timeout_s, f"allreduce call #{self._calls}", _HEADER_LABELS,
-                  self.barrier if self.topology.num_nodes == 1 else None)
+            agree(self.topology.world, (_OP_CODES[name], n), rows, self.config.timeout_s, what,
+                  _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None)
         # The verdicts below are the same on every rank: the dtypes were just agreed.
         for a, row in zip(arrays, rows):
-            code = row[0] & ~DEVICE_ROW
-            if code == 0:
-                dtype_code(a.dtype)  # raises TypeError naming the dtype
-            if average and code not in FLOAT_CODES:
-                raise TypeError(f"average needs a floating dtype, got {a.dtype.name}; use sum")
-        factor = 1.0 / self.topology.size if average else 1.0
+            _check_reducible(a.dtype, row[0] & ~DEVICE_ROW, average)
+        call = Call(kop, 1.0 / self.topology.size if average else 1.0)
         for device in (False, True):  # host tensors, then device tensors, each in submission order
             idx = [i for i in range(n) if on_device[i] == device]
             if not idx:
                 continue
-            mem = self._device_memory() if device else self._host
+            path = self._device_path() if device else self._host
             if device:
-                mem.kernels.synchronize()  # the producers' kernels (e.g. backward) wrote the inputs
+                path.begin([arrays[i] for i in idx])  # after the producers' work on these tensors
             for bucket in self._plan([arrays[i] for i in idx], [groups_[i] for i in idx], [rows[i] for i in idx]):
                 members = [idx[j] for j in bucket.indices]
                 srcs = [arrays[i] if device or arrays[i].flags.c_contiguous else np.ascontiguousarray(arrays[i])
                         for i in members]
-                self._run(Layout(srcs, [outs_[i] for i in members]), kop, factor, mem)
+                self._run(Layout(srcs, [outs_[i] for i in members]), call, path, what)
             if device:
-                mem.kernels.synchronize()  # results are in place before anyone reads them
+                path.end([outs_[i] for i in idx])  # results ordered before their consumers
         return [o.owner if d else o for o, d in zip(outs_, on_device)]
 
     @property
     def direct_device_mpi(self) -> bool:
         """Whether device data crosses nodes without host staging (a CUDA-aware MPI, several nodes)."""
-        return self._device is not None and self._device.direct is not None
+        return self._device is not None and self._device.direct
 
     def is_device_tensor(self, tensor: object) -> bool:
         """Whether ``tensor`` lives in device memory (and so takes the device path)."""
@@ -214,22 +224,12 @@ class Engine:
             results.append(o)
         return arrays, results
 
-    def _device_memory(self) -> _Memory:
+    def _device_path(self) -> Any:
         if self._device is None:
-            from .device import DeviceArena, DeviceScratch, PinnedStaging, cuda_aware_mpi, device_backend_name
+            from .device_path import DevicePath
 
-            kernels = get_backend(device_backend_name(self.config.backend))
-            if kernels.name == "cpu":
-                raise TunelabError("device tensors need a GPU kernel back end (cupy or numba-cuda) and a "
-                                   "CUDA device; none is available")
-            # Several nodes and a CUDA-aware MPI: the rings hand device memory to MPI directly.
-            # Every rank must choose alike (one allreduce), or they would run different protocols.
-            direct = self.topology.num_nodes > 1 and cuda_aware_mpi()
-            from mpi4py import MPI
-
-            direct = bool(self.topology.world.allreduce(int(direct), op=MPI.MIN))
-            self._device = _Memory(kernels, DeviceArena(self.topology.local, kernels.name), PinnedStaging(),
-                                   (DeviceScratch(kernels.name), DeviceScratch(kernels.name)) if direct else None)
+            self._device = DevicePath(self.topology, self.config, self.barrier)
+            self._device.ensure_slots(self._knobs.oneshot_max_bytes)
         return self._device
 
     def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
@@ -244,95 +244,82 @@ class Engine:
             self._plans[key] = plan
         return plan
 
-    # ---- data paths --------------------------------------------------------------------------
-    def _run(self, layout: Layout, op: ReduceOp, factor: float, mem: _Memory) -> None:
+    # ---- algorithms ----------------------------------------------------------------------------
+    def _run(self, layout: Layout, call: Call, path: Any, what: str) -> None:
         if layout.count == 0:
             return
-        topo = self.topology
-        if topo.num_nodes == 1 or self._knobs.hierarchical:
-            self._shared_memory(layout, op, factor, mem, cross=topo.num_nodes > 1)
+        topo, k = self.topology, self._knobs
+        if topo.num_nodes == 1 and layout.count * layout.itemsize <= k.oneshot_max_bytes:
+            algorithms.oneshot(path, layout, call, topo.local_rank, what)
+        elif topo.num_nodes == 1 or k.hierarchical:
+            cross = self._ring_cross if topo.num_nodes > 1 else None
+            algorithms.twoshot(path, layout, call, topo.local_rank, topo.local_size, k.segment_bytes, cross, what)
         else:
-            self._flat_ring(layout, op, factor, mem)
+            algorithms.flat_ring(path, layout, call, self._ring_world, k.segment_bytes)
 
-    def _shared_memory(self, layout: Layout, op: ReduceOp, factor: float, mem: _Memory, cross: bool) -> None:
-        isz, dtype = layout.itemsize, layout.dtype
-        me, nloc = self.topology.local_rank, self.topology.local_size
-        arena, kernels = mem.arena, mem.kernels
-        piece = max(1, min(self._knobs.segment_bytes // isz, layout.count))
-        arena.ensure(piece * isz)
-        for p0 in range(0, layout.count, piece):
-            m = min(layout.count, p0 + piece) - p0
-            parity = arena.parity
-            addrs = arena.half_addrs(parity)
-            kernels.copy_table(_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
-            mem.sync()  # peers read this segment after the barrier
-            self.barrier.wait()
-            lo, hi = m * me // nloc, m * (me + 1) // nloc
-            if hi > lo:
-                kernels.reduce(int(addrs[me]) + lo * isz, addrs + lo * isz, hi - lo, dtype, op)
-                if cross:
-                    self._cross_ring(int(addrs[me]) + lo * isz, hi - lo, dtype, op, mem)
-            mem.sync()
-            self.barrier.wait()
-            parts = [layout.unpack_rows(p0 + m * q // nloc, p0 + m * (q + 1) // nloc,
-                                        int(addrs[q]) + (m * q // nloc) * isz) for q in range(nloc)]
-            self._unpack(np.concatenate(parts), dtype, factor, mem)
-            arena.parity ^= 1
+    def _small_host_call(self, a: np.ndarray) -> bool:
+        """Whether a one-tensor host call takes the agreed one-shot route (a verdict every rank
+        reaches alike for the same call)."""
+        return self.topology.num_nodes == 1 and 0 < a.nbytes <= self._knobs.oneshot_max_bytes
 
-    def _cross_ring(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, mem: _Memory) -> None:
-        """Allreduce this rank's shard (``count`` elements at ``addr``) with its peers on the other
-        nodes: in place in shared memory, or through the pinned staging buffer for device memory."""
-        nbytes = count * dtype.itemsize
-        if not mem.device:
-            shard = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr)).view(dtype)
-            self._ring_cross(shard, op, self._knobs.segment_bytes)
-            return
-        if mem.direct is not None:  # CUDA-aware MPI reads and writes the device shard itself
-            self._ring_cross.run(addr, count, dtype, op, self._knobs.segment_bytes, mem.kernels,
-                                 mem.direct[0].addr, device=True)
-            return
-        host = mem.staging.view(nbytes, dtype)
-        mem.kernels.copy_table(np.array([[addr, host.ctypes.data, nbytes]], dtype=np.int64))
-        mem.sync()
-        self._ring_cross(host, op, self._knobs.segment_bytes)
-        mem.kernels.copy_table(np.array([[host.ctypes.data, addr, nbytes]], dtype=np.int64))
-
-    def _flat_ring(self, layout: Layout, op: ReduceOp, factor: float, mem: _Memory) -> None:
-        isz, nbytes = layout.itemsize, layout.count * layout.itemsize
-        if mem.direct is not None:  # a device fusion buffer that a CUDA-aware MPI reads directly
-            scratch, fusion = mem.direct
-            addr = fusion.addr(nbytes)
-            mem.kernels.copy_table(_bytes(layout.pack_rows(0, layout.count, addr), isz))
-            self._ring_world.run(addr, layout.count, layout.dtype, op, self._knobs.segment_bytes, mem.kernels,
-                                 scratch.addr, device=True)
-            self._unpack(layout.unpack_rows(0, layout.count, addr), layout.dtype, factor, mem)
-            return
-        if mem.device:  # pinned host memory is addressable by device kernels (unified addressing)
-            buf = mem.staging.view(nbytes, layout.dtype)
+    def _agreed_oneshot(self, a: np.ndarray, o: np.ndarray | None, name: str, kop: ReduceOp,
+                        average: bool) -> np.ndarray:
+        """One host tensor on one node: copy it into this rank's slot, agree on the call in the same
+        barrier that publishes the slot, then reduce every peer's slot straight into the output."""
+        dtype, shape = a.dtype, a.shape
+        code = _safe_code(dtype)
+        header, row = (_OP_CODES[name], 1), (code, -1, *shape)
+        self._calls += 1
+        what = f"allreduce call #{self._calls}"
+        slots = self._host.slots
+        parity = self.barrier.next_parity()  # alike on every rank, whatever went wrong before
+        views = self._slot_views(dtype, shape)[parity]
+        np.copyto(views[self.topology.local_rank], a)
+        digests = self.barrier.wait(signature_hash(header, [row]), what)
+        if len(set(digests)) > 1:  # type: ignore[arg-type]
+            everyone = self.topology.world.allgather((header, [row]))
+            raise RankMismatchError(f"ranks disagree on {what}: {describe_mismatch(everyone, _HEADER_LABELS)}")
+        _check_reducible(dtype, code, average)
+        out = np.empty(shape, dtype) if o is None else o
+        if half_kind(dtype):  # halves accumulate in float32 and round once: the kernel does that
+            self.kernels.reduce(out.ctypes.data, slots.half_addrs(parity), a.size, dtype, kop)
+            if average:
+                self.kernels.scale(out, 1.0 / self.topology.size)
+            return out
+        combine = _NUMPY_REDUCE[kop]
+        if len(views) == 1:
+            np.copyto(out, views[0])
         else:
-            if self._fusion.size < nbytes:
-                self._fusion = np.empty(nbytes, dtype=np.uint8)
-            buf = self._fusion[:nbytes].view(layout.dtype)
-        mem.kernels.copy_table(_bytes(layout.pack_rows(0, layout.count, buf.ctypes.data), isz))
-        mem.sync()
-        self._ring_world(buf, op, self._knobs.segment_bytes)
-        self._unpack(layout.unpack_rows(0, layout.count, buf.ctypes.data), layout.dtype, factor, mem)
+            combine(views[0], views[1], out=out)
+            for v in views[2:]:
+                combine(out, v, out=out)
+        if average:
+            np.multiply(out, dtype.type(1.0 / self.topology.size), out=out)
+        return out
 
-    @staticmethod
-    def _unpack(rows: np.ndarray, dtype: np.dtype, factor: float, mem: _Memory) -> None:
-        if factor == 1.0:
-            mem.kernels.copy_table(_bytes(rows, dtype.itemsize))
-        else:
-            mem.kernels.scale_copy_table(rows, dtype, factor)
+    def _slot_views(self, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Every rank's one-shot slot seen as ``dtype[shape]``, for both halves (cached)."""
+        key = (dtype, shape)
+        views = self._views.get(key)
+        if views is None:
+            count = int(np.prod(shape, dtype=np.int64))
+            slots, nloc = self._host.slots, self.topology.local_size
+            views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
+                           for q in range(nloc)] for parity in (0, 1))  # type: ignore[assignment]
+            if len(self._views) >= _PLAN_CACHE_SIZE:
+                self._views.clear()
+            self._views[key] = views  # type: ignore[assignment]
+        return views  # type: ignore[return-value]
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
         if self.link is not None:
             self.link.close()
-        self.barrier.free()
         if self._device is not None:
-            self._device.arena.free()
-        self.arena.free()
+            self._device.free()
+        self._views.clear()
+        self._host.free()
+        self.barrier.free()
         self.topology.free()
 
     def __enter__(self) -> Engine:
@@ -342,10 +329,11 @@ class Engine:
         self.close()
 
 
-def _bytes(rows: np.ndarray, itemsize: int) -> np.ndarray:
-    out = rows.copy()
-    out[:, 2] *= itemsize
-    return out
+def _check_reducible(dtype: np.dtype, code: int, average: bool) -> None:
+    if code == 0:
+        dtype_code(dtype)  # raises TypeError naming the dtype
+    if average and code not in FLOAT_CODES:
+        raise TypeError(f"average needs a floating dtype, got {dtype.name}; use sum")
 
 
 def _safe_code(dtype: np.dtype) -> int:
@@ -361,20 +349,6 @@ def _check_out(i: int, a: np.ndarray, o: Any) -> np.ndarray:
     if not o.flags.c_contiguous or not o.flags.writeable:
         raise ValueError(f"output {i} must be C-contiguous and writeable")
     return o
-
-
-class _Memory:
-    """One side of the data path: its kernels, its node staging arena, and (device memory only) how
-    data meets the MPI rings: a pinned host buffer, or device buffers for a CUDA-aware MPI."""
-
-    def __init__(self, kernels: Any, arena: Any, staging: Any = None, direct: Any = None) -> None:
-        self.kernels, self.arena, self.staging = kernels, arena, staging
-        self.device = staging is not None
-        self.direct = direct  # (receive scratch, fusion buffer) in device memory for a CUDA-aware MPI
-
-    def sync(self) -> None:
-        if self.device:
-            self.kernels.synchronize()
 
 
 def is_device_tensor(tensor: object) -> bool:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .link import EmulatedLink
 
 _TAG = 0x7E1
+Reduce = Callable[[int, np.ndarray, int, np.dtype, ReduceOp], None]
 
 
 def _pieces(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
@@ -40,18 +41,19 @@ class RingAllreduce:
         self._scratch = np.empty(0, dtype=np.uint8)
 
     def __call__(self, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
-        self.run(buf.ctypes.data, buf.size, buf.dtype, op, segment_bytes, self.kernels, self._host_scratch)
+        self.run(buf.ctypes.data, buf.size, buf.dtype, op, segment_bytes, self.kernels.reduce, self.host_scratch)
 
-    def _host_scratch(self, nbytes: int) -> int:
+    def host_scratch(self, nbytes: int) -> int:
         if self._scratch.size < nbytes:
             self._scratch = np.empty(nbytes, dtype=np.uint8)
         return self._scratch.ctypes.data
 
     def run(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, segment_bytes: int,
-            kernels: KernelBackend, scratch: Callable[[int], int], device: bool = False) -> None:
-        """Allreduce ``count`` elements at ``addr`` with ``kernels``; ``scratch(nbytes)`` gives the
-        address of a receive area in the same kind of memory.  ``device``: wait for the kernels before
-        MPI reads what they wrote, and before a receive reuses memory a kernel reads."""
+            reduce: Reduce, scratch: Callable[[int], int], sync: Callable[[], None] | None = None) -> None:
+        """Allreduce ``count`` elements at ``addr``, combining with ``reduce(out, srcs, count, dtype,
+        op)``; ``scratch(nbytes)`` gives the address of a receive area in the same kind of memory.
+        ``sync`` (device memory): waits for the reductions before MPI reads what they wrote, and
+        before a receive reuses memory a reduction reads."""
         n, rank = self.comm.size, self.comm.rank
         if n == 1 or count == 0:
             return
@@ -63,7 +65,7 @@ class RingAllreduce:
         for s in range(n - 1):
             send_c, recv_c = (rank - s) % n, (rank - s - 1) % n
             self._reduce_step(addr, dtype, op, step, bounds[send_c:send_c + 2], bounds[recv_c:recv_c + 2],
-                              right, left, kernels, (slots, slots + step * isz), device)
+                              right, left, reduce, (slots, slots + step * isz), sync)
         for s in range(n - 1):
             send_c, recv_c = (rank - s + 1) % n, (rank - s) % n
             lo, hi = bounds[recv_c], bounds[recv_c + 1]
@@ -73,11 +75,11 @@ class RingAllreduce:
                 self.link.transfer((hi - lo) * isz)
 
     def _reduce_step(self, addr: int, dtype: np.dtype, op: ReduceOp, step: int, send: list[int],
-                     recv: list[int], right: int, left: int, kernels: KernelBackend,
-                     slots: tuple[int, int], device: bool) -> None:
+                     recv: list[int], right: int, left: int, reduce: Reduce,
+                     slots: tuple[int, int], sync: Callable[[], None] | None) -> None:
         isz = dtype.itemsize
-        if device:
-            kernels.synchronize()  # what the previous step reduced is what this one sends
+        if sync is not None:
+            sync()  # what the previous step reduced is what this one sends
         sends = [self.comm.Isend(_mem(addr + a * isz, (b - a) * isz), right, _TAG)
                  for a, b in _pieces(send[0], send[1], step)]
         pieces = _pieces(recv[0], recv[1], step)
@@ -88,10 +90,10 @@ class RingAllreduce:
             if self.link is not None:
                 self.link.transfer((b - a) * isz)
             here = addr + a * isz
-            kernels.reduce(here, np.array([slots[k % 2], here], dtype=np.intp), b - a, dtype, op)
+            reduce(here, np.array([slots[k % 2], here], dtype=np.int64), b - a, dtype, op)
             if k + 2 < len(pieces):
-                if device:
-                    kernels.synchronize()  # the reduce has read slot k % 2 before it is refilled
+                if sync is not None:
+                    sync()  # the reduce has read slot k % 2 before it is refilled
                 c, d = pieces[k + 2]
                 recvs.append(self.comm.Irecv(_mem(slots[k % 2], (d - c) * isz), left, _TAG))
         for req in sends:

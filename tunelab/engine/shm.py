@@ -67,8 +67,8 @@ class NodeBarrier:
 
     Each rank publishes an increasing epoch in its own cache line (plus an optional
     int64 payload, double-buffered by epoch parity) and waits until every peer has
-    reached that epoch.  Waiting spins briefly, then yields the core with
-    ``sched_yield`` — which keeps oversubscribed nodes (more ranks than cores) fast,
+    reached that epoch.  Waiting polls ``spin`` times (the engine spins only when every
+    rank of the host has a core), then yields the core with ``sched_yield`` — which keeps oversubscribed nodes (more ranks than cores) fast,
     where MPI's busy-polling barrier burns whole time slices — and fails with
     CollectiveTimeoutError after ``timeout_s`` instead of hanging.
 
@@ -78,11 +78,12 @@ class NodeBarrier:
 
     _SLOT_INT64 = 16  # 128 bytes per rank: epoch, two payloads, padding against false sharing
 
-    def __init__(self, local: MPI.Comm, timeout_s: float) -> None:
+    def __init__(self, local: MPI.Comm, timeout_s: float, spin: int = 64) -> None:
         from mpi4py import MPI
 
         self.local = local
         self.timeout_s = timeout_s
+        self.spin = max(0, int(spin))  # polls before the first yield (0: yield at once)
         self.epoch = 0
         self._win = MPI.Win.Allocate_shared(self._SLOT_INT64 * 8, 8, comm=local)
         self._slots = []
@@ -90,42 +91,55 @@ class NodeBarrier:
             buf, _ = self._win.Shared_query(peer)
             self._slots.append(np.frombuffer(buf, dtype=np.int64)[:self._SLOT_INT64])
         self._slots[local.rank][:] = 0
+        self._peers = [s for q, s in enumerate(self._slots) if q != local.rank]
         local.Barrier()  # every slot is zeroed before anyone waits on it
+
+    def next_parity(self) -> int:
+        """Parity of the next wait's epoch: the same on every rank of the node at the same call."""
+        return (self.epoch + 1) & 1
 
     def wait(self, payload: int | None = None, what: str = "a node barrier") -> list[int] | None:
         """Wait for every rank of the node; returns all payloads (in local-rank order) if given."""
-        import os
-        import time
-
-        from ..errors import CollectiveTimeoutError
-
         self.epoch += 1
         epoch = self.epoch
         mine = self._slots[self.local.rank]
         if payload is not None:
             mine[1 + epoch % 2] = payload
         mine[0] = epoch
-        deadline = None
-        for slot in self._slots:
-            spins = 0
-            while slot[0] < epoch:
-                spins += 1
-                if spins < 64:
-                    continue
-                os.sched_yield()
-                if spins % 1024 == 0:
-                    now = time.monotonic()
-                    deadline = deadline or now + self.timeout_s
-                    if now > deadline:
-                        raise CollectiveTimeoutError(
-                            f"rank {self.local.rank} of its node: peers did not reach {what} within "
-                            f"{self.timeout_s:g} s (a rank died, stalled, or skipped the call)")
-                    if spins > 200_000:
-                        time.sleep(0.0001)  # long waits: stop burning the core
+        for slot in self._peers:
+            if slot[0] < epoch:
+                self._await(slot, epoch, what)
         if payload is None:
             return None
         return [int(slot[1 + epoch % 2]) for slot in self._slots]
 
+    def _await(self, slot: np.ndarray, epoch: int, what: str) -> None:
+        """Poll ``slot`` until it reaches ``epoch``: spin, then yield the core, then sleep; fail after
+        the timeout."""
+        import os
+        import time
+
+        from ..errors import CollectiveTimeoutError
+
+        for _ in range(self.spin):
+            if slot[0] >= epoch:
+                return
+        deadline = None
+        spins = 0
+        while slot[0] < epoch:
+            spins += 1
+            os.sched_yield()
+            if spins % 1024 == 0:
+                now = time.monotonic()
+                deadline = deadline or now + self.timeout_s
+                if now > deadline:
+                    raise CollectiveTimeoutError(
+                        f"rank {self.local.rank} of its node: peers did not reach {what} within "
+                        f"{self.timeout_s:g} s (a rank died, stalled, or skipped the call)")
+                if spins > 200_000:
+                    time.sleep(0.0001)  # long waits: stop burning the core
+
     def free(self) -> None:
         self._slots = []
+        self._peers = []
         self._win.Free()

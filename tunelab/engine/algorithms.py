@@ -1,0 +1,93 @@
+"""Allreduce algorithms, written once against :class:`tunelab.engine.paths.DataPath`.
+
+* :func:`oneshot` (small buckets, one node): every rank copies its bucket into its own staging
+  slot; after **one** ordering point every rank reads every peer's slot and reduces once, straight
+  into its outputs.  Latency-bound messages pay one synchronisation instead of two per piece.
+  Slots are double-buffered by the parity of the node barrier's epoch: a rank may refill one half
+  while slower peers still read the other, and reaching the next ordering point proves a peer has
+  finished reading the previous half (epochs advance alike on every rank, even after an error).
+* :func:`twoshot` (large buckets): a reduce-scatter and an allgather through the staging arena, in
+  pipeline pieces of ``segment_bytes``.  Rank r reduces shard r of a piece from all peers'
+  segments (in rank order, so results never depend on how the bucket was cut); with several
+  nodes (hierarchical) the shard then goes round the cross-node ring; every rank then copies all
+  shards out, applying the average's scale while it copies.
+* :func:`flat_ring` (several nodes, hierarchical off): pack into a fusion buffer, ring allreduce
+  over the world, unpack.
+
+Every rank reduces sources in rank order in all three, so for one bucket layout they give the
+same bits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .fusion import Layout
+from .paths import Call, DataPath
+
+if TYPE_CHECKING:
+    from .mpi_ring import RingAllreduce
+
+
+def as_bytes(rows: np.ndarray, itemsize: int) -> np.ndarray:
+    """A copy table counting bytes instead of elements."""
+    out = rows.copy()
+    out[:, 2] *= itemsize
+    return out
+
+
+def unpack(path: DataPath, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
+    if factor == 1.0:
+        path.copy(as_bytes(rows, dtype.itemsize))
+    else:
+        path.scale_copy(rows, dtype, factor)
+
+
+def oneshot(path: DataPath, layout: Layout, call: Call, me: int, what: str) -> None:
+    """Allreduce ``layout`` within a node through one ordering point (see the module doc)."""
+    isz, dtype, count = layout.itemsize, layout.dtype, layout.count
+    addrs = path.slots.half_addrs(path.barrier.next_parity())
+    path.copy(as_bytes(layout.pack_rows(0, count, int(addrs[me])), isz))
+    path.order(what)
+    if layout.single and call.factor == 1.0:  # straight into the output
+        path.reduce(int(layout.dst_addrs[0]), addrs, count, dtype, call.op)
+    else:
+        tmp = path.scratch(count * isz)
+        path.reduce(tmp, addrs, count, dtype, call.op)
+        unpack(path, layout.unpack_rows(0, count, tmp), dtype, call.factor)
+
+
+def twoshot(path: DataPath, layout: Layout, call: Call, me: int, nloc: int, segment_bytes: int,
+            cross: RingAllreduce | None, what: str) -> None:
+    """Reduce-scatter + allgather within a node, pipelined; ``cross``: the ring each reduced shard
+    goes round between nodes (hierarchical), or None."""
+    isz, dtype = layout.itemsize, layout.dtype
+    arena = path.arena
+    piece = max(1, min(segment_bytes // isz, layout.count))
+    arena.ensure(piece * isz)
+    for p0 in range(0, layout.count, piece):
+        m = min(layout.count, p0 + piece) - p0
+        addrs = arena.half_addrs(arena.parity)
+        path.copy(as_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
+        path.order(what)
+        lo, hi = m * me // nloc, m * (me + 1) // nloc
+        if hi > lo:
+            path.reduce(int(addrs[me]) + lo * isz, addrs + lo * isz, hi - lo, dtype, call.op)
+            if cross is not None:
+                path.cross_allreduce(int(addrs[me]) + lo * isz, hi - lo, dtype, call.op, cross, segment_bytes)
+        path.order(what)
+        parts = [layout.unpack_rows(p0 + m * q // nloc, p0 + m * (q + 1) // nloc,
+                                    int(addrs[q]) + (m * q // nloc) * isz) for q in range(nloc)]
+        unpack(path, np.concatenate(parts), dtype, call.factor)
+        arena.parity ^= 1
+
+
+def flat_ring(path: DataPath, layout: Layout, call: Call, ring: RingAllreduce, segment_bytes: int) -> None:
+    """Pack, ring allreduce over every rank, unpack."""
+    isz, count = layout.itemsize, layout.count
+    buf = path.scratch(count * isz)
+    path.copy(as_bytes(layout.pack_rows(0, count, buf), isz))
+    path.cross_allreduce(buf, count, layout.dtype, call.op, ring, segment_bytes)
+    unpack(path, layout.unpack_rows(0, count, buf), layout.dtype, call.factor)

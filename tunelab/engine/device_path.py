@@ -1,0 +1,272 @@
+"""The device data path: the algorithms' :class:`~tunelab.engine.paths.DataPath` for CUDA memory.
+
+Everything is ordered on the engine's **own CUDA stream**, never by waiting for the whole device:
+
+* ``begin``: an event recorded on the producer's stream (the framework's current stream: torch's,
+  CuPy's, or the legacy default stream) is waited on by the engine stream, so the collective
+  starts after the kernels that wrote its inputs without the host waiting for them;
+* kernels launch on the engine stream.  Their address tables are uploaded once and cached by
+  content (:class:`TableCache`): a warmed-up call moves no table from the host and allocates
+  nothing;
+* the node's ordering point is chosen by topology (:func:`choose_ordering`):
+
+  - ``ipc-events`` (each rank has a GPU of its own, P2P/NVLink between them): each rank records an
+    interprocess event on its stream, ranks meet at a host barrier (microseconds: nobody waits for
+    the GPU), then each stream waits on its peers' events.  The host never blocks on device work;
+  - ``stream-sync`` (ranks share a GPU, where waiting on another process's event costs
+    milliseconds): each rank waits for its own stream only, then meets the others on the host;
+
+* ``end``: the engine stream records an event the producer's stream waits on, so the framework's
+  next kernels (the optimizer step) see the results, again without a host wait.
+
+Choose ``TUNELAB_DEVICE_ORDERING=auto|ipc-events|stream-sync`` to override the choice.  Under
+Numba's CUDA simulator kernels run synchronously in the calling process and there are no
+interprocess events: ``ipc-events`` then uses process-local events as stand-ins, which keeps the
+protocol (and its counts of records and waits) testable without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import TunelabError
+from ..kernels import ReduceOp, get_backend
+from ..kernels.base import DeviceTable
+from .device import cuda_aware_mpi, device_backend_name, simulated
+from .device_ipc import DeviceArena, PinnedStaging
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
+    from .mpi_ring import RingAllreduce
+    from .shm import NodeBarrier
+    from .topology import Topology
+
+ENV_ORDERING = "TUNELAB_DEVICE_ORDERING"
+ORDERINGS = ("auto", "ipc-events", "stream-sync")
+_TABLE_CACHE_SIZE = 4096
+
+
+class TableCache:
+    """Kernel tables in device memory, keyed by their content: the same bucket layout at the same
+    addresses (a training step's gradients, the staging segments) reuses one upload."""
+
+    def __init__(self, kernels: Any, stream: Any) -> None:
+        self._kernels, self._stream = kernels, stream
+        self._tables: dict[bytes, DeviceTable] = {}
+
+    def get(self, table: np.ndarray) -> DeviceTable:
+        table = np.ascontiguousarray(table, dtype=np.int64)
+        key = table.shape[-1].to_bytes(2, "little") + table.tobytes()
+        found = self._tables.get(key)
+        if found is None:
+            if len(self._tables) >= _TABLE_CACHE_SIZE:
+                self._kernels.stream_sync(self._stream)  # no queued launch still reads a table
+                self._tables.clear()
+            found = self._tables[key] = self._kernels.upload_table(table)
+        return found
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+
+class StreamSyncOrdering:
+    """Each rank waits for its own stream (not the device), then meets its peers on the host."""
+
+    name = "stream-sync"
+
+    def __init__(self, path: DevicePath) -> None:
+        self._path = path
+
+    def order(self, what: str) -> None:
+        self._path.kernels.stream_sync(self._path.stream)
+        self._path.barrier.wait(what=what)
+
+    def free(self) -> None:
+        pass
+
+
+class IpcEventOrdering:
+    """Each rank's stream waits on its peers' interprocess events; the host barrier only says that
+    every rank has *queued* its part, so no rank waits for the GPU."""
+
+    name = "ipc-events"
+
+    def __init__(self, path: DevicePath, local: Any) -> None:
+        self._path = path
+        kernels = path.kernels
+        if simulated() or kernels.name != "cupy":
+            # Process-local stand-ins (the simulator runs kernels synchronously, so they order
+            # nothing more than the barrier does; numba-cuda has no interprocess events).
+            self._mine = kernels.new_event()
+            self._peers = [kernels.new_event() for _ in range(local.size - 1)]
+            self._opened: list[int] = []
+            return
+        import cupy
+
+        rt = cupy.cuda.runtime
+        self._mine = kernels.new_event(interprocess=True)
+        handles = local.allgather(bytes(rt.ipcGetEventHandle(self._mine.ptr)))
+        self._opened = [rt.ipcOpenEventHandle(h) for q, h in enumerate(handles) if q != local.rank]
+        self._peers = [_RawEvent(ptr) for ptr in self._opened]
+
+    def order(self, what: str) -> None:
+        kernels, stream = self._path.kernels, self._path.stream
+        kernels.record(self._mine, stream)
+        self._path.barrier.wait(what=what)
+        for event in self._peers:
+            kernels.wait_event(stream, event)
+
+    def free(self) -> None:
+        if self._opened:
+            import cupy
+
+            for ptr in self._opened:
+                cupy.cuda.runtime.eventDestroy(ptr)
+            self._opened = []
+
+
+class _RawEvent:
+    """A peer's opened interprocess event, shaped like a CuPy event for ``Stream.wait_event``."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+def choose_ordering(configured: str, device_ids: list[str], backend: str) -> str:
+    """``ipc-events`` when every rank of the node has a GPU of its own (and the back end can share
+    events), ``stream-sync`` when some share one; a configured choice wins."""
+    if configured not in ORDERINGS:
+        raise ValueError(f"{ENV_ORDERING} must be one of {', '.join(ORDERINGS)}, got {configured!r}")
+    if configured != "auto":
+        return configured
+    if simulated():
+        return "ipc-events"  # the stand-ins exercise the protocol of the fast path
+    if len(set(device_ids)) == len(device_ids) and backend == "cupy":
+        return "ipc-events"
+    return "stream-sync"
+
+
+class DevicePath:
+    """Device memory: staging segments mapped with CUDA IPC, kernels on the engine's stream."""
+
+    device = True
+
+    def __init__(self, topology: Topology, config: EngineConfig, barrier: NodeBarrier) -> None:
+        from mpi4py import MPI
+
+        kernels = get_backend(device_backend_name(config.backend))
+        if kernels.name == "cpu":
+            raise TunelabError("device tensors need a GPU kernel back end (cupy or numba-cuda) and a "
+                               "CUDA device; none is available")
+        self.kernels = kernels
+        self.barrier = barrier
+        # Several nodes and a CUDA-aware MPI: the rings hand device memory to MPI directly.  Every
+        # rank must choose alike (one allreduce), or they would run different protocols.
+        direct = topology.num_nodes > 1 and cuda_aware_mpi()
+        self.direct = bool(topology.world.allreduce(int(direct), op=MPI.MIN))
+        self.stream = kernels.new_stream()
+        self.tables = TableCache(kernels, self.stream)
+        self.arena = DeviceArena(topology.local, kernels.name)
+        self.slots = DeviceArena(topology.local, kernels.name)
+        self.staging = PinnedStaging()
+        self._buffers: dict[str, tuple[Any, int]] = {}
+        self._ready, self._done = kernels.new_event(), kernels.new_event()
+        self._producers: dict[int, Any] = {}
+        self._producer: Any = None
+        device_ids = topology.local.allgather(kernels.device_id())
+        configured = os.environ.get(ENV_ORDERING, "auto").strip() or "auto"
+        verdicts = topology.local.allgather(choose_ordering(configured, device_ids, kernels.name))
+        name = verdicts[0] if len(set(verdicts)) == 1 else "stream-sync"  # all ranks alike
+        self.ordering = IpcEventOrdering(self, topology.local) if name == "ipc-events" else StreamSyncOrdering(self)
+
+    # ---- a collective's bounds -------------------------------------------------------------------
+    def begin(self, inputs: list[Any]) -> None:
+        """Order the engine stream after the producer of ``inputs`` (their owner's current stream)."""
+        self._producer = self._producer_stream(inputs[0].owner)
+        self.kernels.record(self._ready, self._producer)
+        self.kernels.wait_event(self.stream, self._ready)
+
+    def end(self, outputs: list[Any]) -> None:
+        """Order the producer's stream after the results (its next kernels read them)."""
+        self.kernels.record(self._done, self.stream)
+        self.kernels.wait_event(self._producer, self._done)
+
+    def synchronize(self) -> None:
+        """Wait on the host for everything queued on the engine stream."""
+        self.kernels.stream_sync(self.stream)
+
+    def _producer_stream(self, owner: Any) -> Any:
+        handle = 0
+        module = type(owner).__module__.split(".")[0]
+        if module == "torch":
+            import torch
+
+            handle = int(torch.cuda.current_stream(owner.device).cuda_stream)
+        elif module == "cupy":
+            import cupy
+
+            handle = int(cupy.cuda.get_current_stream().ptr)
+        stream = self._producers.get(handle)
+        if stream is None:
+            stream = self._producers[handle] = self.kernels.external_stream(handle)
+        return stream
+
+    # ---- what the algorithms use ---------------------------------------------------------------
+    def copy(self, rows: np.ndarray) -> None:
+        self.kernels.copy_table(self.tables.get(rows), stream=self.stream)
+
+    def scale_copy(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
+        self.kernels.scale_copy_table(self.tables.get(rows), dtype, factor, stream=self.stream)
+
+    def reduce(self, out: int, srcs: np.ndarray, count: int, dtype: np.dtype, op: ReduceOp) -> None:
+        self.kernels.reduce(out, self.tables.get(np.asarray(srcs)), count, dtype, op, stream=self.stream)
+
+    def order(self, what: str) -> None:
+        self.ordering.order(what)
+
+    def scratch(self, nbytes: int) -> int:
+        return self._buffer("scratch", nbytes)
+
+    def _buffer(self, name: str, nbytes: int) -> int:
+        """Address of a private device buffer ``name`` of at least ``nbytes`` (grown, never shrunk)."""
+        found = self._buffers.get(name)
+        if found is None or found[1] < nbytes:
+            if found is not None:
+                self.kernels.stream_sync(self.stream)  # queued launches may still use the old one
+            size = max(nbytes, 2 * found[1]) if found is not None else max(nbytes, 1 << 16)
+            array = self.kernels.alloc(size)
+            found = self._buffers[name] = (array, size)
+        return self.kernels.address(found[0])
+
+    def cross_allreduce(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp,
+                        ring: RingAllreduce, segment_bytes: int) -> None:
+        """A shard's ring between nodes: device memory straight to a CUDA-aware MPI, otherwise
+        through the pinned host buffer (which the device kernels address directly)."""
+        nbytes = count * dtype.itemsize
+        if self.direct:
+            ring.run(addr, count, dtype, op, segment_bytes, self.reduce,
+                     lambda n: self._buffer("ring", n), self.synchronize)
+            return
+        if nbytes > self.staging.array.size:
+            self.synchronize()  # a queued copy may still read the staging buffer being replaced
+        host = self.staging.view(nbytes, dtype)
+        self.copy(np.array([[addr, host.ctypes.data, nbytes]], dtype=np.int64))
+        self.synchronize()  # MPI reads the staged shard from the host
+        ring(host, op, segment_bytes)
+        self.copy(np.array([[host.ctypes.data, addr, nbytes]], dtype=np.int64))
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def ensure_slots(self, oneshot_max_bytes: int) -> None:
+        """Size the one-shot staging (collective over the node)."""
+        if oneshot_max_bytes > self.slots.half_bytes:
+            self.slots.ensure(max(oneshot_max_bytes, 1))
+
+    def free(self) -> None:
+        self.synchronize()
+        self.ordering.free()
+        self.slots.free()
+        self.arena.free()
+        self._buffers.clear()
