@@ -53,9 +53,17 @@ class KernelBackend(Protocol):
         """float16/bfloat16 <-> float32 conversion, round to nearest even."""
 
 
+_HALF_KIND_BY_DTYPE: dict[Any, int] = {}
+
+
 def half_kind(dtype: Any) -> int:
     """1 for float16, 2 for bfloat16, 0 for every other element type."""
-    return HALF_KINDS.get(np.dtype(dtype).name, 0)
+    kind = _HALF_KIND_BY_DTYPE.get(dtype)
+    if kind is None:
+        kind = HALF_KINDS.get(np.dtype(dtype).name, 0)
+        if isinstance(dtype, np.dtype):  # cached per dtype object: this runs on every small call
+            _HALF_KIND_BY_DTYPE[dtype] = kind
+    return kind
 
 
 def as_rows(rows: np.ndarray) -> np.ndarray:

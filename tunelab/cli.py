@@ -215,7 +215,8 @@ def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
     print(format_table(rows, [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("count", "count", "d"),
                               ("dtype", "type", ""), ("time_us", "time_us", ".1f"),
                               ("algbw_gbps", "algbw_GB/s", ".2f"), ("busbw_gbps", "busbw_GB/s", ".2f"),
-                              ("busbw_vs_mpi", "busbw/mpi", ".2f"), ("wrong", "#wrong", "d")]))
+                              ("busbw_vs_mpi", "busbw/mpi", ".2f"), ("time_vs_bound", "time/bound", ".1f"),
+                              ("wrong", "#wrong", "d")]))
     for note in result.get("notes", []):
         print(f"# note: {note}")
     return _finish(result, args.json, [r for r in result["rows"] if r["wrong"]], "algorithm",

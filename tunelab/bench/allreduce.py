@@ -5,6 +5,12 @@ after a barrier; the reported time is the median over iterations of the slowest
 rank.  Inputs are exact-sum integers, outputs are poisoned first and compared
 bit for bit with a numpy reference: ``wrong`` counts mismatched elements.
 
+The ``bound`` row is the physical limit of any allreduce on these ranks: every rank reads its
+input and writes its output at the same time, as a plain copy (host memory, or device memory with
+``--device cuda``), measured like the others in the same run.  An allreduce moves at least those
+bytes, so its time over ``bound`` says how far it is from the memory system.  (Between hosts, or
+behind an emulated link, the link sets a higher bound that this row does not include.)
+
 With ``--device cuda`` inputs and outputs live in device memory: ring and hierarchical run the
 engine's device path (CUDA-IPC staging within a node), and ``mpi`` is the path a script without
 one takes: copy to the host, ``MPI_Allreduce``, copy back.  gloo is host-only and is skipped.
@@ -20,7 +26,7 @@ from ..hardware import host_info
 from .baselines import MPI_UNSUPPORTED, GlooGroup, torch_available
 from .common import count_wrong, exact_input, exact_sum, timed_iterations
 
-ALGORITHMS = ("ring", "hierarchical", "mpi", "gloo")
+ALGORITHMS = ("ring", "hierarchical", "mpi", "gloo", "bound")
 
 
 def run_rank(p: dict) -> dict:
@@ -33,7 +39,7 @@ def run_rank(p: dict) -> dict:
     algorithms = list(p["algorithms"])
     notes: list[str] = []
     on_device = p.get("device", "cpu") == "cuda"
-    upload, download, store = _device_tools() if on_device else (None, None, None)
+    upload, download, store, copy = _device_tools() if on_device else (None, None, None, None)
     if on_device and "gloo" in algorithms:
         algorithms.remove("gloo")
         notes.append("gloo: skipped on --device cuda (it reduces host memory only)")
@@ -69,7 +75,10 @@ def run_rank(p: dict) -> dict:
             reset = None
             if on_device:
                 d_src, d_out = upload(src), upload(out)
-                if algo in engines:
+                if algo == "bound":
+                    def op(src=d_src, out=d_out) -> None:
+                        copy(out, src)
+                elif algo in engines:
                     def op(e=engines[algo], src=d_src, out=d_out) -> None:
                         e.allreduce(src, out=out)
                 else:
@@ -77,10 +86,13 @@ def run_rank(p: dict) -> dict:
                         comm.Allreduce(download(src), host, op=MPI.SUM)
                         store(out, host)
                 times = timed_iterations(comm, op, p["iters"], p["warmup"], None)
-                wrong = comm.allreduce(count_wrong(download(d_out), expected), op=MPI.SUM)
+                wrong = None if algo == "bound" else comm.allreduce(count_wrong(download(d_out), expected), op=MPI.SUM)
                 rows.append(_row(algo, count, dtype, times, wrong, comm.size))
                 continue
-            if algo in engines:
+            if algo == "bound":
+                def op(src=src, out=out) -> None:
+                    np.copyto(out, src)
+            elif algo in engines:
                 def op(e=engines[algo], src=src, out=out) -> None:
                     e.allreduce(src, out=out)
             elif algo == "mpi":
@@ -93,7 +105,7 @@ def run_rank(p: dict) -> dict:
                 def op(out=out) -> None:
                     gloo.allreduce_(out)
             times = timed_iterations(comm, op, p["iters"], p["warmup"], reset)
-            wrong = comm.allreduce(count_wrong(out, expected), op=MPI.SUM)
+            wrong = None if algo == "bound" else comm.allreduce(count_wrong(out, expected), op=MPI.SUM)
             rows.append(_row(algo, count, dtype, times, wrong, comm.size))
     topo = next(iter(engines.values())).topology if engines else None
     if on_device and engines:
@@ -120,15 +132,22 @@ def _device_tools() -> tuple:
     if name == "cupy":
         import cupy
 
-        return cupy.asarray, cupy.asnumpy, lambda d, h: d.set(h)
+        def copy(dst, src) -> None:
+            dst[...] = src  # a device-to-device copy on CuPy's current stream, then a wait for it
+            cupy.cuda.get_current_stream().synchronize()
+
+        return cupy.asarray, cupy.asnumpy, lambda d, h: d.set(h), copy
     if name == "numba-cuda":
         from numba import cuda
 
-        return cuda.to_device, lambda a: a.copy_to_host(), lambda d, h: d.copy_to_device(h)
+        def copy_numba(dst, src) -> None:
+            dst.copy_to_device(src)  # device to device; synchronous on the default stream
+
+        return cuda.to_device, lambda a: a.copy_to_host(), lambda d, h: d.copy_to_device(h), copy_numba
     raise TunelabError("--device cuda needs a CUDA device with CuPy or numba-cuda; none is available")
 
 
-def _row(algo: str, count: int, dtype: np.dtype, times: np.ndarray, wrong: int, world: int) -> dict:
+def _row(algo: str, count: int, dtype: np.dtype, times: np.ndarray, wrong: int | None, world: int) -> dict:
     nbytes = count * dtype.itemsize
     t = float(np.median(times))
     algbw = nbytes / t / 1e9
@@ -136,12 +155,16 @@ def _row(algo: str, count: int, dtype: np.dtype, times: np.ndarray, wrong: int, 
             "time_us": t * 1e6, "time_us_p10": float(np.percentile(times, 10)) * 1e6,
             "time_us_p90": float(np.percentile(times, 90)) * 1e6,
             "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (world - 1) / world,
-            "wrong": int(wrong), "iters": int(times.size)}
+            "wrong": None if wrong is None else int(wrong), "iters": int(times.size)}
 
 
 def add_ratios(rows: list[dict], baseline: str = "mpi") -> None:
-    """Add ``busbw_vs_<baseline>`` to every row whose size has a baseline row."""
+    """Add ``busbw_vs_<baseline>`` to every row whose size has a baseline row, and ``time_vs_bound``
+    (time over the ``bound`` row's: 1.0 is the memory system's limit) where a bound was measured."""
     base = {r["size"]: r["busbw_gbps"] for r in rows if r["algorithm"] == baseline}
+    bound = {r["size"]: r["time_us"] for r in rows if r["algorithm"] == "bound"}
     for r in rows:
         b = base.get(r["size"])
-        r[f"busbw_vs_{baseline}"] = (r["busbw_gbps"] / b) if b else None
+        r[f"busbw_vs_{baseline}"] = (r["busbw_gbps"] / b) if b and r["algorithm"] != "bound" else None
+        t = bound.get(r["size"])
+        r["time_vs_bound"] = (r["time_us"] / t) if t else None

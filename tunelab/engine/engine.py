@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,11 +50,15 @@ _PLAN_CACHE_SIZE = 256
 _NUMPY_REDUCE = (np.add, np.minimum, np.maximum)  # by ReduceOp: same order and rounding as the kernels
 
 
+_OP_LOOKUP = {**{name: (name, *spec) for name, spec in OPS.items()},
+              "avg": ("average", *OPS["average"]), "mean": ("average", *OPS["average"])}
+
+
 def _op(op: str) -> tuple[str, ReduceOp, bool]:
-    name = {"avg": "average", "mean": "average"}.get(op, op)
-    if name not in OPS:
+    found = _OP_LOOKUP.get(op) if isinstance(op, str) else None
+    if found is None:
         raise ValueError(f"unknown reduction {op!r}; choose from {', '.join(OPS)}")
-    return (name, *OPS[name])
+    return found
 
 
 class Engine:
@@ -84,7 +89,7 @@ class Engine:
         self._ring_cross = RingAllreduce(self.topology.cross, self.kernels,
                                          self._link_from_left(self.topology.cross))
         self._plans: dict[tuple, list[Bucket]] = {}
-        self._views: dict[tuple, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        self._small: dict[tuple, _SmallCall] = {}
         self._calls = 0
         self._knobs = Knobs()
         self.set_knobs(self.config.knobs)
@@ -120,7 +125,7 @@ class Engine:
         self.check_knobs(new)
         if new.oneshot_max_bytes > self._host.slots.half_bytes:  # the same verdict on every rank
             self._host.ensure_slots(new.oneshot_max_bytes)
-            self._views.clear()
+        self._small.clear()  # the slots may have moved, the size limit changed
         if self._device is not None:
             self._device.ensure_slots(new.oneshot_max_bytes)
         self._knobs = new
@@ -136,10 +141,12 @@ class Engine:
     # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensor: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         """Allreduce one array.  Out-of-place by default; ``out=tensor`` reduces in place."""
-        if type(tensor) is np.ndarray and self._small_host_call(tensor):
-            name, kop, average = _op(op)
-            return self._agreed_oneshot(tensor, None if out is None else _check_out(0, tensor, out),
-                                        name, kop, average)
+        if type(tensor) is np.ndarray:
+            small = self._small.get((tensor.dtype, tensor.shape, op))
+            if small is None and self._small_host_call(tensor):
+                small = self._small_call(tensor.dtype, tensor.shape, op)
+            if small is not None:
+                return self._agreed_oneshot(small, tensor, None if out is None else _check_out(0, tensor, out))
         return self.allreduce_batch([tensor], op, None if out is None else [out])[0]
 
     def grouped_allreduce(self, tensors: Sequence[np.ndarray], op: str = "sum",
@@ -165,7 +172,8 @@ class Engine:
         on_device = [is_device_tensor(t) for t in tensors]
         arrays, outs_ = self._inputs(tensors, outs, on_device)
         if verify and n == 1 and not on_device[0] and groups_[0] is None and self._small_host_call(arrays[0]):
-            return [self._agreed_oneshot(arrays[0], outs_[0], name, kop, average)]
+            small = self._small_call(arrays[0].dtype, arrays[0].shape, name)
+            return [self._agreed_oneshot(small, arrays[0], outs_[0])]
         # Where a tensor lives is part of the call: ranks that disagree get one clear error.
         rows = [(_safe_code(a.dtype) | (DEVICE_ROW if d else 0), -1 if g is None else int(g), *a.shape)
                 for a, g, d in zip(arrays, groups_, on_device)]
@@ -262,54 +270,61 @@ class Engine:
         reaches alike for the same call)."""
         return self.topology.num_nodes == 1 and 0 < a.nbytes <= self._knobs.oneshot_max_bytes
 
-    def _agreed_oneshot(self, a: np.ndarray, o: np.ndarray | None, name: str, kop: ReduceOp,
-                        average: bool) -> np.ndarray:
-        """One host tensor on one node: copy it into this rank's slot, agree on the call in the same
-        barrier that publishes the slot, then reduce every peer's slot straight into the output."""
-        dtype, shape = a.dtype, a.shape
+    def _small_call(self, dtype: np.dtype, shape: tuple[int, ...], op: str) -> _SmallCall:
+        """Everything a one-tensor one-shot call of this kind needs, computed once (cached)."""
+        name, kop, average = _op(op)
         code = _safe_code(dtype)
         header, row = (_OP_CODES[name], 1), (code, -1, *shape)
+        error: Exception | None = None
+        try:
+            _check_reducible(dtype, code, average)
+        except TypeError as exc:
+            error = exc
+        count = int(np.prod(shape, dtype=np.int64))
+        slots, nloc = self._host.slots, self.topology.local_size
+        views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
+                       for q in range(nloc)] for parity in (0, 1))
+        half = bool(half_kind(dtype))
+        factor = None
+        if average and error is None:  # halves scale in float32 (the kernel's way), others in their dtype
+            factor = 1.0 / self.topology.size if half else dtype.type(1.0 / self.topology.size)
+        small = _SmallCall(signature_hash(header, [row]), (header, [row]), views, kop, half, factor, error)
+        if len(self._small) >= _PLAN_CACHE_SIZE:
+            self._small.clear()
+        self._small[(dtype, shape, op)] = small
+        return small
+
+    def _agreed_oneshot(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
+        """One host tensor on one node: copy it into this rank's slot, agree on the call in the same
+        barrier that publishes the slot, then reduce every peer's slot straight into the output."""
         self._calls += 1
-        what = f"allreduce call #{self._calls}"
-        slots = self._host.slots
-        parity = self.barrier.next_parity()  # alike on every rank, whatever went wrong before
-        views = self._slot_views(dtype, shape)[parity]
+        views = small.views[self.barrier.next_parity()]  # the parity is alike on every rank
         np.copyto(views[self.topology.local_rank], a)
-        digests = self.barrier.wait(signature_hash(header, [row]), what)
-        if len(set(digests)) > 1:  # type: ignore[arg-type]
-            everyone = self.topology.world.allgather((header, [row]))
+        if not self.barrier.wait_agreeing(small.digest, self._call_name):
+            what = self._call_name()
+            everyone = self.topology.world.allgather(small.signature)
             raise RankMismatchError(f"ranks disagree on {what}: {describe_mismatch(everyone, _HEADER_LABELS)}")
-        _check_reducible(dtype, code, average)
-        out = np.empty(shape, dtype) if o is None else o
-        if half_kind(dtype):  # halves accumulate in float32 and round once: the kernel does that
-            self.kernels.reduce(out.ctypes.data, slots.half_addrs(parity), a.size, dtype, kop)
-            if average:
-                self.kernels.scale(out, 1.0 / self.topology.size)
+        if small.error is not None:
+            raise type(small.error)(*small.error.args)
+        out = np.empty(a.shape, a.dtype) if o is None else o
+        if small.half:  # halves accumulate in float32 and round once: the kernel does that
+            self.kernels.reduce(out.ctypes.data, [v.ctypes.data for v in views], a.size, a.dtype, small.op)
+            if small.factor is not None:
+                self.kernels.scale(out, float(small.factor))
             return out
-        combine = _NUMPY_REDUCE[kop]
         if len(views) == 1:
             np.copyto(out, views[0])
         else:
+            combine = _NUMPY_REDUCE[small.op]
             combine(views[0], views[1], out=out)
             for v in views[2:]:
                 combine(out, v, out=out)
-        if average:
-            np.multiply(out, dtype.type(1.0 / self.topology.size), out=out)
+        if small.factor is not None:
+            np.multiply(out, small.factor, out=out)
         return out
 
-    def _slot_views(self, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Every rank's one-shot slot seen as ``dtype[shape]``, for both halves (cached)."""
-        key = (dtype, shape)
-        views = self._views.get(key)
-        if views is None:
-            count = int(np.prod(shape, dtype=np.int64))
-            slots, nloc = self._host.slots, self.topology.local_size
-            views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
-                           for q in range(nloc)] for parity in (0, 1))  # type: ignore[assignment]
-            if len(self._views) >= _PLAN_CACHE_SIZE:
-                self._views.clear()
-            self._views[key] = views  # type: ignore[assignment]
-        return views  # type: ignore[return-value]
+    def _call_name(self) -> str:
+        return f"allreduce call #{self._calls}"
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -317,7 +332,7 @@ class Engine:
             self.link.close()
         if self._device is not None:
             self._device.free()
-        self._views.clear()
+        self._small.clear()
         self._host.free()
         self.barrier.free()
         self.topology.free()
@@ -327,6 +342,19 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _SmallCall:
+    """A one-tensor one-shot call of one dtype, shape and op, prepared once."""
+
+    digest: int
+    signature: tuple  # (header, rows), for the mismatch message
+    views: tuple[list[np.ndarray], list[np.ndarray]]  # every rank's slot as dtype[shape], per half
+    op: ReduceOp
+    half: bool
+    factor: Any  # the average's 1/N in the dtype, or None
+    error: Exception | None  # raised after agreement (every rank alike) for unreducible calls
 
 
 def _check_reducible(dtype: np.dtype, code: int, average: bool) -> None:

@@ -9,6 +9,7 @@ pipeline piece cost two barriers instead of three.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -113,7 +114,23 @@ class NodeBarrier:
             return None
         return [int(slot[1 + epoch % 2]) for slot in self._slots]
 
-    def _await(self, slot: np.ndarray, epoch: int, what: str) -> None:
+    def wait_agreeing(self, payload: int, what: Callable[[], str]) -> bool:
+        """Wait for every rank of the node, publishing ``payload``: whether all payloads are equal.
+        ``what`` names the call for a timeout message (built only then)."""
+        self.epoch += 1
+        epoch = self.epoch
+        k = 1 + epoch % 2
+        mine = self._slots[self.local.rank]
+        mine[k] = payload
+        mine[0] = epoch
+        same = True
+        for slot in self._peers:
+            if slot[0] < epoch:
+                self._await(slot, epoch, what)
+            same = same and slot[k] == payload
+        return same
+
+    def _await(self, slot: np.ndarray, epoch: int, what: str | Callable[[], str]) -> None:
         """Poll ``slot`` until it reaches ``epoch``: spin, then yield the core, then sleep; fail after
         the timeout."""
         import os
@@ -133,8 +150,9 @@ class NodeBarrier:
                 now = time.monotonic()
                 deadline = deadline or now + self.timeout_s
                 if now > deadline:
+                    name = what() if callable(what) else what
                     raise CollectiveTimeoutError(
-                        f"rank {self.local.rank} of its node: peers did not reach {what} within "
+                        f"rank {self.local.rank} of its node: peers did not reach {name} within "
                         f"{self.timeout_s:g} s (a rank died, stalled, or skipped the call)")
                 if spins > 200_000:
                     time.sleep(0.0001)  # long waits: stop burning the core
