@@ -1,41 +1,39 @@
-"""bench tuner: the nearest-point objective, the strategies' protocols, samples-to-5 %, the CLI on a
-shipped landscape; and the grid helpers of bench landscape."""
+"""bench tuner: landscapes replayed through the tuning driver (nearest grid point, recorded steps, drift),
+the locked configuration scored, the CLI on a shipped landscape; and the grid helpers of bench landscape."""
 
 import json
+import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tunelab.bench.landscape import DEFAULT_GRID, grid_points, grid_space, parse_grid, visit_order
-from tunelab.bench.tuner import (
-    HOROVOD_STARTS,
-    LANDSCAPE_DIR,
-    RUNNERS,
-    Landscape,
-    Objective,
-    best_so_far,
-    samples_to_reach,
-)
+from tunelab.bench.tuner import LANDSCAPE_DIR, Landscape, evaluate
 from tunelab.knobs import Knobs, MiB
+from tunelab.tuning.driver import Plan
+from tunelab.tuning.replay import Drift, Objective
 
 pytest.importorskip("skopt")
 
 NAMES = ["fusion_threshold_bytes", "cycle_time_ms"]
 
 
-def landscape(points, names=NAMES):
-    """A handmade landscape: points are (knob changes, visit scores)."""
+def landscape(points, names=NAMES, steps=False):
+    """A handmade landscape: points are (knob changes, visit scores); with ``steps`` each visit also
+    carries step times (samples_per_step 1: a step of 1/score seconds)."""
     doc = {"space": {"names": names, "base": Knobs().as_dict()},
-           "points": [{"knobs": Knobs().replace(**k).as_dict(), "scores": s} for k, s in points]}
+           "points": [{"knobs": Knobs().replace(**k).as_dict(), "scores": s,
+                       **({"steps_s": [[1.0 / x] for x in s]} if steps else {})} for k, s in points]}
     return Landscape.from_dict(doc, "tiny")
 
 
-def tiny():
+def tiny(steps=False):
     return landscape([({"fusion_threshold_bytes": 0, "cycle_time_ms": 1.0}, [10.0, 12.0]),
                       ({"fusion_threshold_bytes": 8 * MiB, "cycle_time_ms": 1.0}, [20.0, 20.0]),
                       ({"fusion_threshold_bytes": 0, "cycle_time_ms": 10.0}, [30.0, 34.0]),
-                      ({"fusion_threshold_bytes": 8 * MiB, "cycle_time_ms": 10.0}, [40.0, 44.0])])
+                      ({"fusion_threshold_bytes": 8 * MiB, "cycle_time_ms": 10.0}, [40.0, 44.0])], steps=steps)
 
 
 @pytest.mark.parametrize("knobs,expected", [
@@ -46,21 +44,31 @@ def tiny():
     ({"fusion_threshold_bytes": 0, "cycle_time_ms": 4.0}, 32.0),          # log 4 is nearer log 10
     ({"fusion_threshold_bytes": 64 * MiB, "cycle_time_ms": 100.0}, 42.0),
 ])
-def test_objective_answers_the_nearest_grid_point_exactly_without_noise(knobs, expected):
+def test_landscape_answers_the_nearest_grid_point(knobs, expected):
     land = tiny()
-    measure = Objective(land, seed=0, noise=False)
-    assert measure(Knobs().replace(**knobs)) == expected
-    assert land.true_score(Knobs().replace(**knobs)) == expected
-    assert land.best == 42.0 and measure.calls == 1
+    assert land.true_score(Knobs().replace(**knobs)) == expected and land.best == 42.0
 
 
-def test_objective_noise_is_seeded_and_follows_the_points_spread():
+def test_recorded_step_times_are_replayed_and_drift_scales_them():
+    land = tiny(steps=True)
+    knobs = Knobs(fusion_threshold_bytes=0, cycle_time_ms=10.0)
+    assert land.true_score(knobs) == pytest.approx(32.0)  # the mean rate of the recorded steps
+    draws = {Objective(land, seed=s).step_s(knobs) for s in range(20)}
+    assert draws == {1 / 30.0, 1 / 34.0}  # only recorded steps come back
+    drift = Drift(0.1, 60.0, seed=2)
+    assert max(abs(math.log(drift.factor(t))) for t in range(120)) <= 0.1 + 1e-12
+    slowed = Objective(land, seed=0, drift=drift)
+    plain = Objective(land, seed=0)
+    for _ in range(5):
+        a, b = slowed.step_s(knobs), plain.step_s(knobs)
+        assert a == pytest.approx(b * drift.factor(slowed.t_s - a))
+
+
+def test_old_files_without_step_times_replay_log_normal_noise_of_the_pooled_spread():
     land = tiny()
-    knobs = Knobs(fusion_threshold_bytes=8 * MiB, cycle_time_ms=1.0)  # both visits 20: no spread
-    assert Objective(land, seed=1)(knobs) == 20.0
-    noisy = Knobs(fusion_threshold_bytes=0, cycle_time_ms=10.0)
-    a = [Objective(land, seed=5)(noisy) for _ in range(2)]
-    assert a[0] == a[1] != 32.0 and abs(a[0] - 32.0) < 5 * 2 ** 1.5
+    knobs = Knobs(fusion_threshold_bytes=8 * MiB, cycle_time_ms=1.0)
+    rates = [1.0 / Objective(land, seed=s).step_s(knobs) for s in range(200)]
+    assert land.sigma > 0 and abs(np.median(rates) / 20.0 - 1) < 0.05 and np.std(np.log(rates)) > 0.01
 
 
 def test_categorical_knobs_must_match_exactly():
@@ -72,37 +80,14 @@ def test_categorical_knobs_must_match_exactly():
     assert land.true_score(near_false.replace(hierarchical=False)) == 5.0
 
 
-@pytest.mark.parametrize("strategy", sorted(RUNNERS))
-def test_strategies_measure_the_default_first_and_respect_the_budget(strategy):
-    land = tiny()
-    for budget in (1, 7):
-        measure = Objective(land, seed=3)
-        history = RUNNERS[strategy](land.space, measure, budget, 3)
-        assert 1 <= len(history) <= budget and measure.calls == len(history)
-        assert history[0][0] == land.space.base
-
-
-def test_horovod_starts_each_boolean_combination_at_its_four_fixed_points():
-    names = [*NAMES, "hierarchical"]
-    land = landscape([({"hierarchical": h, "fusion_threshold_bytes": f}, [1.0 + f / MiB + h])
-                      for h in (False, True) for f in (0, 8 * MiB)], names)
-    history = RUNNERS["horovod"](land.space, Objective(land, seed=0), 50, 0)
-    assert len(history) == 1 + 2 * 21
-    for start in (1, 22):
-        hier = start == 22
-        got = [(k.fusion_threshold_bytes, k.cycle_time_ms, k.hierarchical) for k, _ in history[start:start + 4]]
-        assert got == [(mib * MiB, ms, hier) for mib, ms in HOROVOD_STARTS]
-        assert {k.hierarchical for k, _ in history[start:start + 21]} == {hier}
-
-
-def test_best_so_far_is_the_true_score_of_the_best_measured_point_and_samples_to_5pct():
-    land = tiny()
-    a, b, c = (Knobs(fusion_threshold_bytes=f, cycle_time_ms=ms) for f, ms in ((0, 1.0), (8 * MiB, 1.0), (0, 10.0)))
-    curve = best_so_far(land, [(a, 11.0), (b, 50.0), (c, 32.0)], budget=5)  # b measured lucky
-    assert curve == [11.0, 20.0, 20.0, 20.0, 20.0]
-    assert samples_to_reach([10.0, 30.0, 39.0, 40.0, 42.0], 0.95 * 42.0) == 4
-    assert samples_to_reach([10.0, 39.8, 39.9], 0.95 * 42.0) == 3  # 39.9 is the 5 % mark
-    assert samples_to_reach([10.0, 11.0, 12.0], 0.95 * 42.0) == 4  # never: budget + 1
+def test_evaluate_scores_the_locked_configuration():
+    land = tiny(steps=True)
+    row, curves = evaluate(land, "tunelab", seeds=3, plan=Plan(), drift=0.05)
+    assert row["seeds"] == 3 and 0.0 <= row["locked_within_3pct_frac"] <= 1.0
+    default = land.true_score(land.space.base)
+    for curve in curves:  # the default until the lock, then the locked configuration's true score
+        assert curve[0] == pytest.approx(default / land.best) and len(curve) >= 3
+        assert any(curve[-1] * land.best == pytest.approx(m) for m in land.means)
 
 
 def test_grid_helpers():
@@ -123,26 +108,34 @@ def test_grid_helpers():
     assert grid_space(grid, {}, num_nodes=2).names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes")
 
 
-def test_cli_on_the_shipped_resnet50_landscape(tmp_path):
-    shipped = LANDSCAPE_DIR / "resnet50-torch-2ranks.json"
+def test_cli_on_a_shipped_landscape(tmp_path):
+    shipped = LANDSCAPE_DIR / "replay-vgg16-2nodes-10gbps.json"
     out = tmp_path / "tuner.json"
     proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", "--landscape", str(shipped),
-                           "--seeds", "3", "--max-samples", "15", "--json", str(out)],
+                           "--seeds", "2", "--strategies", "tunelab,random,horovod,coordinate", "--json", str(out)],
                           check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     reports = list((tmp_path / "reports").glob("tuner-*.html"))  # a bench writes its report by default
     assert len(reports) == 1 and f"# report: reports/{reports[0].name}" in proc.stdout
-    assert "Tuner quality" in reports[0].read_text() or "tuner" in reports[0].read_text().lower()
     result = json.loads(out.read_text())
-    assert [r["strategy"] for r in result["rows"]] == ["tunelab", "random", "horovod"]
+    assert [r["strategy"] for r in result["rows"]] == ["tunelab", "random", "horovod", "coordinate"]
     for row in result["rows"]:
-        assert {"strategy", "median_samples_to_5pct", "p25", "p75", "reached", "seeds", "landscape"} <= set(row)
-        assert row["seeds"] == 3 and 0 <= row["reached"] <= 3 and row["landscape"] == "resnet50-torch-2ranks"
-        assert 1 <= row["p25"] <= row["median_samples_to_5pct"] <= row["p75"] <= 16
-    assert set(result["curves"]) == {"tunelab", "random", "horovod"}
+        assert {"strategy", "landscape", "median_samples_to_lock", "locked_within_3pct_frac",
+                "locked_worse_than_default_frac"} <= set(row)
+        assert row["seeds"] == 2 and row["landscape"] == "replay-vgg16-2nodes-10gbps"
+        assert row["median_samples_to_lock"] >= 3
     for curve in result["curves"].values():
-        assert len(curve) == 15 and all(0 < v <= 1.0 + 1e-9 for v in curve)  # fractions of the grid's best
-    assert "horovod" in proc.stdout and "median" in proc.stdout
+        assert all(0 < v <= 1.0 + 1e-9 for v in curve)  # fractions of the landscape's best
+    assert "within3%" in proc.stdout
+
+
+def test_bad_cli_input_is_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for args, fragment in ((["--landscape", str(bad)], "not a landscape file"), (["--drift", "2"], "fraction")):
+        proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", *args, "--no-report"],
+                              check=False, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and fragment in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_the_shipped_two_node_landscape_searches_hierarchical_jointly():

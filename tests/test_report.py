@@ -83,7 +83,7 @@ def test_report_is_self_contained_and_complete(report: Path) -> None:
     for fig_id, data in figures.items():
         png = base64.b64decode(data)
         assert png.startswith(b"\x89PNG") and _not_blank(png), fig_id
-    for text in ("hardware facts", "default vs tuned throughput", "locked configuration", "trials",
+    for text in ("Hardware: CPU", "default vs locked throughput", "locked configuration", "trials",
                  "nccl-tests style results: report-allreduce.json", "other-host-allreduce.json",
                  "tunelab profiles export", "load it automatically"):
         assert text in html, text
@@ -97,7 +97,7 @@ def test_user_text_is_escaped(report: Path) -> None:
 
 def test_profile_only_report_and_errors(inputs: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     html = build_html("p", [inputs["profile"]], [], [])
-    assert 'id="tune-0-landscape"' in html and "hardware facts" in html
+    assert 'id="tune-0-landscape"' in html and "Hardware: CPU" in html
     assert main(["report", "--profile", "999", "--out", str(tmp_path / "x.html")]) == 1
     assert "no profile 999" in capsys.readouterr().err
     assert main(["report", "--bench", str(inputs["tune"]), "--out", str(tmp_path / "y.html")]) == 1

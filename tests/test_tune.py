@@ -1,5 +1,6 @@
 """tunelab tune end to end (gradient replay, 2 ranks) and auto-loaded profiles in training jobs."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -27,7 +28,7 @@ backward_ms = 40
 
 
 def tunelab(*args, env=None, timeout=600, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], check=False, capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd)
 
 
@@ -43,17 +44,27 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
     assert "tiny" in reports[0].read_text() or "resnet50" in reports[0].read_text()
     result = json.loads(out.read_text())
     samples = result["samples"]
-    assert samples[0]["phase"] == "default" and samples[0]["knobs"]["fusion_threshold_bytes"] == 64 << 20
-    assert [s["phase"] for s in samples[:5]] == ["default"] + ["explore"] * 4
-    assert {s["phase"] for s in samples[5:]} == {"remeasure"}
-    assert result["default"]["knobs"] in [s["knobs"] for s in samples[5:]]  # default re-measured too
-    assert result["gain"] == pytest.approx(result["best"]["score"] / result["default"]["score"])
-    assert "[  1/5] default" in proc.stdout and "gain   :" in proc.stdout and "stored : profile" in proc.stdout
+    assert samples[0]["role"] == "reference" and samples[0]["knobs"]["fusion_threshold_bytes"] == 64 << 20
+    phases = [s["phase"] for s in samples]
+    explored = phases.count("explore")
+    assert phases[:explored] == ["explore"] * explored and set(phases[explored:]) <= {"remeasure"}
+    assert explored in (5, 6) and samples[explored - 1]["role"] == "reference"  # budget 5, then closing the bracket
+    refs = [i for i, s in enumerate(samples) if s["role"] == "reference"]
+    assert max(b - a for a, b in itertools.pairwise(refs)) <= 3  # the default between every two candidates
+    if result["adopted"]:
+        iv = result["gain_interval"]
+        assert iv["low"] >= 1.01 and result["gain"] == pytest.approx(iv["gain"])
+    else:
+        assert result["best"]["knobs"] == result["default"]["knobs"] and result["gain"] == 1.0
+    assert result["samples_to_lock"] == len(samples) and result["steps_to_lock"] >= 2 * len(samples)  # measure_steps = 2
+    assert "[  1/5] explore   reference" in proc.stdout and "gain   :" in proc.stdout
+    assert "stored : profile" in proc.stdout and "locked after" in proc.stdout
+    told = sum(1 for s in samples if s["phase"] == "explore" and s["role"] == "candidate")
     listing = tunelab("profiles", "list")
     assert listing.returncode == 0 and "resnet50" in listing.stdout
     again = tunelab("tune", "--scenario", str(scenario), "--budget", "2", "--no-store", "--no-report")
     assert again.returncode == 0, again.stderr
-    assert "warm start: 5 stored trials" in again.stdout
+    assert f"warm start: {told} stored trials" in again.stdout
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -101,3 +112,48 @@ def test_bench_train_rotates_the_order_of_systems_each_round():
     for position in range(3):  # over three rounds every system runs once in every position
         assert {order[position] for order in orders} == set(systems)
     assert rotated(systems, 3) == systems and rotated([], 1) == []
+
+
+def _replayed_result(speed, drift=0.05):
+    """A tune result as ``tunelab tune`` builds it, from the driver run on a synthetic landscape."""
+    from types import SimpleNamespace
+
+    from tunelab.knobs import MiB
+    from tunelab.tuning.driver import Driver, Plan
+    from tunelab.tuning.replay import Drift, Objective, simulate, synthetic
+    from tunelab.tuning.result import summarise
+    from tunelab.tuning.space import search_space
+    from tunelab.tuning.strategies import make_strategy
+
+    space = search_space({"segment_bytes": 4 * MiB}, 1)
+    grid = {"fusion_threshold_bytes": [0, MiB, 16 * MiB, 64 * MiB], "cycle_time_ms": [0.5, 1.0, 8.0, 32.0]}
+    land = synthetic("t", space, grid, speed, noise=0.02, seed=1)
+    driver = simulate(Driver(space, lambda e: make_strategy("tunelab", space, e), Plan()),
+                      Objective(land, 0, Drift(drift, 60.0, 0)))
+    workload = SimpleNamespace(name="tiny", signature="sig")
+    return summarise(driver, [10.0, 11.0], workload, space, 12.0, SimpleNamespace(size=2, num_nodes=1))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_result_and_report_state_the_gain_with_its_interval_cost_and_drift(fast, tmp_path, capsys):
+    from tunelab.report.build import build_html
+    from tunelab.tuning.report_text import print_tune_summary
+
+    result = _replayed_result((lambda k: 2.0 if k.cycle_time_ms >= 8.0 else 1.0) if fast else (lambda k: 1.0))
+    assert result["adopted"] is fast and result["samples_to_lock"] == len(result["samples"])
+    print_tune_summary(result)
+    out = capsys.readouterr().out
+    if fast:
+        iv = result["gain_interval"]
+        assert 1.01 <= iv["low"] <= iv["gain"] <= iv["high"] and iv["gain"] == pytest.approx(2.0, rel=0.1)
+        assert f"{iv['gain']:.3f}x [{iv['low']:.3f}, {iv['high']:.3f}]" in out
+    else:
+        assert result["gain"] == 1.0 and "default kept" in out and result["best"] == result["default"]
+    assert ("converged" in out) or ("ran out of budget" in out)
+    assert "drift  : the default's blocks ranged over" in out
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(result))
+    html = build_html("r", [], [], [path])
+    top = html.index("Locked a tuned configuration" if fast else "Kept the default configuration")
+    assert top < html.index("Drift seen") < html.index("trials")
+    assert "90 % interval" in html and "% of its mean" in html and "{&#39;" not in html

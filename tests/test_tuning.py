@@ -1,18 +1,182 @@
-"""Search space, tuner and live session logic, without MPI (fake coordinator, comm and clock)."""
+"""The tuning driver against synthetic landscapes with known optima (bit-exact, seeded replays), the
+paired-ratio statistics, the strategies' protocols and the search space; no MPI."""
 
 import math
 
 import numpy as np
 import pytest
 
-from tunelab.knobs import Knobs
-from tunelab.tuning.session import SessionPlan, TuningSession
+from tunelab.knobs import Knobs, MiB
+from tunelab.tuning import stats
+from tunelab.tuning.driver import Driver, Plan
+from tunelab.tuning.replay import Drift, Objective, simulate, synthetic
+from tunelab.tuning.session import TuningSession
 from tunelab.tuning.space import search_space
-from tunelab.tuning.tuner import Tuner
+from tunelab.tuning.strategies import STRATEGIES, CoordinateDescent, HorovodProtocol, make_strategy
 
 pytest.importorskip("skopt")
 
+SPACE = search_space({"segment_bytes": 4 * MiB}, 1)  # fusion x cycle
+GRID = {"fusion_threshold_bytes": [0, 256 << 10, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB],
+        "cycle_time_ms": [0.25, 1.0, 4.0, 16.0, 64.0]}
+PEAK = Knobs(segment_bytes=4 * MiB, fusion_threshold_bytes=1 * MiB, cycle_time_ms=16.0)
 
+
+def peaked(peak: Knobs, height: float = 0.3):
+    """Steps/s: 1.0 far from ``peak``, 1 + height on it, smooth in log2 fusion and log cycle."""
+    def speed(k: Knobs) -> float:
+        f = math.log2(max(k.fusion_threshold_bytes, 64 << 10)) - math.log2(max(peak.fusion_threshold_bytes, 64 << 10))
+        c = math.log2(k.cycle_time_ms) - math.log2(peak.cycle_time_ms)
+        return 1.0 + height * math.exp(-(f * f + c * c) / 32.0)
+    return speed
+
+
+def run(land, seed, strategy="tunelab", plan=None, drift=0.05, later=None, switch_s=math.inf, steps=5000):
+    driver = Driver(land.space, lambda e: make_strategy(strategy, land.space, seed + 1000 * e), plan or Plan(),
+                    land.samples_per_step)
+    return simulate(driver, Objective(land, seed, Drift(drift, 60.0, seed), later, switch_s), steps)
+
+
+# ---- statistics -------------------------------------------------------------------------------------
+def test_a_bracketed_ratio_cancels_a_linear_drift_exactly():
+    refs = [(0.0, math.log(100.0)), (4.0, math.log(100.0) + 0.08)]  # the host sped up 8 % in between
+    pair = stats.paired(1.0, math.log(100.0) + 0.02 + 0.10, refs)   # a 10 % faster candidate at 1/4
+    assert pair.log_ratio == pytest.approx(0.10) and pair.weight2 == pytest.approx(0.75 ** 2 + 0.25 ** 2)
+    assert stats.paired(5.0, 1.0, refs, bracket=True).weight2 == 1.0  # after the last reference: nearest one
+
+
+def test_block_sigma_reads_noise_not_slow_drift():
+    rng = np.random.default_rng(0)
+    trend = np.linspace(0.0, 0.3, 40)                       # a 30 % slide over the run
+    sigma, df = stats.block_sigma(list(trend + rng.normal(0.0, 0.02, 40)))
+    assert 0.015 < sigma < 0.03 and df == 39
+    assert stats.block_sigma([])[0] == stats.PRIOR_SIGMA
+
+
+def test_interval_is_a_t_interval_in_ratio_units():
+    iv = stats.interval([stats.Paired(0.1, 1.0)] * 4, sigma=0.02, df=10, confidence=0.9)
+    assert iv.gain == pytest.approx(math.exp(0.1)) and iv.low < iv.gain < iv.high and iv.n == 4
+    assert "x [" in iv.text()
+
+
+# ---- the driver on synthetic landscapes ----------------------------------------------------------------
+def test_replay_is_bit_exact_for_a_seed():
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
+    a, b, c = run(land, 3), run(land, 3), run(land, 4)
+    assert [(s.knobs, s.score) for s in a.samples] == [(s.knobs, s.score) for s in b.samples]
+    assert [(s.knobs, s.score) for s in a.samples] != [(s.knobs, s.score) for s in c.samples]
+
+
+def test_driver_finds_a_planted_optimum_through_noise_and_drift():
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
+    assert land.knobs[int(np.argmax(land.means))] == PEAK
+    for seed in range(4):
+        d = run(land, seed).decisions[0]
+        assert d.adopted and land.true_score(d.knobs) >= 0.97 * land.best, seed
+        assert d.interval.low >= 1.01 and d.samples == len([s for s in run(land, seed).samples])
+
+
+def test_driver_measures_the_reference_first_and_between_candidates():
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
+    driver = run(land, 0)
+    roles = [s.role for s in driver.samples]
+    assert roles[0] == "reference" and driver.samples[0].knobs == SPACE.base
+    gaps = np.diff([i for i, r in enumerate(roles) if r == "reference"]) - 1
+    assert gaps.max() <= Plan().reference_every
+    assert driver.samples[-1].role == "reference"  # the last finalist is bracketed too
+
+
+def test_flat_landscape_with_drift_keeps_the_default_and_says_why():
+    land = synthetic("flat", SPACE, GRID, lambda k: 1.0, noise=0.04, seed=2)
+    for seed in range(6):
+        d = run(land, seed, drift=0.10).decisions[0]
+        assert not d.adopted and d.knobs == SPACE.base, seed
+        assert d.reason and (d.interval is None or d.interval.low < 1.01)
+
+
+def test_never_locks_a_configuration_whose_interval_includes_the_default():
+    lands = [synthetic("small", SPACE, GRID, peaked(PEAK, 0.03), noise=0.05, seed=5),
+             synthetic("flat", SPACE, GRID, lambda k: 1.0, noise=0.06, seed=6)]
+    decisions = [run(land, seed, strategy=s, drift=0.08).decisions[0]
+                 for land in lands for seed in range(3) for s in ("tunelab", "random")]
+    for d in decisions:
+        if d.adopted:
+            assert d.interval.low >= 1.0 + Plan().min_gain > 1.0
+        else:
+            assert d.knobs == SPACE.base
+
+
+def test_retune_reopens_and_relocks_when_the_optimum_moves():
+    first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.02, seed=7)
+    moved = PEAK.replace(fusion_threshold_bytes=0, cycle_time_ms=64.0)  # far from the default and the old peak
+    later = synthetic("after", SPACE, GRID, lambda k: peaked(moved, 0.4)(k) * (2.0 - peaked(PEAK)(k)),
+                      noise=0.02, seed=8)  # the old peak is now slow
+    assert later.true_score(PEAK) < 0.92 * later.best
+    plan = Plan(retune=True)
+    once = run(first, 0, plan=Plan())
+    switch_s = 1.5 * sum(s.seconds for s in once.samples)
+    driver = run(first, 0, plan=plan, later=later, switch_s=switch_s, steps=1500)
+    assert len(driver.decisions) >= 2
+    assert driver.decisions[0].adopted and first.true_score(driver.decisions[0].knobs) >= 0.9 * first.best
+    relocked = driver.decisions[-1].knobs
+    assert later.true_score(relocked) >= 0.95 * later.best > later.true_score(driver.decisions[0].knobs)
+    assert driver.samples[-1].epoch == driver.decisions[-1].epoch >= 1
+    # without the move the locked configuration stays put
+    steady = run(first, 0, plan=plan, steps=1500)
+    assert len(steady.decisions) == 1
+
+
+def test_time_budget_and_pinned_everything_end_exploration():
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
+    d = run(land, 0, plan=Plan(budget_samples=1000, time_budget_s=20.0)).decisions[0]
+    assert d.stop_reason == "time budget of 20 s spent" and not d.converged
+    pinned = search_space({"fusion_threshold_bytes": MiB, "cycle_time_ms": 2.0, "segment_bytes": MiB}, 1)
+    driver = Driver(pinned, lambda e: make_strategy("tunelab", pinned, e), Plan())
+    for _ in range(20):
+        driver.step_done(0.1)
+    assert driver.decisions[0].stop_reason == "every knob is pinned" and driver.locked == pinned.base
+
+
+# ---- strategies ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_asks_inside_the_space_and_locks_through_the_driver(name):
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
+    strategy = make_strategy(name, SPACE, 0)
+    for _ in range(12):
+        k = strategy.ask()
+        assert k.segment_bytes == 4 * MiB and Knobs(**k.as_dict()) == k  # pinned knob kept, valid knobs
+        strategy.tell(k, 0.0, 0.01)
+    driver = run(land, 0, strategy=name)
+    assert driver.decisions and not driver.tuning
+
+
+def test_horovod_protocol_starts_from_its_fixed_points_per_boolean_combination():
+    space = search_space({"segment_bytes": 4 * MiB}, 2)
+    h = HorovodProtocol(space, seed=0)
+    asked = []
+    for _ in range(23):
+        asked.append(h.ask())
+        h.tell(asked[-1], 0.0, 0.01)
+    assert [(k.fusion_threshold_bytes // MiB, k.cycle_time_ms) for k in asked[:4]] == [(4, 5.0), (32, 50.0),
+                                                                                        (16, 25.0), (8, 10.0)]
+    assert {k.hierarchical for k in asked[:21]} == {False} and asked[21].hierarchical
+    assert (asked[21].fusion_threshold_bytes, asked[21].cycle_time_ms) == (4 * MiB, 5.0)
+
+
+def test_coordinate_descent_moves_one_knob_at_a_time_and_keeps_the_better_value():
+    cd = CoordinateDescent(SPACE, seed=0, values_per_knob=3, sweeps=1)
+    first = cd.ask()
+    line = []
+    while not cd.converged() and len(line) < 20:
+        k = cd.ask()
+        line.append(k)
+        cd.tell(k, 0.2 if k.fusion_threshold_bytes == first.fusion_threshold_bytes else -0.1, 0.01)
+    fusion_moves = [k for k in line if k.cycle_time_ms == SPACE.base.cycle_time_ms]
+    assert fusion_moves and all(k.cycle_time_ms == SPACE.base.cycle_time_ms for k in line[:len(fusion_moves)])
+    assert cd.incumbent.fusion_threshold_bytes == first.fusion_threshold_bytes and cd.converged()
+
+
+# ---- the search space ---------------------------------------------------------------------------------
 def test_space_excludes_pinned_knobs_and_hierarchical_on_one_node():
     assert search_space({}, 1).names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes")
     assert "hierarchical" in search_space({}, 2).names
@@ -23,53 +187,14 @@ def test_space_excludes_pinned_knobs_and_hierarchical_on_one_node():
 def test_space_round_trips_and_maps_the_lowest_fusion_bin_to_no_fusion():
     sp = search_space({}, 2)
     k = Knobs(fusion_threshold_bytes=8 << 20, cycle_time_ms=2.5, segment_bytes=1 << 20, hierarchical=True)
-    assert sp.to_knobs(sp.to_point(k)) == k
+    assert sp.to_knobs(sp.to_point(k)) == k and sp.from_unit(sp.unit_point(k)) == k
     assert sp.to_knobs([13.2, 1.0, 20.0, False]).fusion_threshold_bytes == 0
     assert sp.to_point(Knobs(fusion_threshold_bytes=0))[0] == 13.0
-    for point in ([28.0, 100.0, 26.0, True], [13.0, 0.1, 14.0, False]):
-        Knobs(**sp.to_knobs(point).as_dict())  # always valid knobs
+    for u in ([0.0] * 4, [1.0] * 4):
+        Knobs(**sp.from_unit(u).as_dict())  # always valid knobs
 
 
-def landscape(k: Knobs) -> float:
-    """A smooth synthetic throughput surface with its optimum inside the space."""
-    f = math.log2(k.fusion_threshold_bytes) if k.fusion_threshold_bytes else 12.0
-    return 100.0 - 2.0 * (f - 22.0) ** 2 - 30.0 * (math.log10(k.cycle_time_ms) - 0.3) ** 2 \
-        - 1.5 * (math.log2(k.segment_bytes) - 20.0) ** 2
-
-
-def test_tuner_finds_the_optimum_region_of_a_smooth_landscape():
-    found = []
-    for seed in range(3):
-        t = Tuner(search_space({}, 1), seed=seed)
-        t.tell(Knobs(), landscape(Knobs()))
-        for _ in range(20):
-            k = t.ask()
-            t.tell(k, landscape(k))
-        found.append(t.best().score)
-    assert min(found) > 90.0  # the default scores about 57; the optimum is 100
-
-
-def test_tuner_is_reproducible_with_a_seed():
-    def run(seed):
-        t = Tuner(search_space({}, 1), seed=seed)
-        t.tell(Knobs(), 50.0)
-        out = []
-        for _ in range(6):
-            k = t.ask()
-            out.append(k)
-            t.tell(k, landscape(k))
-        return out
-    assert run(4) == run(4) and run(4) != run(5)
-
-
-def test_warm_start_points_reach_the_model():
-    t = Tuner(search_space({}, 1), seed=0, initial_points=3)  # few random points: the warm start counts
-    good = Knobs(fusion_threshold_bytes=4 << 20, cycle_time_ms=2.0, segment_bytes=1 << 20)
-    t.warm_start([(good, 99.0), (Knobs(cycle_time_ms=50.0), 10.0), (Knobs(segment_bytes=1 << 24), 40.0)])
-    t.tell(Knobs(), 50.0)
-    assert len(t._opt.yi) == 4 and min(t._opt.yi) == pytest.approx(-99.0 / 50.0)
-
-
+# ---- the live session is the driver fed by a clock ------------------------------------------------------
 class FakeComm:
     rank = 0
 
@@ -87,62 +212,16 @@ class FakeCoordinator:
         self.knobs = knobs
 
 
-def run_session(plan, pinned=None, steps=400, speed=None):
-    """Steps take 1/speed(knobs) seconds of a fake clock (default: the smooth landscape): the
-    session should find fast knobs."""
-    speed = speed or landscape
-    coord = FakeCoordinator()
-    now = [0.0]
-    sp = search_space(pinned or {}, 1, base=Knobs(**(pinned or {})))
-    session = TuningSession(coord, FakeComm(), samples_per_step=1.0, tuner=Tuner(sp, seed=1), plan=plan,
-                            clock=lambda: now[0])
-    for _ in range(steps):
+def test_session_applies_the_drivers_knobs_and_ends_on_the_locked_ones():
+    speed = peaked(PEAK)
+    coord, now = FakeCoordinator(), [0.0]
+    coord.knobs = SPACE.base
+    session = TuningSession(coord, FakeComm(), 1.0, SPACE, lambda e: make_strategy("tunelab", SPACE, e),
+                            Plan(), clock=lambda: now[0])
+    for _ in range(2000):
         now[0] += 1.0 / speed(coord.knobs)
         if not session.step_done():
             break
-    return session, coord
-
-
-def test_session_measures_default_first_then_explores_remeasures_and_locks():
-    plan = SessionPlan(warmup_steps=2, discard_steps=1, measure_steps=3, budget_samples=12)
-    session, coord = run_session(plan)
-    phases = [s.phase for s in session.samples]
-    assert phases[0] == "default" and session.samples[0].knobs == Knobs()
-    assert phases.count("default") + phases.count("explore") == 12
-    assert phases[12:] == ["remeasure"] * (len(phases) - 12) and len(phases) - 12 >= 6
-    assert session.phase == "locked" and coord.knobs == session.locked
-    assert landscape(session.locked) == max(landscape(s.knobs) for s in session.samples)
-    assert session.samples[0].score == pytest.approx(landscape(Knobs()))  # samples/s of that config
-    assert session.stop_reason == "budget of 12 samples spent"
-
-
-def test_a_gain_inside_the_noise_keeps_the_default():
-    rng = np.random.default_rng(3)
-
-    def noisy_flat(_knobs):  # every config equally fast, each step 10 % noisy
-        return 100.0 * (1 + 0.1 * rng.standard_normal())
-
-    plan = SessionPlan(warmup_steps=1, discard_steps=0, measure_steps=3, budget_samples=10, remeasure_rounds=3)
-    session, coord = run_session(plan, speed=noisy_flat)
-    assert session.kept_default and session.locked == Knobs() == coord.knobs
-    up = session.runner_up
-    assert up != Knobs() and np.mean(session.scores_of(up)) > np.mean(session.scores_of(Knobs()))
-    assert min(session.scores_of(up)) <= max(session.scores_of(Knobs()))
-    # A clear winner is still adopted: the smooth landscape's best is far above the default.
-    session, _ = run_session(SessionPlan(warmup_steps=1, discard_steps=0, measure_steps=3, budget_samples=10))
-    assert not session.kept_default and session.locked != Knobs()
-
-
-def test_session_excludes_pinned_knobs_and_stops_when_everything_is_pinned():
-    plan = SessionPlan(warmup_steps=1, discard_steps=0, measure_steps=2, budget_samples=8)
-    session, coord = run_session(plan, pinned={"cycle_time_ms": 2.0})
-    assert all(k.cycle_time_ms == 2.0 for k in coord.changes)
-    pinned_all = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 2.0, "segment_bytes": 1 << 20}
-    session, _ = run_session(plan, pinned=pinned_all)
-    assert session.stop_reason == "every knob is pinned" and session.locked == Knobs(**pinned_all)
-
-
-def test_time_budget_ends_exploration():
-    plan = SessionPlan(warmup_steps=1, discard_steps=0, measure_steps=2, budget_samples=1000, time_budget_s=0.5)
-    session, _ = run_session(plan, steps=5000)
-    assert session.stop_reason == "time budget of 0.5 s spent" and session.phase == "locked"
+    assert session.phase == "locked" and coord.knobs == session.locked != SPACE.base
+    assert coord.changes[0] != SPACE.base  # the default is measured as it is: no change first
+    assert session.driver.samples[0].score == pytest.approx(speed(SPACE.base))

@@ -31,7 +31,20 @@ def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
         "runner_up": ({"knobs": data["runner_up"]["knobs"], "score": data["runner_up"]["score"],
                        "spread": _spread(data["samples"], data["runner_up"]["knobs"])}
                       if isinstance(data.get("runner_up"), dict) else None),
+        "outcome": _outcome(data),
     }
+
+
+def _outcome(data: dict[str, Any]) -> dict[str, Any]:
+    """The decision, its interval, its cost and the drift seen (runs recorded before intervals: empty)."""
+    if "gain_interval" not in data:
+        return {}
+    keys = ("adopted", "gain_interval", "decision", "converged", "stop_reason", "samples_to_lock",
+            "steps_to_lock", "seconds_to_lock", "drift")
+    out = {k: data.get(k) for k in keys}
+    up = data.get("runner_up")
+    out["runner_up_interval"] = up.get("interval") if isinstance(up, dict) else None
+    return out
 
 
 def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any]:

@@ -13,17 +13,17 @@ GRID = 40
 
 def tuning_section(run: dict[str, Any], n: int) -> dict[str, Any]:
     sid = f"tune-{n}"
-    blocks: list[dict[str, Any]] = [{"kind": "text", "text": f"Model {run['model']} on {run['hardware_name']} "
-                                     f"({run['label']})."}]
-    facts = run["hardware_facts"]
-    if facts:
-        blocks.append(table_block("hardware facts", [{"fact": k, "value": str(v)} for k, v in facts.items()]))
-    else:
-        blocks.append({"kind": "note", "text": "hardware facts not recorded for this run"})
+    blocks: list[dict[str, Any]] = [{"kind": "text", "text": outcome_text(run)}]
+    blocks.append({"kind": "text", "text": f"Model {run['model']} on {run['hardware_name']} ({run['label']}). "
+                                           + hardware_text(run["hardware_facts"])})
+    drift = drift_text(run)
+    if drift:
+        blocks.append({"kind": "text", "text": drift})
     blocks.append(_throughput(run))
     scores = [float(s["score"]) for s in run["samples"]]
-    phases = [str(s["phase"]) for s in run["samples"]]
-    blocks.append(_figure(f"{sid}-convergence", "convergence: score per sample and best so far",
+    phases = [_phase_label(s) for s in run["samples"]]
+    blocks.append(_figure(f"{sid}-convergence", "every measured block: the default's reference blocks (grey) "
+                          "show the host's drift; candidates are scored against them",
                           figures.convergence(scores, phases, float(run["default"]["score"]))))
     blocks.append(landscape_block(run, sid))
     blocks.append(table_block("trials", [_trial_row(s) for s in run["samples"]]))
@@ -31,25 +31,92 @@ def tuning_section(run: dict[str, Any], n: int) -> dict[str, Any]:
     return {"id": sid, "title": f"Tuning: {run['model']} ({run['label']})", "blocks": blocks}
 
 
+def outcome_text(run: dict[str, Any]) -> str:
+    """The result in words: what was locked, its gain with the interval, what tuning cost, how it ended."""
+    out = run.get("outcome") or {}
+    iv = out.get("gain_interval")
+    cost = ""
+    if out.get("samples_to_lock") is not None:
+        ending = "converged" if out.get("converged") else "ran out of its budget"
+        cost = (f" Tuning measured {out['samples_to_lock']} blocks ({out['steps_to_lock']} training steps, "
+                f"{out['seconds_to_lock']:.0f} s) before locking; the search {ending} "
+                f"({out.get('stop_reason', '')}).")
+    if out.get("adopted") and iv:
+        return (f"Locked a tuned configuration: {iv['gain']:.2f}x the default's throughput, 90 % interval "
+                f"[{iv['low']:.2f}, {iv['high']:.2f}] from {iv['n']} re-measurements paired with the default."
+                + cost)
+    up = out.get("runner_up_interval")
+    if up:
+        return (f"Kept the default configuration: the best finalist measured {up['gain']:.2f}x, 90 % interval "
+                f"[{up['low']:.2f}, {up['high']:.2f}], and {out.get('decision', '')}." + cost)
+    if out:
+        return f"Kept the default configuration ({out.get('decision', 'no decision recorded')})." + cost
+    gain = run["best"]["score"] / run["default"]["score"] if run["default"]["score"] else float("nan")
+    return f"Tuned configuration at {gain:.2f}x the default (a run recorded without an interval)."
+
+
+def hardware_text(facts: dict[str, Any]) -> str:
+    if not facts:
+        return "Hardware facts were not recorded for this run."
+    parts = [f"CPU {facts.get('cpu_model', '?')} ({facts.get('cpu_cores', '?')} cores"
+             + (f", {facts['cpu_sockets']} sockets" if int(facts.get("cpu_sockets", 1) or 1) > 1 else "") + ")"]
+    if facts.get("memory_gib") is not None:
+        parts.append(f"{facts['memory_gib']} GiB memory")
+    gpus = int(facts.get("gpu_count", 0) or 0)
+    parts.append(f"{gpus}x {facts.get('gpu_model', 'GPU')} ({facts.get('gpu_memory_gib', '?')} GiB)" if gpus
+                 else "no GPU")
+    layout = facts.get("ranks_per_node") or []
+    nodes = facts.get("nodes", len(layout) or 1)
+    parts.append(f"{nodes} node{'s' if nodes != 1 else ''}" + (f" of {', '.join(map(str, layout))} ranks" if layout else ""))
+    if facts.get("emulated_link"):
+        parts.append(f"emulated link {facts['emulated_link']}")
+    if facts.get("mpi_library"):
+        parts.append(f"MPI: {str(facts['mpi_library']).strip()}")
+    frameworks = facts.get("frameworks") or {}
+    if isinstance(frameworks, dict) and frameworks:
+        parts.append("frameworks: " + ", ".join(f"{k} {v}" for k, v in frameworks.items()))
+    return "Hardware: " + "; ".join(parts) + "."
+
+
+def drift_text(run: dict[str, Any]) -> str:
+    drift = (run.get("outcome") or {}).get("drift") or {}
+    refs = drift.get("reference_scores") or []
+    if len(refs) < 2:
+        return ""
+    return (f"Drift seen: the default configuration, measured {len(refs)} times between candidates, ranged from "
+            f"{min(refs):.2f} to {max(refs):.2f} samples/s ({100 * drift['range_frac']:.1f} % of its mean); one "
+            f"block's noise, drift between neighbouring blocks included, was about "
+            f"{100 * (drift.get('block_sigma_frac') or 0.0):.1f} %. Candidates are scored as ratios to the "
+            "default's blocks around them, so a drift this size does not pass for a knob's effect.")
+
+
+def _phase_label(s: dict[str, Any]) -> str:
+    return "default" if s.get("role") == "reference" or s["phase"] == "default" else str(s["phase"])
+
+
 def _throughput(run: dict[str, Any]) -> dict[str, Any]:
     d, b = run["default"], run["best"]
-    rows = [{"config": "default", "samples/s": d["score"], "spread": f"±{d['spread'] * 100:.1f}%"},
-            {"config": "tuned", "samples/s": b["score"], "spread": f"±{b['spread'] * 100:.1f}%"}]
+    rows = [{"config": "default", "samples/s": d["score"], "spread": _pct(d["spread"])},
+            {"config": "locked", "samples/s": b["score"], "spread": _pct(b["spread"])}]
     if run.get("runner_up"):
         up = run["runner_up"]
-        rows.append({"config": "best finalist (not adopted: did not beat the default in every re-measurement)",
-                     "samples/s": up["score"], "spread": f"±{up['spread'] * 100:.1f}%"})
+        rows.append({"config": "best finalist (not adopted: its interval did not clear the minimum gain)",
+                     "samples/s": up["score"], "spread": _pct(up["spread"])})
     if run.get("locked_final") is not None:
         rows.append({"config": "locked (final run)", "samples/s": run["locked_final"], "spread": ""})
-    gain = b["score"] / d["score"] if d["score"] else float("nan")
-    return table_block(f"default vs tuned throughput (gain {gain:.3f}x)", rows)
+    return table_block("default vs locked throughput (spread: p90 - p10 of step rates, as % of the median)", rows)
+
+
+def _pct(frac: Any) -> str:
+    return f"{100 * float(frac):.1f}%"
 
 
 def _trial_row(s: dict[str, Any]) -> dict[str, Any]:
     k = s["knobs"]
     return {"#": s["index"], "phase": s["phase"], "fusion": format_size(int(k["fusion_threshold_bytes"])),
             "cycle ms": k["cycle_time_ms"], "segment": format_size(int(k["segment_bytes"])),
-            "hierarchical": k["hierarchical"], "samples/s": s["score"], "spread": s.get("spread", 0.0)}
+            "hierarchical": k["hierarchical"], "role": s.get("role", ""), "samples/s": s["score"],
+            "vs default": f"{s['ratio']:.3f}x" if s.get("ratio") else "", "spread": _pct(s.get("spread", 0.0))}
 
 
 def _locked(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,48 +132,54 @@ def _locked(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 def landscape_block(run: dict[str, Any], sid: str) -> dict[str, Any]:
     """The GP posterior mean over fusion threshold x cycle time, refitted from the run's samples."""
+    import numpy as np
+
+    from ..tuning.space import SCALES
+
     names = tuple(run["searched"])
     if "fusion_threshold_bytes" not in names or "cycle_time_ms" not in names:
         return {"kind": "note", "text": "knob landscape: fusion threshold or cycle time was pinned"}
-    tuner, points = _refit(run, names)
-    model = tuner._opt.models[-1] if tuner._opt.models else None
-    if model is None:
+    tuner = _refit(run, names)
+    if len(tuner.observations) < 3:
         return {"kind": "note", "text": "knob landscape: too few samples to fit the model"}
-    import numpy as np
-
     fi, ci = names.index("fusion_threshold_bytes"), names.index("cycle_time_ms")
-    fx = np.linspace(13.0, 28.0, GRID)
-    cy = np.geomspace(0.1, 100.0, GRID)
-    anchor = tuner.space.to_point(_knobs(run["best"]["knobs"]))
+    fs, cs = SCALES["fusion_threshold_bytes"], SCALES["cycle_time_ms"]
+    units = np.linspace(0.0, 1.0, GRID)
+    anchor = tuner.space.unit_point(_knobs(run["best"]["knobs"]))
     grid = []
-    for c in cy:
-        for f in fx:
+    for uc in units:
+        for uf in units:
             p = list(anchor)
-            p[fi], p[ci] = float(f), float(c)
+            p[fi], p[ci] = float(uf), float(uc)
             grid.append(p)
-    mean = model.predict(tuner._opt.space.transform(grid)).reshape(GRID, GRID)
-    z = -mean * float(tuner.reference)
-    uri = figures.heatmap(fx, cy, z, [(p[fi], p[ci]) for p in points],
-                          "fusion threshold (log2 bytes; 13 = no fusion)", "cycle time (ms)", "samples/s (GP mean)")
+    mean, _ = tuner.fit().predict(np.asarray(grid))
+    z = np.exp(mean.reshape(GRID, GRID)) * float(run["default"]["score"])
+    fx = fs.low + units * (fs.high - fs.low)
+    cy = np.exp(np.log(cs.low) + units * (np.log(cs.high) - np.log(cs.low)))
+    points = [(fs.to_coordinate(o.knobs.fusion_threshold_bytes), o.knobs.cycle_time_ms) for o in tuner.observations]
+    uri = figures.heatmap(fx, cy, z, points, "fusion threshold (log2 bytes; 13 = no fusion)", "cycle time (ms)",
+                          "samples/s (GP mean)")
     return _figure(f"{sid}-landscape", "knob landscape: GP posterior mean, fusion threshold x cycle time "
-                   "(other knobs at the tuned values); dots are samples, the square is the default", uri)
+                   "(other knobs at the locked values); dots are samples, the square is the default", uri)
 
 
-def _refit(run: dict[str, Any], names: tuple[str, ...]) -> tuple[Any, list[list[Any]]]:
+def _refit(run: dict[str, Any], names: tuple[str, ...]) -> Any:
+    """The GP as told in the run: each candidate's ratio to the default (from the run's own blocks when
+    it recorded no ratios), the default's blocks at 1."""
+    import math
+
     from ..tuning.space import SearchSpace
     from ..tuning.tuner import Tuner
 
-    # what the tuner itself was told: the default first, then the explored points in order
-    told = [s for s in run["samples"] if s["phase"] in ("default", "explore")] or run["samples"]
-    samples = sorted(told, key=lambda s: (s["phase"] != "default", s["index"]))
     space = SearchSpace(names, _knobs(run["default"]["knobs"]))
-    tuner = Tuner(space, seed=0, initial_points=max(1, min(8, len(samples))))
-    points = []
-    for s in samples:
-        knobs = _knobs(s["knobs"])
-        tuner.tell(knobs, float(s["score"]), float(s.get("spread", 0.0)))
-        points.append(space.to_point(knobs))
-    return tuner, points
+    tuner = Tuner(space, seed=0)
+    default_score = float(run["default"]["score"])
+    for s in run["samples"]:
+        if s["phase"] not in ("default", "explore") or not s["score"] or not default_score:
+            continue
+        ratio = s.get("ratio") or (1.0 if _phase_label(s) == "default" else s["score"] / default_score)
+        tuner.tell(_knobs(s["knobs"]), math.log(ratio), 0.03 ** 2)
+    return tuner
 
 
 def _knobs(d: dict[str, Any]) -> Any:

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 from ..knobs import Knobs
+from .result import gain_text
 from .run import describe
 
 
 def print_tune_summary(result: dict) -> None:
     default, best, final = result["default"], result["best"], result["locked_final"]
-    print(f"# {len(result['samples'])} samples in {result['seconds']:.0f} s; stopped: {result['stop_reason']}")
+    ending = "converged" if result.get("converged") else "ran out of budget"
+    print(f"# {len(result['samples'])} blocks in {result['seconds']:.0f} s; locked after "
+          f"{result['samples_to_lock']} blocks, {result['steps_to_lock']} steps "
+          f"({result['seconds_to_lock']:.0f} s); exploration {ending}: {result['stop_reason']}")
     print(f"default: {describe(Knobs(**default['knobs'])):<52} {default['score']:8.2f} samples/s "
-          f"(mean of {len(default['scores'])}: {', '.join(f'{s:.2f}' for s in default['scores'])})")
-    print(f"tuned  : {describe(Knobs(**best['knobs'])):<52} {best['score']:8.2f} samples/s "
-          f"(mean of {len(best['scores'])}: {', '.join(f'{s:.2f}' for s in best['scores'])})")
-    if "runner_up" in result:
-        up = result["runner_up"]
-        print(f"kept   : the default: the best finalist, {describe(Knobs(**up['knobs']))} "
-              f"({', '.join(f'{s:.2f}' for s in up['scores'])} samples/s), did not beat it in every re-measurement")
-    print(f"gain   : {result['gain']:.3f}x over default; locked run afterwards: {final['score']:.2f} samples/s")
+          f"(mean of its {len(default['scores'])} reference blocks)")
+    print(f"locked : {describe(Knobs(**best['knobs'])):<52} {best['score']:8.2f} samples/s")
+    print(f"gain   : {gain_text(result)}")
+    drift = result.get("drift") or {}
+    if drift.get("block_sigma_frac") is not None:
+        print(f"drift  : the default's blocks ranged over {100 * drift['range_frac']:.1f}% of their mean; "
+              f"one block's noise {100 * drift['block_sigma_frac']:.1f}%")
+    for d in result.get("decisions", [])[:-1]:
+        print(f"retune : epoch {d['epoch']} had locked {describe(Knobs(**d['knobs']))}; its step time left "
+              "the locked interval, so the search re-opened")
+    print(f"final  : {final['score']:.2f} samples/s over the locked configuration's last steps")
     if "profile_id" in result:
         print(f"stored : profile {result['profile_id']} in {result['store']} "
               "(training jobs on this hardware load it automatically)")

@@ -6,6 +6,7 @@ store as soon as it is measured, so a job killed mid-tune keeps what it measured
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -14,7 +15,9 @@ from typing import Any
 
 from ..knobs import Knobs
 from ..units import format_size
-from .session import Sample, SessionPlan, TuningSession
+from .driver import Plan, Sample
+from .result import summarise
+from .session import TuningSession
 
 
 @dataclass
@@ -48,30 +51,48 @@ def run_with_workload(p: dict, body: Callable[[dict, Any, Workload, dict], dict]
 
 def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
     from .space import search_space
-    from .tuner import Tuner
+    from .strategies import make_strategy
 
     comm = rt.sync_comm
     topo = rt.topology
     space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned))
     recorder = _Recorder.create(p, rt, workload, write=p.get("store", True)) if comm.rank == 0 else None
-    tuner = Tuner(space, seed=p.get("seed", 0)) if comm.rank == 0 else None
-    if tuner is not None and recorder is not None:
-        recorder.warm_start(tuner)
-    plan = SessionPlan(warmup_steps=p["warmup_steps"], discard_steps=p["discard_steps"],
-                       measure_steps=p["measure_steps"], budget_samples=p["budget_samples"],
-                       time_budget_s=p.get("time_budget_s"))
-    budget = p["budget_samples"]
-    printer = _progress(budget, recorder) if comm.rank == 0 else None
-    session = TuningSession(rt.coordinator, comm, workload.samples_per_step, tuner, plan, printer)
+    stored = recorder.warm_start_observations() if recorder is not None else []
+    seed = p.get("seed", 0)
+
+    def strategy(epoch: int) -> Any:
+        made = make_strategy(p.get("strategy", "tunelab"), space, seed + 1000 * epoch)
+        if epoch == 0 and stored:
+            made.warm_start(stored)
+        return made
+
+    retune_steps = int(p.get("retune_steps") or 0)
+    plan = Plan(warmup_steps=p["warmup_steps"], discard_steps=p["discard_steps"],
+                measure_steps=p["measure_steps"], budget_samples=p["budget_samples"],
+                time_budget_s=p.get("time_budget_s"), retune=retune_steps > 0)
+    printer = _progress(p["budget_samples"], recorder) if comm.rank == 0 else None
+    session = TuningSession(rt.coordinator, comm, workload.samples_per_step, space, strategy, plan, printer)
     t0 = time.perf_counter()
-    while True:
+    _train_until_locked(workload, session)
+    for _ in range(retune_steps):  # watch the locked configuration (the driver may re-open the search)
         workload.step()
-        if not session.step_done():
-            break
-    final = _measure_locked(workload, session, comm, p.get("final_steps", 3 * p["measure_steps"]))
+        session.step_done()
+    _train_until_locked(workload, session)
+    final = _measure_locked(workload, comm, p.get("final_steps", 3 * p["measure_steps"]))
     if comm.rank != 0:
         return {}
-    return _summary(session, final, workload, space, recorder, time.perf_counter() - t0, topo)
+    result = summarise(session.driver, final, workload, space, time.perf_counter() - t0, topo)
+    if recorder is not None and recorder.write:
+        recorder.finish(result)
+        result["profile_id"] = recorder.profile_id
+        result["store"] = str(recorder.store.path)
+    return result
+
+
+def _train_until_locked(workload: Workload, session: TuningSession) -> None:
+    while session.tuning:
+        workload.step()
+        session.step_done()
 
 
 def make_workload(p: dict, rt: Any, comm: Any) -> Workload:
@@ -86,10 +107,12 @@ def _make_workload(p: dict, rt: Any, threads: int) -> Workload:
     if p["workload"] == "replay":
         from ..workloads.replay import GradientReplay
 
+        dtype = p.get("replay_dtype", "float32")
         replay = GradientReplay(p["model"], forward_ms=p["replay_forward_ms"], backward_ms=p["replay_backward_ms"],
-                                seed=rt.topology.rank)
+                                dtype=dtype, seed=rt.topology.rank)
+        suffix = "" if dtype == "float32" else f":{dtype}"
         return Workload(lambda: replay.step(rt.coordinator), p["batch_size"] * rt.topology.size,
-                        f"replay:{p['model']}", p["model"])
+                        f"replay:{p['model']}{suffix}", p["model"] + suffix)
     if p["framework"] == "torch":
         return _torch_workload(p, rt, threads)
     if p["framework"] == "tensorflow":
@@ -159,7 +182,7 @@ def _tf_workload(p: dict, rt: Any, threads: int) -> Workload:
                     p["model"])
 
 
-def _measure_locked(workload: Workload, session: TuningSession, comm: Any, steps: int) -> list[float]:
+def _measure_locked(workload: Workload, comm: Any, steps: int) -> list[float]:
     """Samples/s of the locked configuration over ``steps`` steps (after one discarded step)."""
     workload.step()
     comm.Barrier()
@@ -178,46 +201,18 @@ def describe(knobs: Knobs) -> str:
 
 
 def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
-    best = [0.0]
+    count = [0]
 
     def show(s: Sample) -> None:
         if recorder is not None:
             recorder.record(s)
-        best[0] = max(best[0], s.score)
-        label = f"{s.index + 1:>3}" if s.phase != "remeasure" else "  r"
-        print(f"[{label}/{budget}] {s.phase:<9} {describe(s.knobs):<52} {s.score:8.2f} samples/s "
-              f"(±{100 * s.spread / 2:.1f}%)  best {best[0]:.2f}", flush=True)
+        count[0] = count[0] + 1 if s.phase == "explore" else count[0]
+        label = f"{count[0]:>3}/{budget}" if s.phase == "explore" else f"{s.phase[:1]:>6}"
+        ratio = f"  {math.exp(s.told):.3f}x ref" if s.told is not None else ""
+        print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<52} {s.score:8.2f} samples/s "
+              f"(±{100 * s.spread / 2:.1f}%){ratio}", flush=True)
 
     return show
-
-
-def _summary(session: TuningSession, final: list[float], workload: Workload, space: Any,
-             recorder: _Recorder | None, seconds: float, topo: Any) -> dict:
-    import numpy as np
-
-    default = space.base
-    best = session.locked
-    d_scores, b_scores = session.scores_of(default), session.scores_of(best)
-    result = {
-        "model": workload.name, "signature": workload.signature, "world_size": topo.size,
-        "nodes": topo.num_nodes, "stop_reason": session.stop_reason, "seconds": seconds,
-        "default": {"knobs": default.as_dict(), "score": float(np.mean(d_scores)), "scores": d_scores},
-        "best": {"knobs": best.as_dict(), "score": float(np.mean(b_scores)), "scores": b_scores},
-        "locked_final": {"score": float(np.median(final)), "scores": final},
-        "samples": [{"index": s.index, "phase": s.phase, "knobs": s.knobs.as_dict(), "score": s.score,
-                     "spread": s.spread, "steps": s.steps, "seconds": s.seconds} for s in session.samples],
-        "searched": list(space.names),
-    }
-    result["gain"] = result["best"]["score"] / result["default"]["score"]
-    if session.kept_default and session.runner_up is not None:
-        scores = session.scores_of(session.runner_up)
-        result["runner_up"] = {"knobs": session.runner_up.as_dict(), "score": float(np.mean(scores)),
-                               "scores": scores}
-    if recorder is not None and recorder.write:
-        recorder.finish(result)
-        result["profile_id"] = recorder.profile_id
-        result["store"] = str(recorder.store.path)
-    return result
 
 
 class _Recorder:
@@ -240,25 +235,29 @@ class _Recorder:
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
         return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write)
 
-    def warm_start(self, tuner: Any) -> None:
-        """Seed the tuner with stored trials of this profile (or of the nearest one, said aloud)."""
+    def warm_start_observations(self) -> list[Any]:
+        """Stored trials of this profile (or of the nearest one, said aloud) as paired log ratios: each
+        earlier run's candidates over the mean of that run's default blocks, with extra variance."""
+        from .result import stored_observations
+
         source = self.profile_id
         if (source is None or not self.store.trials(source)) and self.seeded_from is not None:
             source = self.seeded_from.id
             print(f"# no trials for this hardware yet: seeding from profile {source} "
                   f"({self.seeded_from.hardware_name})", flush=True)
         if source is None:
-            return
-        trials = [t for t in self.store.trials(source) if t.phase in ("default", "explore")]
-        if trials:
-            tuner.warm_start([(Knobs(**t.knobs), t.score) for t in trials])
-            print(f"# warm start: {len(trials)} stored trials from profile {source}", flush=True)
+            return []
+        observations = stored_observations(self.store.trials(source), Plan().warm_start_noise)
+        if observations:
+            print(f"# warm start: {len(observations)} stored trials from profile {source}", flush=True)
+        return observations
 
     def record(self, s: Sample) -> None:
         if not self.write:
             return
+        phase = "default" if s.role == "reference" else s.phase  # the store's phases
         self.store.record_trial(self.profile_id, s.knobs.as_dict(), s.score, s.spread, s.steps, s.seconds,
-                                self.run_id, s.phase)
+                                self.run_id, phase)
 
     def finish(self, result: dict) -> None:
         if not self.write:

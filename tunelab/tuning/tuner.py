@@ -1,115 +1,164 @@
-"""The Bayesian optimizer: scikit-optimize's ``Optimizer`` with a Gaussian-process surrogate.
+"""tunelab's search strategy: a Gaussian process over the joint knob space, expected improvement.
 
-Scores are samples/s; the optimizer minimises ``-score / reference`` (the default config's
-score), which keeps the GP's targets near -1 whatever the model's throughput.  Convergence:
-the expected improvement of the next proposal, relative to the best so far, has stayed below
-``min_gain`` for ``patience`` consecutive proposals.
+Values told are paired log ratios (a candidate's log samples/s minus the reference's around it), each
+with its own variance; the GP takes those variances as per-point noise (scikit-learn's ``alpha``), so a
+noisy sample pulls the surface less than a clean one and repeated points average out.  Inputs are the
+knobs' unit coordinates (:meth:`SearchSpace.unit_point`).  The first ``initial_points`` proposals are
+a Latin hypercube; then each proposal maximises expected improvement over the best posterior mean among measured
+points, over random candidates and perturbations of the best ones.  Convergence: the best expected
+improvement stayed below ``min_gain`` (relative) for ``patience`` proposals in a row.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..knobs import Knobs
 from .space import SearchSpace
+from .strategies import Told
 
 
 @dataclass
-class Observation:
-    knobs: Knobs
-    score: float
-    spread: float = 0.0
+class Tuner(Told):
+    """The GP strategy (``tunelab``); ``ask``/``tell`` as every strategy in :mod:`.strategies`."""
 
-
-@dataclass
-class Tuner:
     space: SearchSpace
     seed: int = 0
-    # 8 random points before the GP leads (about twice the searched dimensions), then stop when the
-    # expected gain stays under 0.2 % for 5 proposals: noisy, flat landscapes need that much patience.
-    initial_points: int = 8
-    min_gain: float = 0.002
-    patience: int = 5
-    reference: float | None = None  # the default config's score (set by the first tell)
-    history: list[Observation] = field(default_factory=list)
+    initial_points: int = 5
+    min_gain: float = 0.003
+    patience: int = 3
+    candidates: int = 1500
+    name: str = "tunelab"
 
     def __post_init__(self) -> None:
-        from skopt import Optimizer
-
-        self._opt = Optimizer(self.space.skopt_dimensions(), base_estimator="GP", acq_func="EI",
-                              acq_optimizer="sampling", n_initial_points=self.initial_points,
-                              random_state=self.seed)
+        super().__init__(self.space)
+        self._rng = np.random.default_rng(self.seed)
         self._quiet = 0
-        self._pending: list[tuple[Knobs, float]] = []
-
-    @property
-    def searchable(self) -> bool:
-        return bool(self.space.names)
-
-    def warm_start(self, observations: list[tuple[Knobs, float]]) -> None:
-        """Stored trials (knobs, samples/s) of this profile: they reach the GP once this run's default has
-        been measured, normalised by it, so the search starts where earlier runs left off."""
-        self._pending = list(observations)
-
-    def tell(self, knobs: Knobs, score: float, spread: float = 0.0) -> None:
-        """Record a measured configuration (the first one told sets the reference)."""
-        if self.reference is None:
-            self.reference = score
-        self.history.append(Observation(knobs, score, spread))
-        if not self.searchable:
-            return
-        with quiet_repeats():
-            self._opt.tell(self.space.to_point(knobs), -score / self.reference)
-        pending, self._pending = getattr(self, "_pending", []), []
-        if pending:
-            points = [self.space.to_point(self.space.base.replace(**_searched(k, self.space.names)))
-                      for k, _ in pending]
-            with quiet_repeats():
-                self._opt.tell(points, [-s / self.reference for _, s in pending])
+        self._asked = 0
+        self._model: Any = None
+        self._design: np.ndarray | None = None
+        self.last_ei: float | None = None
 
     def ask(self) -> Knobs:
-        with quiet_repeats():
-            point = self._opt.ask()
-        self._update_patience(point)
-        return self.space.to_knobs(point)
+        self._asked += 1
+        fresh = self._asked <= self.initial_points or len(self.observations) < 2
+        if not self.space.names:
+            return self.space.base
+        if fresh:
+            return self.space.from_unit(self._initial_design()[(self._asked - 1) % max(1, self.initial_points)].tolist())
+        model = self.fit()
+        pool = self._candidate_pool()
+        mu, sd = model.predict(pool)
+        best = float(np.max(model.predict(self._x())[0]))
+        ei = expected_improvement(mu, sd, best)
+        i = int(np.argmax(ei))
+        self.last_ei = float(ei[i])
+        self._quiet = self._quiet + 1 if self.last_ei < self.min_gain else 0
+        return self.space.from_unit(pool[i].tolist())
 
-    def best(self) -> Observation:
-        return max(self.history, key=lambda o: o.score)
+    def _initial_design(self) -> np.ndarray:
+        """A Latin hypercube over the unit cube: the first proposals spread over every knob's range."""
+        if self._design is None:
+            from scipy.stats import qmc
+
+            n = max(1, self.initial_points)
+            self._design = qmc.LatinHypercube(d=len(self.space.names), seed=self.seed).random(n)
+        return self._design
 
     def converged(self) -> bool:
-        return self.searchable and self._quiet >= self.patience
+        return bool(self.space.names) and self._quiet >= self.patience
 
-    def expected_gain(self, point: list[Any]) -> float | None:
-        """Expected improvement of ``point`` over the best so far, relative to it (None before a model)."""
-        if not self._opt.models:
-            return None
-        from skopt.acquisition import gaussian_ei
+    def ranked(self) -> list[Knobs]:
+        """Measured configurations, best posterior mean first (a noisy lucky sample is not trusted)."""
+        distinct = list(dict.fromkeys(o.knobs for o in self.observations))
+        if len(self.observations) < 2 or not self.space.names:
+            return super().ranked()
+        mu, _ = self.fit().predict(np.asarray([self.space.unit_point(k) for k in distinct]))
+        return [distinct[i] for i in np.argsort(-mu, kind="stable")]
 
-        x = self._opt.space.transform([point])
-        y_best = min(self._opt.yi)
-        return float(gaussian_ei(x, self._opt.models[-1], y_opt=y_best)[0]) / abs(y_best)
+    def recommend(self) -> Knobs | None:
+        """The configuration the model believes fastest, measured or not, among the measured ones and points
+        around the best of them, by posterior mean less half a standard deviation (no wild guesses)."""
+        if len(self.observations) < 2 or not self.space.names:
+            return super().recommend()
+        model = self.fit()
+        d = len(self.space.names)
+        top = np.asarray([self.space.unit_point(k) for k in self.ranked()[:3]])
+        near = [np.clip(c + self._rng.normal(0.0, 0.06, (self.candidates // 5, d)), 0.0, 1.0) for c in top]
+        pool = np.asarray([self.space.unit_point(self.space.from_unit(u.tolist()))
+                           for u in np.concatenate([top, *near])])
+        mu, sd = model.predict(pool)
+        return self.space.from_unit(pool[int(np.argmax(mu - 0.5 * sd))].tolist())
 
-    def _update_patience(self, point: list[Any]) -> None:
-        gain = self.expected_gain(point)
-        if gain is not None and gain < self.min_gain:
-            self._quiet += 1
-        elif gain is not None:
-            self._quiet = 0
+    def fit(self) -> _Model:
+        if self._model is None or self._model.n != len(self.observations):
+            self._model = _Model.fit(self._x(), np.asarray([o.value for o in self.observations]),
+                                     np.asarray([o.variance for o in self.observations]), self.seed)
+        return self._model
+
+    def _x(self) -> np.ndarray:
+        return np.asarray([self.space.unit_point(o.knobs) for o in self.observations], dtype=np.float64)
+
+    def _candidate_pool(self) -> np.ndarray:
+        d = len(self.space.names)
+        pool = [self._rng.random((self.candidates, d))]
+        top = np.asarray([self.space.unit_point(k) for k in self.ranked()[:3]])
+        for centre in top:
+            pool.append(np.clip(centre + self._rng.normal(0.0, 0.08, (self.candidates // 10, d)), 0.0, 1.0))
+        raw = np.concatenate(pool)
+        # What is measured is the rounded knob value: score that, not the raw coordinate.
+        return np.asarray([self.space.unit_point(self.space.from_unit(u.tolist())) for u in raw])
 
 
-def _searched(knobs: Knobs, names: tuple[str, ...]) -> dict[str, object]:
-    return {n: getattr(knobs, n) for n in names}
+@dataclass
+class _Model:
+    """A fitted GP on normalised targets: ``predict`` returns mean and std in the told units."""
+
+    gp: Any
+    offset: float
+    scale: float
+    n: int
+
+    @classmethod
+    def fit(cls, x: np.ndarray, y: np.ndarray, variance: np.ndarray, seed: int) -> _Model:
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern
+
+        offset = float(np.mean(y))
+        scale = max(float(np.std(y)), math.sqrt(float(np.mean(variance))), 1e-3)
+        kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(length_scale=np.full(x.shape[1], 0.3),
+                                                            length_scale_bounds=(0.05, 5.0), nu=2.5)
+        gp = GaussianProcessRegressor(kernel=kernel, alpha=variance / scale ** 2 + 1e-6, normalize_y=False,
+                                      n_restarts_optimizer=1, random_state=seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # convergence chatter of the hyper-parameter fit
+            gp.fit(x, (y - offset) / scale)
+        return cls(gp, offset, scale, len(y))
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mu, sd = self.gp.predict(x, return_std=True)
+        return mu * self.scale + self.offset, sd * self.scale
+
+
+def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """Expected improvement over ``best`` of a maximised quantity (log units: relative gain)."""
+    from scipy.stats import norm
+
+    sd = np.maximum(sd, 1e-9)
+    z = (mu - best) / sd
+    return (mu - best) * norm.cdf(z) + sd * norm.pdf(z)
 
 
 @contextlib.contextmanager
 def quiet_repeats() -> Iterator[None]:
-    """Silence scikit-optimize's warning that a proposal repeats a measured point (it then proposes
-    a random one, which is what we want: with noisy scores a repeat is a sensible proposal, not a
-    problem for the user to read about)."""
+    """Silence scikit-optimize's warning that a proposal repeats a measured point."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The objective has been evaluated at point",
                                 category=UserWarning)

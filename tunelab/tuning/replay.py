@@ -1,0 +1,176 @@
+"""A recorded landscape as the tuning driver's objective: step times replayed, with noise and drift.
+
+A landscape (``tunelab bench landscape``) holds, for a grid of knob settings, every visit's measured
+step times (files recorded before step times were kept hold each visit's median samples/s).  Asked for
+any knobs, the objective answers with the nearest grid point in the search space's unit coordinates (a
+boolean knob must match exactly): each simulated step's time is drawn from that point's recorded step
+times (or, for old files, log-normal noise of the file's pooled relative spread around the point's
+mean), slowed or sped by a seeded host drift, so the driver sees what a live run would: noisy steps on a
+host whose speed wanders.  Replays are bit-exact for a seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import TunelabError
+from ..knobs import Knobs
+from .driver import Driver
+from .space import SearchSpace
+
+STEP_SPREAD_OF_BLOCK = 1.35  # a median of 3 steps varies about 1/1.35 as much as one step
+
+
+@dataclass
+class Landscape:
+    name: str
+    space: SearchSpace
+    knobs: list[Knobs]
+    step_pools: list[np.ndarray]  # per point: recorded step times in seconds (empty for old files)
+    means: np.ndarray             # true samples/s of each point: the mean over its recorded steps/visits
+    sigma: float                  # old files: pooled relative spread of one step (log units)
+    samples_per_step: float = 1.0
+
+    def __post_init__(self) -> None:
+        keys = [self.space.unit_point(k) for k in self.knobs]
+        cats = self.space.booleans()
+        self._coords = np.asarray([[x for n, x in zip(self.space.names, u) if n not in cats] for u in keys])
+        self._cats = [tuple(getattr(k, n) for n in cats) for k in self.knobs]
+        self._cache: dict[Knobs, int] = {}
+
+    @classmethod
+    def from_dict(cls, doc: dict, name: str) -> Landscape:
+        try:
+            space = SearchSpace(tuple(doc["space"]["names"]), Knobs(**doc["space"]["base"]))
+            points = doc["points"]
+            knobs = [Knobs(**p["knobs"]) for p in points]
+            per_step = float(doc.get("samples_per_step", 1.0))
+            pools = [np.asarray([t for visit in p.get("steps_s", []) for t in visit], dtype=np.float64)
+                     for p in points]
+            scores = [np.asarray(p["scores"], dtype=np.float64) for p in points]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TunelabError(f"landscape {name}: not a landscape file ({type(exc).__name__}: {exc})") from None
+        if not points or any(s.size == 0 for s in scores) or any(np.any(s <= 0) for s in scores):
+            raise TunelabError(f"landscape {name}: no measured points, or a score that is not positive")
+        if all(p.size for p in pools):
+            means = np.asarray([float(np.mean(per_step / p)) for p in pools])
+            return cls(name, space, knobs, pools, means, 0.0, per_step)
+        logs = [np.log(s) for s in scores]
+        pooled = [x - x.mean() for x in logs if x.size > 1]
+        block_sigma = float(np.sqrt(np.mean(np.concatenate(pooled) ** 2) * 2.0)) if pooled else 0.02
+        means = np.asarray([float(np.mean(s)) for s in scores])
+        return cls(name, space, knobs, [np.empty(0)] * len(knobs), means, block_sigma * STEP_SPREAD_OF_BLOCK)
+
+    @classmethod
+    def load(cls, path: Path) -> Landscape:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise TunelabError(f"cannot read landscape {path}: {exc}") from None
+        return cls.from_dict(doc, Path(path).stem)
+
+    @property
+    def best(self) -> float:
+        return float(self.means.max())
+
+    def nearest(self, knobs: Knobs) -> int:
+        if knobs in self._cache:
+            return self._cache[knobs]
+        cats = self.space.booleans()
+        u = [x for n, x in zip(self.space.names, self.space.unit_point(knobs)) if n not in cats]
+        dist = np.sqrt(((self._coords - np.asarray(u)) ** 2).sum(axis=1)) if u else np.zeros(len(self.knobs))
+        want = tuple(getattr(knobs, n) for n in cats)
+        dist = np.where([c == want for c in self._cats], dist, np.inf)
+        if not np.isfinite(dist).any():
+            raise TunelabError(f"landscape {self.name}: no grid point with {dict(zip(cats, want))}")
+        self._cache[knobs] = int(np.argmin(dist))
+        return self._cache[knobs]
+
+    def true_score(self, knobs: Knobs) -> float:
+        return float(self.means[self.nearest(knobs)])
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The host's speed over time: a factor on step times, ``exp(amplitude * wave(t))`` with ``wave`` two
+    seeded sines (periods ``period_s`` and about a third of it) scaled to stay within [-1, 1]."""
+
+    amplitude: float = 0.05
+    period_s: float = 120.0
+    seed: int = 0
+
+    def factor(self, t_s: float) -> float:
+        if self.amplitude == 0:
+            return 1.0
+        p1, p2, ratio = _drift_phases(self.seed)
+        short = self.period_s / ratio
+        wave = 0.7 * math.sin(2 * math.pi * t_s / self.period_s + p1) + 0.3 * math.sin(2 * math.pi * t_s / short + p2)
+        return math.exp(self.amplitude * wave)
+
+
+@functools.lru_cache(maxsize=256)
+def _drift_phases(seed: int) -> tuple[float, float, float]:
+    rng = np.random.default_rng(10_000 + seed)
+    p1, p2 = rng.uniform(0.0, 2 * math.pi, 2)
+    return float(p1), float(p2), float(rng.uniform(3.0, 4.5))
+
+
+class Objective:
+    """Step times of a landscape (or of ``later`` from ``switch_s`` seconds on: an optimum that moves)."""
+
+    def __init__(self, landscape: Landscape, seed: int, drift: Drift | None = None,
+                 later: Landscape | None = None, switch_s: float = math.inf) -> None:
+        self.landscape, self.later, self.switch_s = landscape, later, switch_s
+        self.drift = drift or Drift(0.0)
+        self.rng = np.random.default_rng(seed)
+        self.t_s = 0.0
+
+    def current(self) -> Landscape:
+        return self.later if self.later is not None and self.t_s >= self.switch_s else self.landscape
+
+    def step_s(self, knobs: Knobs) -> float:
+        land = self.current()
+        i = land.nearest(knobs)
+        pool = land.step_pools[i]
+        if pool.size:
+            base = float(pool[self.rng.integers(pool.size)])
+        else:
+            base = land.samples_per_step / (land.means[i] * math.exp(self.rng.normal(0.0, land.sigma)))
+        step = base * self.drift.factor(self.t_s)
+        self.t_s += step
+        return step
+
+
+def simulate(driver: Driver, objective: Objective, max_steps: int = 5000) -> Driver:
+    """Run ``driver`` on ``objective`` until it locks (or, retuning, for ``max_steps`` steps)."""
+    for _ in range(max_steps):
+        driver.step_done(objective.step_s(driver.knobs))
+        if not driver.tuning and not driver.plan.retune:
+            break
+    return driver
+
+
+def synthetic(name: str, space: SearchSpace, grid: dict[str, list[object]], speed: Callable[[Knobs], float],
+              noise: float, seed: int = 0, visits: int = 3, steps_per_visit: int = 3) -> Landscape:
+    """A landscape with a known truth: ``speed(knobs)`` steps/s at each grid point, recorded as
+    ``visits`` x ``steps_per_visit`` step times with log-normal noise ``noise`` (for tests and checks)."""
+    rng = np.random.default_rng(seed)
+    names = list(grid)
+    points = []
+    for combo in itertools.product(*(grid[n] for n in names)):
+        knobs = space.base.replace(**dict(zip(names, combo)))
+        steps = [[float(math.exp(rng.normal(0.0, noise)) / speed(knobs)) for _ in range(steps_per_visit)]
+                 for _ in range(visits)]
+        points.append({"knobs": knobs.as_dict(), "scores": [1.0 / float(np.median(v)) for v in steps],
+                       "steps_s": steps})
+    doc = {"space": {"names": list(space.names), "base": space.base.as_dict()}, "points": points,
+           "samples_per_step": 1.0}
+    return Landscape.from_dict(doc, name)

@@ -1,0 +1,103 @@
+"""What a tuning run reports: the decision with its gain interval, the cost, and the drift it saw."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..knobs import Knobs
+from .driver import Decision, Driver
+from .strategies import Observation
+
+
+def summarise(driver: Driver, final: list[float], workload: Any, space: Any, seconds: float, topo: Any) -> dict:
+    """The JSON-able result of ``tunelab tune`` (also what the report and the profile store read)."""
+    decision = driver.decisions[-1]
+    default = space.base
+    epoch = [s for s in driver.samples if s.epoch == decision.epoch]
+    ref_scores = [s.score for s in epoch if s.role == "reference"]
+    locked_scores = ([s.score for s in epoch if s.knobs == decision.knobs and s.phase == "remeasure"]
+                     if decision.adopted else ref_scores)
+    result: dict[str, Any] = {
+        "model": workload.name, "signature": workload.signature, "world_size": topo.size,
+        "nodes": topo.num_nodes, "seconds": seconds, "searched": list(space.names),
+        "stop_reason": decision.stop_reason, "converged": decision.converged,
+        "adopted": decision.adopted, "decision": decision.reason,
+        "default": _config(default, ref_scores),
+        "best": _config(decision.knobs, locked_scores),
+        "gain": decision.interval.gain if decision.adopted and decision.interval else 1.0,
+        "gain_interval": decision.interval.as_dict() if decision.adopted and decision.interval else None,
+        "steps_to_lock": decision.steps, "samples_to_lock": decision.samples,
+        "seconds_to_lock": decision.seconds,
+        "locked_final": {"score": float(np.median(final)), "scores": final},
+        "drift": drift_seen(driver, decision.epoch),
+        "decisions": [decision_dict(d) for d in driver.decisions],
+        "samples": [_sample(s) for s in driver.samples],
+    }
+    if not decision.adopted and decision.best is not None and decision.interval is not None:
+        up = [s.score for s in epoch if s.knobs == decision.best and s.phase == "remeasure"]
+        result["runner_up"] = {**_config(decision.best, up), "interval": decision.interval.as_dict()}
+    return result
+
+
+def gain_text(result: dict) -> str:
+    """"1.12x [1.07, 1.18] over the default" or why the default was kept, with the best finalist's interval."""
+    iv = result.get("gain_interval")
+    if result.get("adopted") and iv:
+        return f"{iv['gain']:.3f}x [{iv['low']:.3f}, {iv['high']:.3f}] over the default"
+    up = result.get("runner_up")
+    if up and up.get("interval"):
+        u = up["interval"]
+        return (f"1.000x: default kept; the best finalist measured {u['gain']:.3f}x [{u['low']:.3f}, "
+                f"{u['high']:.3f}], {result.get('decision', '')}")
+    return f"1.000x: default kept ({result.get('decision', 'no decision recorded')})"
+
+
+def drift_seen(driver: Driver, epoch: int) -> dict:
+    """The reference's blocks over time: how far the host's speed wandered, and one block's noise."""
+    refs = [s for s in driver.samples if s.role == "reference" and s.epoch == epoch]
+    scores = [s.score for s in refs]
+    sigma, _ = driver.sigma() if refs else (float("nan"), 0)
+    spread = (max(scores) - min(scores)) / float(np.mean(scores)) if len(scores) > 1 else 0.0
+    return {"reference_scores": scores, "reference_at_s": [s.at_s for s in refs],
+            "range_frac": spread, "block_sigma_frac": math.expm1(sigma) if refs else None}
+
+
+def decision_dict(d: Decision) -> dict:
+    return {"epoch": d.epoch, "knobs": d.knobs.as_dict(), "adopted": d.adopted,
+            "best": d.best.as_dict() if d.best is not None else None,
+            "interval": d.interval.as_dict() if d.interval is not None else None, "reason": d.reason,
+            "stop_reason": d.stop_reason, "converged": d.converged, "samples": d.samples, "steps": d.steps,
+            "seconds": d.seconds}
+
+
+def stored_observations(trials: list[Any], extra_sigma: float) -> list[Observation]:
+    """Earlier runs' trials as a strategy's observations: per run, each explored candidate's log
+    samples/s over the mean of that run's default blocks, its variance widened by ``extra_sigma``."""
+    by_run: dict[str, list[Any]] = {}
+    for t in trials:
+        by_run.setdefault(t.run_id, []).append(t)
+    out: list[Observation] = []
+    for run in by_run.values():
+        refs = [t.score for t in run if t.phase == "default"]
+        if not refs:
+            continue
+        ref = math.log(float(np.mean(refs)))
+        logs = [math.log(t.score) - ref for t in run if t.phase == "default"]
+        noise = float(np.var(logs)) if len(logs) > 1 else 0.03 ** 2
+        out += [Observation(Knobs(**t.knobs), math.log(t.score) - ref, 2 * noise + extra_sigma ** 2)
+                for t in run if t.phase == "explore" and t.score > 0]
+    return out
+
+
+def _config(knobs: Knobs, scores: list[float]) -> dict:
+    return {"knobs": knobs.as_dict(), "score": float(np.mean(scores)) if scores else float("nan"),
+            "scores": scores}
+
+
+def _sample(s: Any) -> dict:
+    return {"index": s.index, "phase": s.phase, "role": s.role, "knobs": s.knobs.as_dict(), "score": s.score,
+            "spread": s.spread, "steps": s.steps, "seconds": s.seconds, "at_s": s.at_s, "epoch": s.epoch,
+            "ratio": math.exp(s.told) if s.told is not None else None}

@@ -1,0 +1,200 @@
+"""Search strategies behind one ask/tell interface, all driven by the same protocol (:mod:`.driver`).
+
+A strategy proposes knobs (``ask``), learns a measured value (``tell(knobs, value, variance)``: the
+paired log ratio to the reference and its variance), says when it has nothing left worth trying
+(``converged``) and ranks what it measured (``ranked``).  ``warm_start`` hands it earlier trials.
+
+* ``tunelab``: a Gaussian process over the joint space (:class:`tunelab.tuning.tuner.Tuner`);
+* ``random``: uniform draws of the same space (log scales included);
+* ``horovod``: Horovod's autotune protocol: for each combination of the boolean knobs in turn, four
+  fixed starting points (fusion MiB, cycle ms) = (4, 5), (32, 50), (16, 25), (8, 10), then a fresh
+  Gaussian process with expected improvement until that combination has had 21 samples;
+* ``coordinate``: coordinate descent as AutoCCL tunes NCCL: one knob at a time, a few values along it
+  with the others at the incumbent, the best kept, then the next knob; converged after a full sweep
+  that changed nothing (or ``sweeps`` sweeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..knobs import Knobs, MiB
+from .space import SearchSpace
+
+HOROVOD_STARTS = ((4, 5.0), (32, 50.0), (16, 25.0), (8, 10.0))  # (fusion MiB, cycle ms)
+HOROVOD_SAMPLES = 21  # per combination of the boolean knobs
+
+
+@dataclass(frozen=True)
+class Observation:
+    knobs: Knobs
+    value: float     # paired log ratio to the reference: higher is faster
+    variance: float
+
+
+class Told:
+    """What every strategy keeps: the observations, and a ranking by mean value per configuration."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.observations: list[Observation] = []
+
+    def tell(self, knobs: Knobs, value: float, variance: float) -> None:
+        self.observations.append(Observation(knobs, float(value), float(variance)))
+
+    def warm_start(self, observations: list[Observation]) -> None:
+        for o in observations:
+            self.tell(o.knobs, o.value, o.variance)
+
+    def ranked(self) -> list[Knobs]:
+        means: dict[Knobs, list[float]] = {}
+        for o in self.observations:
+            means.setdefault(o.knobs, []).append(o.value)
+        return sorted(means, key=lambda k: -float(np.mean(means[k])))
+
+    def recommend(self) -> Knobs | None:
+        """The configuration to confirm first: by default the best measured one."""
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    def converged(self) -> bool:
+        return False
+
+
+class RandomSearch(Told):
+    name = "random"
+
+    def __init__(self, space: SearchSpace, seed: int = 0) -> None:
+        super().__init__(space)
+        self._rng = np.random.default_rng(seed)
+
+    def ask(self) -> Knobs:
+        return self.space.from_unit(self._rng.random(len(self.space.names)).tolist())
+
+
+class CoordinateDescent(Told):
+    name = "coordinate"
+
+    def __init__(self, space: SearchSpace, seed: int = 0, values_per_knob: int = 3, sweeps: int = 2) -> None:
+        super().__init__(space)
+        self.values_per_knob, self.sweeps = values_per_knob, sweeps
+        self._rng = np.random.default_rng(seed)
+        self.incumbent = space.base
+        self._axis, self._sweep, self._changed = 0, 0, False
+        self._line: list[Knobs] = []
+        self._done = not space.names
+
+    def ask(self) -> Knobs:
+        if not self._line and not self._done:
+            self._line = self._line_of(self.space.names[self._axis])
+        pending = [k for k in self._line if k not in {o.knobs for o in self.observations}]
+        return pending[0] if pending else self.incumbent
+
+    def tell(self, knobs: Knobs, value: float, variance: float) -> None:
+        super().tell(knobs, value, variance)
+        measured = {o.knobs for o in self.observations}
+        if self._line and all(k in measured for k in self._line):
+            self._finish_line()
+
+    def converged(self) -> bool:
+        return self._done
+
+    def _line_of(self, name: str) -> list[Knobs]:
+        scale = self.space.scale(name)
+        if scale.kind == "bool":
+            values: list[object] = [not getattr(self.incumbent, name)]
+        else:
+            offset = self._rng.random() / self.values_per_knob  # a fresh grid along the axis each sweep
+            values = [scale.from_unit(offset + i / self.values_per_knob) for i in range(self.values_per_knob)]
+        line = [self.incumbent.replace(**{name: v}) for v in values]
+        return [k for k in dict.fromkeys(line) if k != self.incumbent]
+
+    def _finish_line(self) -> None:
+        means: dict[Knobs, list[float]] = {}
+        for o in self.observations:
+            means.setdefault(o.knobs, []).append(o.value)
+
+        def value(k: Knobs) -> float:  # the default is the reference: 0 by definition until measured
+            return float(np.mean(means[k])) if k in means else (0.0 if k == self.space.base else -np.inf)
+
+        best = max([self.incumbent, *self._line], key=value)
+        if best != self.incumbent:
+            self.incumbent, self._changed = best, True
+        self._line = []
+        self._axis += 1
+        if self._axis == len(self.space.names):
+            self._axis, self._sweep = 0, self._sweep + 1
+            self._done = self._sweep >= self.sweeps or not self._changed
+            self._changed = False
+
+
+class HorovodProtocol(Told):
+    name = "horovod"
+
+    def __init__(self, space: SearchSpace, seed: int = 0) -> None:
+        super().__init__(space)
+        self.seed = seed
+        self.combos = _boolean_combinations(space)
+        self._combo, self._count = 0, 0
+        self._search = self._fresh()
+
+    def ask(self) -> Knobs:
+        spent = self._count >= HOROVOD_SAMPLES or (not self._search.space.names and self._count >= 1)
+        if spent and self._combo + 1 < len(self.combos):
+            self._combo, self._count = self._combo + 1, 0
+            self._search = self._fresh()
+        self._count += 1
+        starts = self._starts()
+        if self._count <= len(starts):
+            return starts[self._count - 1]
+        return self._search.ask()
+
+    def tell(self, knobs: Knobs, value: float, variance: float) -> None:
+        super().tell(knobs, value, variance)
+        if all(getattr(knobs, n) == v for n, v in self.combos[self._combo].items()):
+            self._search.tell(knobs, value, variance)
+
+    def converged(self) -> bool:
+        last = self._combo == len(self.combos) - 1
+        return last and (self._count >= HOROVOD_SAMPLES or not self._search.space.names)
+
+    def _fresh(self) -> Told:
+        from .tuner import Tuner
+
+        sub = self.space.restricted(self.combos[self._combo])
+        return Tuner(sub, seed=self.seed + self._combo, initial_points=0, patience=10 ** 9)
+
+    def _starts(self) -> list[Knobs]:
+        sub = self._search.space
+        out = []
+        for mib, ms in HOROVOD_STARTS:
+            values = {"fusion_threshold_bytes": mib * MiB, "cycle_time_ms": ms}
+            out.append(sub.base.replace(**{k: v for k, v in values.items() if k in sub.names}))
+        return list(dict.fromkeys(out)) if sub.names else [sub.base]
+
+
+def _boolean_combinations(space: SearchSpace) -> list[dict[str, object]]:
+    combos: list[dict[str, object]] = [{}]
+    for name in space.booleans():
+        first = getattr(space.base, name)
+        combos = [{**c, name: v} for c in combos for v in (first, not first)]
+    return combos
+
+
+def _tunelab(space: SearchSpace, seed: int) -> Told:
+    from .tuner import Tuner
+
+    return Tuner(space, seed=seed)
+
+
+STRATEGIES: dict[str, Callable[[SearchSpace, int], Told]] = {
+    "tunelab": _tunelab, "random": RandomSearch, "horovod": HorovodProtocol, "coordinate": CoordinateDescent}
+
+
+def make_strategy(name: str, space: SearchSpace, seed: int = 0) -> Told:
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; strategies are {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](space, seed)
