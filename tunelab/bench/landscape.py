@@ -101,6 +101,7 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
     points = grid_points(p["grid"], space.base)
     order = visit_order(len(points), p["repeats"], p.get("seed", 0))
     scores: list[list[float]] = [[] for _ in points]
+    steps_s: list[list[list[float]]] = [[] for _ in points]  # every visit's measured step times
     load_before = os.getloadavg()[0]  # other work on the host skews a landscape: keep the evidence
     for _ in range(p["warmup_steps"]):
         workload.step()
@@ -116,12 +117,16 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
             workload.step()
             times.append(time.perf_counter() - t)
         scores[i].append(float(np.median(workload.samples_per_step / np.asarray(times))))
+        steps_s[i].append([float(t) for t in times])
         if comm.rank == 0:
             print(f"[{n + 1:>3}/{len(order)}] {describe(points[i]):<40} {scores[i][-1]:8.2f} samples/s",
                   flush=True)
     if comm.rank != 0:
         return {}
     result = _result(p, rt, workload, space, points, scores, order, time.perf_counter() - t0)
+    for point, visits in zip(result["points"], steps_s):
+        point["steps_s"] = visits
+    result["samples_per_step"] = workload.samples_per_step
     result["host_load_1min"] = {"start": load_before, "end": os.getloadavg()[0]}
     return result
 
@@ -137,6 +142,7 @@ def _result(p: dict, rt: Any, workload: Any, space: Any, points: list[Knobs], sc
         "model": workload.name, "workload": p["workload"],
         "framework": p["framework"] if p["workload"] == "train" else "replay",
         "signature": workload.signature, "world_size": topo.size, "nodes": topo.num_nodes,
+        "dtype": p.get("replay_dtype", "float32") if p["workload"] == "replay" else None,
         "repeats": p["repeats"], "seed": p.get("seed", 0), "order": order,
         "warmup_steps": p["warmup_steps"], "discard_steps": p["discard_steps"],
         "measure_steps": p["measure_steps"], "seconds": seconds, "hardware": host_info(),
@@ -166,6 +172,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"knob values to combine (default: {' '.join(DEFAULT_GRID)})")
     p.add_argument("--repeats", type=_positive_int, default=2, help="visits per grid point (default 2)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="shuffles the visiting order")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="gradient dtype of a replay scenario (default float32)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the landscape as JSON")
     p.set_defaults(func=_cmd)
     return p
@@ -195,7 +203,10 @@ def _cmd(args: argparse.Namespace) -> int:
           f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {scenario.np} ranks, "
           f"{count} grid points x {args.repeats} visits x {scenario.discard_steps}+{scenario.measure_steps} steps",
           flush=True)
-    params = {**scenario.as_params(), "grid": grid, "repeats": args.repeats, "seed": args.seed}
+    if args.dtype is not None and scenario.workload != "replay":
+        raise TunelabError(f"--dtype applies to replay scenarios; {scenario.name} trains {scenario.model}")
+    params = {**scenario.as_params(), "grid": grid, "repeats": args.repeats, "seed": args.seed,
+              "replay_dtype": args.dtype or "float32"}
     result = run_job("bench-landscape", params, scenario.np)
     result["scenario"] = scenario.name
     _print_table(result)
