@@ -119,6 +119,25 @@ extern "C" __global__ void narrow(i64 src, i64 dst, i64 n, int kind) {
     for (i64 i = first; i < n; i += step) ((u16*)dst)[i] = f32_to_half(((const float*)src)[i], kind);
 }
 
+// Row r of the table: count, nsrc source addresses, ndst destination addresses.  Every element is
+// combined from every source in order, scaled if asked, and written to every destination.
+extern "C" __global__ void reduce_bcast_half(const i64* table, int nrows, int nsrc, int ndst, int kind,
+                                             int op, float factor, int scaled) {
+    GRID_X
+    const int width = 1 + nsrc + ndst;
+    FOR_ROWS {
+        const i64* row = table + (i64)r * width;
+        const i64 n = row[0];
+        for (i64 i = first; i < n; i += step) {
+            float acc = half_to_f32(((const u16*)row[1])[i], kind);
+            for (int j = 1; j < nsrc; ++j) acc = combine<float, float>(acc, half_to_f32(((const u16*)row[1 + j])[i], kind), op);
+            u16 h = f32_to_half(acc, kind);
+            if (scaled) h = f32_to_half(half_to_f32(h, kind) * factor, kind);
+            for (int j = 0; j < ndst; ++j) ((u16*)row[1 + nsrc + j])[i] = h;
+        }
+    }
+}
+
 #define TYPED_KERNELS(NAME, T, U)                                                                   \
 extern "C" __global__ void scale_rows_##NAME(const i64* rows, int nrows, T factor) {                \
     GRID_X                                                                                          \
@@ -135,6 +154,21 @@ extern "C" __global__ void reduce_##NAME(i64 out, const i64* srcs, int k, i64 n,
         T acc = ((const T*)srcs[0])[i];                                                             \
         for (int j = 1; j < k; ++j) acc = combine<T, U>(acc, ((const T*)srcs[j])[i], op);           \
         ((T*)out)[i] = acc;                                                                         \
+    }                                                                                               \
+}                                                                                                   \
+extern "C" __global__ void reduce_bcast_##NAME(const i64* table, int nrows, int nsrc, int ndst,     \
+                                               int op, T factor, int scaled) {                      \
+    GRID_X                                                                                          \
+    const int width = 1 + nsrc + ndst;                                                              \
+    FOR_ROWS {                                                                                      \
+        const i64* row = table + (i64)r * width;                                                    \
+        const i64 n = row[0];                                                                       \
+        for (i64 i = first; i < n; i += step) {                                                     \
+            T acc = ((const T*)row[1])[i];                                                          \
+            for (int j = 1; j < nsrc; ++j) acc = combine<T, U>(acc, ((const T*)row[1 + j])[i], op); \
+            if (scaled) acc = wrap_mul<T, U>(acc, factor);                                          \
+            for (int j = 0; j < ndst; ++j) ((T*)row[1 + nsrc + j])[i] = acc;                        \
+        }                                                                                           \
     }                                                                                               \
 }
 
@@ -311,6 +345,24 @@ class CupyBackend(DeviceArrayOps):
             self._launch("reduce_half", self._flat_grid(count), (*args, np.int32(kind)), stream)
         else:
             self._launch(f"reduce_{name}", self._flat_grid(count), args, stream)
+
+    def reduce_bcast(self, table: DeviceTable, nsrc: int, ndst: int, max_count: int, dtype: np.dtype,
+                     op: ReduceOp, factor: float | None, stream: Any = None) -> None:
+        """One launch over ``table`` (rows: count, ``nsrc`` sources, ``ndst`` destinations): every
+        destination of a row receives ``op`` over its sources (times ``factor`` if given)."""
+        if not table.rows or max_count <= 0:
+            return
+        name, kind = np.dtype(dtype).name, half_kind(dtype)
+        if not kind and name not in _TYPED:
+            raise TypeError(f"cupy kernels do not handle {name}")
+        head = (table.array, np.int32(table.rows), np.int32(nsrc), np.int32(ndst))
+        scaled = np.int32(factor is not None)
+        if kind:
+            args = (*head, np.int32(kind), np.int32(op), np.float32(factor or 1.0), scaled)
+            self._launch("reduce_bcast_half", self._row_grid(table.rows, max_count, 1), args, stream)
+        else:
+            args = (*head, np.int32(op), np.dtype(dtype).type(factor or 1), scaled)
+            self._launch(f"reduce_bcast_{name}", self._row_grid(table.rows, max_count, 1), args, stream)
 
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
         """Pointer-level :meth:`cast` of ``count`` elements."""

@@ -173,7 +173,43 @@ def _narrow(src, dst, n, kind):
         _st(dst, i, _f32_to_half(_ld(src, i, np.float32(0)), kind), np.uint16(0))
 
 
-_KERNELS = (_copy_rows, _scale_rows, _scale_rows_half, _reduce, _reduce_half, _widen, _narrow)
+def _reduce_bcast(table, nsrc, ndst, like, op, factor, scaled):
+    """Row r of ``table``: count, ``nsrc`` source addresses, ``ndst`` destination addresses.  Each
+    element is combined from every source (in order), scaled when ``scaled``, and written to every
+    destination: one pass that reads every rank's input and writes every rank's output."""
+    first = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    step = cuda.gridDim.x * cuda.blockDim.x
+    for r in range(cuda.blockIdx.y, table.shape[0], cuda.gridDim.y):
+        n = table[r, 0]
+        for i in range(first, n, step):
+            acc = _ld(table[r, 1], i, like)
+            for j in range(1, nsrc):
+                acc = _combine(acc, _ld(table[r, 1 + j], i, like), op)
+            if scaled:
+                acc = acc * factor
+            for j in range(ndst):
+                _st(table[r, 1 + nsrc + j], i, acc, like)
+
+
+def _reduce_bcast_half(table, nsrc, ndst, kind, op, factor, scaled):
+    bits = np.uint16(0)
+    first = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    step = cuda.gridDim.x * cuda.blockDim.x
+    for r in range(cuda.blockIdx.y, table.shape[0], cuda.gridDim.y):
+        n = table[r, 0]
+        for i in range(first, n, step):
+            acc = _half_to_f32(_ld(table[r, 1], i, bits), kind)
+            for j in range(1, nsrc):
+                acc = _combine(acc, _half_to_f32(_ld(table[r, 1 + j], i, bits), kind), op)
+            h = _f32_to_half(acc, kind)
+            if scaled:  # the sum rounds to the half type first, then scales in float32 (as unpacking does)
+                h = _f32_to_half(_half_to_f32(h, kind) * factor, kind)
+            for j in range(ndst):
+                _st(table[r, 1 + nsrc + j], i, h, bits)
+
+
+_KERNELS = (_copy_rows, _scale_rows, _scale_rows_half, _reduce, _reduce_half, _widen, _narrow,
+            _reduce_bcast, _reduce_bcast_half)
 
 
 # ---- device implementations of the memory primitives (typing + LLVM codegen for @intrinsic) ----
@@ -401,6 +437,22 @@ class NumbaCudaBackend(DeviceArrayOps):
         else:
             like = np.dtype(dtype).type(0)
             self._k.reduce[grid, self._block, stream](int(out_addr), srcs.array, int(count), like, int(op))
+
+    def reduce_bcast(self, table: DeviceTable, nsrc: int, ndst: int, max_count: int, dtype: np.dtype,
+                     op: ReduceOp, factor: float | None, stream: Any = 0) -> None:
+        """One launch over ``table`` (rows: count, ``nsrc`` sources, ``ndst`` destinations): every
+        destination of a row receives ``op`` over its sources (times ``factor`` if given)."""
+        if not table.rows or max_count <= 0:
+            return
+        grid = self._row_grid(table.rows, max_count, 1)
+        kind, scaled = half_kind(dtype), factor is not None
+        if kind:
+            self._k.reduce_bcast_half[grid, self._block, stream](table.array, nsrc, ndst, kind, int(op),
+                                                                 np.float32(factor or 1.0), scaled)
+        else:
+            like = np.dtype(dtype).type(0)
+            self._k.reduce_bcast[grid, self._block, stream](table.array, nsrc, ndst, like, int(op),
+                                                            np.dtype(dtype).type(factor or 1), scaled)
 
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
         """Pointer-level :meth:`cast` of ``count`` elements."""

@@ -454,6 +454,53 @@ def case_device_structure(comm: MPI.Comm, calls: int = 3) -> dict:
     return out
 
 
+def case_shared_gpu(comm: MPI.Comm, seed: int = 5) -> dict:
+    """Ranks sharing one GPU (simulated): the first rank reads every rank's tensors and writes every
+    rank's outputs in one launch per dtype; the others launch nothing.  Against numpy, with the
+    launches counted; memory that cannot be shared takes the staged algorithms, still exact."""
+    from tunelab.engine.device_share import sim_device_array
+    from tunelab.kernels import get_backend, register_backend
+
+    counting = CountingBackend(get_backend("numba-cuda"))
+    register_backend("numba-cuda", counting)
+    from numba import cuda
+
+    out: dict = {"failures": [], "checks": 0}
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096))
+    specs = [("float32", 300, "sum"), ("float16", 7, "average"), ("bfloat16", 1000, "average"),
+             ("float32", 1, "min"), ("int32", 2500, "max"), ("float64", 0, "sum")]
+    arrays = {}  # the same device tensors every round, as a training step's gradients are
+    for rnd in range(4):
+        if rnd == 3:
+            counting.counts.clear()  # the warm round
+        for dtype_name, count, op in specs:
+            dtype = dtype_from_name(dtype_name)
+            x = [exact_inputs(count, dtype, comm.size, seed + rnd + count), exact_inputs(3, dtype, comm.size, seed)]
+            if dtype_name + op not in arrays:
+                arrays[dtype_name + op] = ([sim_device_array(v[comm.rank]) for v in x],
+                                           [sim_device_array(np.zeros_like(v[comm.rank])) for v in x])
+            ins, fresh = arrays[dtype_name + op]
+            for d, v in zip(ins, x):
+                if v[comm.rank].size:  # (the simulator cannot copy an empty array)
+                    d.copy_to_device(v[comm.rank])
+            outs = ins if rnd % 2 else fresh  # in place every other round
+            engine.allreduce_batch(ins, op, outs=outs)
+            for o, v in zip(outs, x):
+                out["checks"] += 1
+                if bit_mismatches(o.copy_to_host(), reference(v, op)):
+                    out["failures"].append(f"round {rnd} {dtype_name}[{count}] {op}: wrong")
+    out["leader"] = engine._device.shared is not None and engine._device.shared.leader
+    out["counts"] = dict(counting.counts)  # the last round: warm, one call per spec
+    # Plain simulator arrays are private to their process: the call falls back to staging, exactly.
+    x = exact_inputs(700, np.dtype(np.float32), comm.size, seed)
+    got = engine.allreduce(cuda.to_device(x[comm.rank]), "sum")
+    out["checks"] += 1
+    if bit_mismatches(got.copy_to_host(), reference(x, "sum")):
+        out["failures"].append("fallback: wrong")
+    engine.close()
+    return out
+
+
 def _find_case(name: str):
     if name in globals():
         return globals()[name]

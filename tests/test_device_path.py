@@ -108,3 +108,23 @@ def test_a_warm_device_call_uploads_no_table_allocates_nothing_and_never_waits_f
                     assert pc.get("stream_sync", 0) == 0 and pc["wait_event"] == (n - 1) + 2, r
                 else:  # the stream (never the device) is waited on once, at the ordering point
                     assert pc["stream_sync"] == 1 and pc["wait_event"] == 2, r
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_ranks_sharing_a_gpu_let_one_rank_do_all_the_device_work(n):
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_SHARED_GPU": "leader"}
+    run = run_case("shared_gpu", n, 600, env=env)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    specs = 6  # calls in the counted round, one dtype each
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [] and res["checks"] == 4 * 12 + 1, f"rank {rank}: {res['failures']}"
+        counts = res["counts"]
+        assert res["leader"] == (rank == 0)
+        if rank == 0:  # one launch per call and dtype, tables already on the device
+            assert counts.get("reduce_bcast") == specs, counts
+            assert counts.get("upload_table", 0) == 0 and counts.get("synchronize", 0) == 0, counts
+        else:  # peers launch nothing: they wait for their producer on the host and meet at barriers
+            for launch in ("reduce_bcast", "copy_table", "scale_copy_table", "reduce"):
+                assert counts.get(launch, 0) == 0, (launch, counts)
+            assert counts.get("event_sync") == specs, counts

@@ -37,6 +37,7 @@ from ..kernels import ReduceOp, get_backend
 from ..kernels.base import DeviceTable
 from .device import cuda_aware_mpi, device_backend_name, simulated
 from .device_ipc import DeviceArena, PinnedStaging
+from .device_share import SharedGpu
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -135,6 +136,22 @@ class _RawEvent:
         self.ptr = ptr
 
 
+ENV_SHARED_GPU = "TUNELAB_SHARED_GPU"
+SHARED_GPU_MODES = ("auto", "leader", "peers")
+
+
+def _leader_mode(device_ids: list[str], topology: Topology) -> bool:
+    """Whether this rank votes for the leader protocol: ``TUNELAB_SHARED_GPU=leader`` forces it,
+    ``peers`` refuses it, ``auto`` takes it when every rank of the (only) node uses the same GPU."""
+    mode = os.environ.get(ENV_SHARED_GPU, "auto").strip() or "auto"
+    if mode not in SHARED_GPU_MODES:
+        raise ValueError(f"{ENV_SHARED_GPU} must be one of {', '.join(SHARED_GPU_MODES)}, got {mode!r}")
+    possible = topology.num_nodes == 1 and topology.local_size > 1
+    if mode == "auto":  # the simulator's one "GPU" is not a device processes contend for
+        return possible and len(set(device_ids)) == 1 and not simulated()
+    return possible and mode == "leader"
+
+
 def choose_ordering(configured: str, device_ids: list[str], backend: str) -> str:
     """``ipc-events`` when every rank of the node has a GPU of its own (and the back end can share
     events), ``stream-sync`` when some share one; a configured choice wins."""
@@ -177,10 +194,29 @@ class DevicePath:
         self._producers: dict[int, Any] = {}
         self._producer: Any = None
         device_ids = topology.local.allgather(kernels.device_id())
+        leader = topology.local.allgather(_leader_mode(device_ids, topology))
+        self.shared: SharedGpu | None = None
+        if all(leader):  # ranks sharing one GPU: the node's first rank does the device work
+            self.shared = SharedGpu(self, topology.local)
         configured = os.environ.get(ENV_ORDERING, "auto").strip() or "auto"
-        verdicts = topology.local.allgather(choose_ordering(configured, device_ids, kernels.name))
+        verdicts = topology.local.allgather(
+            "stream-sync" if self.shared is not None and configured == "auto"
+            else choose_ordering(configured, device_ids, kernels.name))
         name = verdicts[0] if len(set(verdicts)) == 1 else "stream-sync"  # all ranks alike
         self.ordering = IpcEventOrdering(self, topology.local) if name == "ipc-events" else StreamSyncOrdering(self)
+
+    @property
+    def ready_event(self) -> Any:
+        """The event ``begin`` recorded on the producer's stream."""
+        return self._ready
+
+    def run_shared(self, ins: list[Any], outs: list[Any], op: ReduceOp, factor: float, what: str) -> bool:
+        """The whole call through the shared-GPU leader, when ranks share one GPU; False (on every
+        rank alike) when they do not, or when some rank's memory cannot be shared."""
+        if self.shared is None:
+            return False
+        keep = [i for i, b in enumerate(ins) if b.size]
+        return self.shared.allreduce([ins[i] for i in keep], [outs[i] for i in keep], op, factor, what)
 
     # ---- a collective's bounds -------------------------------------------------------------------
     def begin(self, inputs: list[Any]) -> None:
@@ -266,6 +302,8 @@ class DevicePath:
 
     def free(self) -> None:
         self.synchronize()
+        if self.shared is not None:
+            self.shared.free()
         self.ordering.free()
         self.slots.free()
         self.arena.free()

@@ -193,6 +193,9 @@ class Engine:
             path = self._device_path() if device else self._host
             if device:
                 path.begin([arrays[i] for i in idx])  # after the producers' work on these tensors
+                if path.run_shared([arrays[i] for i in idx], [outs_[i] for i in idx], kop, call.factor, what):
+                    path.end([outs_[i] for i in idx])
+                    continue
             for bucket in self._plan([arrays[i] for i in idx], [groups_[i] for i in idx], [rows[i] for i in idx]):
                 members = [idx[j] for j in bucket.indices]
                 srcs = [arrays[i] if device or arrays[i].flags.c_contiguous else np.ascontiguousarray(arrays[i])

@@ -1,0 +1,297 @@
+"""Ranks that share one GPU: one rank does the device work of all of them.
+
+Measured on an H100 with two processes on one GPU, a phase in which *both* launch a kernel and wait
+for it costs ~229 µs (the GPU switches between the processes' contexts), one in which only one
+launches ~18 µs, and waiting on another process's IPC event 0.7–2.7 ms.  So when every rank of a
+node uses the same GPU, the node's first rank (the *leader*) maps every peer's tensors and, in
+one kernel launch, reads every rank's input and writes every rank's output; the other ranks
+launch nothing: they wait (on the host) for their own producer's event, publish where their tensors
+are, and wait at a host barrier for the leader to finish.  The launch moves exactly the bytes of
+the physical bound: N inputs read, N outputs written, no staging, no packing.
+
+Where tensors are: :class:`Exporter` finds the allocation that holds an address and exports it
+once (``cuMemGetAddressRange`` + ``cuIpcGetMemHandle``); the leader's :class:`Importer` opens each
+allocation once (``cuIpcOpenMemHandle``) and keeps it mapped.  Steady training steps reuse the same
+allocations, so a warm call exports and opens nothing and its kernel table is cached by content.
+An allocation is checked by its CUDA buffer id on every call, so memory freed and allocated again
+at the same address is exported anew rather than read through a stale mapping.  Memory that cannot
+be exported (e.g. from ``cudaMallocAsync`` pools) makes the whole call take the staged algorithms
+instead; ranks decide that together.
+
+Under Numba's CUDA simulator device memory is host memory: :func:`sim_device_array` makes
+"device" arrays in named shared memory, which the simulated exporter and importer share between
+processes the way CUDA IPC shares allocations, so the protocol runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import struct
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .device import simulated
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+_HANDLE_BYTES = 64
+_MAILBOX_BYTES = 1 << 20  # per rank: new handles and the call's tensor table
+_ENTRY = struct.Struct("<qqqqq")  # in key, in offset, out key, out offset, count
+
+
+class NotShareable(Exception):
+    """The memory at an address cannot be exported to another process."""
+
+
+# ---- the simulator's shareable "device" memory ------------------------------------------------------
+_SIM_ALLOCS: list[tuple[int, int, str, Any]] = []  # (base, size, shared-memory name, keep-alive)
+
+
+def sim_device_array(host: np.ndarray) -> Any:
+    """Under the simulator: a device array whose memory other processes can map (named shared memory),
+    holding a copy of ``host``."""
+    from multiprocessing import shared_memory
+
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    shm = shared_memory.SharedMemory(create=True, size=max(1, host.nbytes))
+    array = np.ndarray(host.shape, host.dtype, buffer=shm.buf)
+    array[...] = host
+    bisect.insort(_SIM_ALLOCS, (array.ctypes.data, max(1, host.nbytes), shm.name, shm))
+    return FakeCUDAArray(array)
+
+
+def _sim_range(addr: int) -> tuple[int, int, bytes, int]:
+    i = bisect.bisect_right(_SIM_ALLOCS, (addr, float("inf"))) - 1
+    if i >= 0:
+        base, size, name, _ = _SIM_ALLOCS[i]
+        if base <= addr < base + size:
+            return base, size, name.encode().ljust(_HANDLE_BYTES, b"\0"), base
+    raise NotShareable(f"address {addr:#x} is not in shareable simulated device memory")
+
+
+# ---- the CUDA driver, through ctypes (the same for CuPy and numba-cuda) ------------------------------
+class _Driver:
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise NotShareable(f"{what} failed (CUDA driver error {status})")
+
+    def address_range(self, addr: int) -> tuple[int, int]:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        self.check(self.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                                    ctypes.c_uint64(addr)), "cuMemGetAddressRange")
+        return base.value, size.value
+
+    def buffer_id(self, addr: int) -> int:
+        value = ctypes.c_uint64()
+        self.check(self.lib.cuPointerGetAttribute(ctypes.byref(value), 7,  # CU_POINTER_ATTRIBUTE_BUFFER_ID
+                                                  ctypes.c_uint64(addr)), "cuPointerGetAttribute")
+        return value.value
+
+    def export(self, base: int) -> bytes:
+        handle = (ctypes.c_char * _HANDLE_BYTES)()
+        self.check(self.lib.cuIpcGetMemHandle(handle, ctypes.c_uint64(base)), "cuIpcGetMemHandle")
+        return bytes(handle)
+
+    def open(self, handle: bytes) -> int:
+        class Handle(ctypes.Structure):
+            _fields_ = [("reserved", ctypes.c_char * _HANDLE_BYTES)]
+
+        ptr = ctypes.c_uint64()
+        self.check(self.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), Handle(handle), 1),  # lazy peer access
+                   "cuIpcOpenMemHandle")
+        return ptr.value
+
+    def close(self, ptr: int) -> None:
+        self.lib.cuIpcCloseMemHandle(ctypes.c_uint64(ptr))
+
+
+class Exporter:
+    """This rank's side: (allocation key, offset) for device addresses, exporting new allocations."""
+
+    def __init__(self) -> None:
+        self._driver = None if simulated() else _Driver()
+        self._allocs: list[tuple[int, int, int, int]] = []  # (base, size, key, buffer id), by base
+        self._next_key = 1
+        self.new: list[tuple[int, bytes]] = []  # (key, handle) exported since the last publish
+
+    def resolve_all(self, addrs: list[int]) -> list[tuple[int, int]]:
+        """(key, offset) of every address; NotShareable if some memory cannot be exported.  Each
+        allocation's buffer id is checked once per call."""
+        checked: set[int] = set()
+        return [self._resolve(addr, checked) for addr in addrs]
+
+    def _resolve(self, addr: int, checked: set[int]) -> tuple[int, int]:
+        i = bisect.bisect_right(self._allocs, (addr, float("inf"))) - 1
+        if i >= 0 and self._allocs[i][0] <= addr < self._allocs[i][0] + self._allocs[i][1]:
+            base, _, key, buf = self._allocs[i]
+            if i in checked or self._driver is None or self._driver.buffer_id(base) == buf:
+                checked.add(i)
+                return key, addr - base
+            del self._allocs[i]  # freed and allocated again at the same address: export anew
+            checked.clear()
+        if self._driver is None:
+            base, size, handle, buf = _sim_range(addr)
+        else:
+            base, size = self._driver.address_range(addr)
+            handle, buf = self._driver.export(base), self._driver.buffer_id(base)
+        key = self._next_key
+        self._next_key += 1
+        bisect.insort(self._allocs, (base, size, key, buf))
+        checked.clear()  # indices moved
+        self.new.append((key, handle))
+        return key, addr - base
+
+
+class Importer:
+    """The leader's side: every peer allocation opened once, by (rank, key)."""
+
+    def __init__(self) -> None:
+        self._driver = None if simulated() else _Driver()
+        self._opened: dict[tuple[int, int], tuple[int, Any]] = {}
+
+    def add(self, rank: int, key: int, handle: bytes) -> None:
+        if self._driver is None:
+            from multiprocessing import shared_memory
+
+            shm = shared_memory.SharedMemory(name=handle.rstrip(b"\0").decode())
+            view = np.ndarray((shm.size,), np.uint8, buffer=shm.buf)
+            self._opened[(rank, key)] = (view.ctypes.data, (shm, view))
+        else:
+            self._opened[(rank, key)] = (self._driver.open(handle), None)
+
+    def base(self, rank: int, key: int) -> int:
+        return self._opened[(rank, key)][0]
+
+    def close(self) -> None:
+        for ptr, keep in self._opened.values():
+            if self._driver is not None:
+                self._driver.close(ptr)
+            elif keep is not None:
+                del keep  # the mapping goes with the last reference
+        self._opened.clear()
+
+
+class Mailbox:
+    """One host shared-memory region per rank of the node: what it exported, where its tensors are."""
+
+    def __init__(self, local: MPI.Comm) -> None:
+        from mpi4py import MPI
+
+        self._win = MPI.Win.Allocate_shared(_MAILBOX_BYTES, 1, comm=local)
+        self.boxes = [np.frombuffer(self._win.Shared_query(q)[0], dtype=np.uint8) for q in range(local.size)]
+        self.mine = self.boxes[local.rank]
+
+    def publish(self, new: list[tuple[int, bytes]], entries: list[tuple[int, int, int, int, int]]) -> None:
+        """Write the new handles and the call's entries into this rank's box (read after a barrier)."""
+        need = 16 + len(new) * (8 + _HANDLE_BYTES) + len(entries) * _ENTRY.size
+        if need > _MAILBOX_BYTES:
+            raise NotShareable(f"one call names too many tensors to share ({len(entries)})")
+        buf = memoryview(self.mine)
+        struct.pack_into("<qq", buf, 0, len(new), len(entries))
+        at = 16
+        for key, handle in new:
+            struct.pack_into("<q", buf, at, key)
+            buf[at + 8:at + 8 + _HANDLE_BYTES] = handle
+            at += 8 + _HANDLE_BYTES
+        for entry in entries:
+            _ENTRY.pack_into(buf, at, *entry)
+            at += _ENTRY.size
+
+    def read(self, rank: int) -> tuple[list[tuple[int, bytes]], bytes]:
+        """(new handles, raw entries) of ``rank``'s box."""
+        buf = memoryview(self.boxes[rank])
+        n_new, n_entries = struct.unpack_from("<qq", buf, 0)
+        at, new = 16, []
+        for _ in range(n_new):
+            new.append((struct.unpack_from("<q", buf, at)[0], bytes(buf[at + 8:at + 8 + _HANDLE_BYTES])))
+            at += 8 + _HANDLE_BYTES
+        return new, bytes(buf[at:at + n_entries * _ENTRY.size])
+
+    def free(self) -> None:
+        self.boxes, self.mine = [], None
+        self._win.Free()
+
+
+class SharedGpu:
+    """The leader protocol for the ranks of one node that share one GPU (see the module doc)."""
+
+    def __init__(self, path: Any, local: MPI.Comm) -> None:
+        self.path, self.local = path, local
+        self.leader = local.rank == 0
+        self.exporter = Exporter()
+        self.importer = Importer() if self.leader else None
+        self.mailbox = Mailbox(local)
+        self._tables: dict[bytes, list[tuple[Any, int, np.dtype]]] = {}
+
+    def allreduce(self, ins: list[Any], outs: list[Any], op: Any, factor: float, what: str) -> bool:
+        """Reduce ``ins`` into ``outs`` on every rank; False on every rank alike when some rank's
+        memory cannot be shared (the caller then takes the staged algorithms)."""
+        path = self.path
+        ok = 1
+        if not self.leader:
+            try:
+                keys = self.exporter.resolve_all([b.addr for b in ins] + [b.addr for b in outs])
+                n = len(ins)
+                self.mailbox.publish(self.exporter.new, [(*keys[i], *keys[n + i], ins[i].size) for i in range(n)])
+            except NotShareable:
+                ok = 0
+            path.kernels.event_sync(path.ready_event)  # my producer wrote my inputs (no launch here)
+        flags = path.barrier.wait(ok, what)
+        if min(flags) == 0:  # type: ignore[type-var]
+            return False
+        self.exporter.new.clear()  # the leader reads them now, before anyone publishes again
+        if self.leader:
+            for table, max_count, dtype in self._launch_tables(ins, outs):
+                path.kernels.reduce_bcast(table, self.local.size, self.local.size, max_count, dtype, op,
+                                          None if factor == 1.0 else factor, stream=path.stream)
+            path.synchronize()  # every rank's outputs are written before anyone goes on
+        path.barrier.wait(what=what)
+        return True
+
+    def _launch_tables(self, ins: list[Any], outs: list[Any]) -> list[tuple[Any, int, np.dtype]]:
+        """The leader's kernel tables for this call, one per dtype (cached by what every rank sent)."""
+        parts = [np.array([[b.addr for b in ins], [b.addr for b in outs]], dtype=np.int64).tobytes()]
+        for q in range(1, self.local.size):
+            new, raw = self.mailbox.read(q)
+            for key, handle in new:
+                self.importer.add(q, key, handle)  # type: ignore[union-attr]
+            parts.append(raw)
+        key = b"|".join(parts)
+        found = self._tables.get(key)
+        if found is None:
+            found = self._tables[key] = self._build(ins, outs, parts[1:])
+        return found
+
+    def _build(self, ins: list[Any], outs: list[Any], raws: list[bytes]) -> list[tuple[Any, int, np.dtype]]:
+        nloc, n = self.local.size, len(ins)
+        srcs = np.empty((n, nloc), np.int64)
+        dsts = np.empty((n, nloc), np.int64)
+        srcs[:, 0] = [b.addr for b in ins]
+        dsts[:, 0] = [b.addr for b in outs]
+        for q, raw in enumerate(raws, start=1):
+            for i, (ik, io, ok, oo, _count) in enumerate(_ENTRY.iter_unpack(raw)):
+                srcs[i, q] = self.importer.base(q, ik) + io  # type: ignore[union-attr]
+                dsts[i, q] = self.importer.base(q, ok) + oo  # type: ignore[union-attr]
+        counts = np.array([b.size for b in ins], np.int64)
+        tables = []
+        for dtype in dict.fromkeys(b.dtype for b in ins):
+            rows = [i for i in range(n) if ins[i].dtype == dtype and counts[i] > 0]
+            if rows:
+                table = np.concatenate([counts[rows, None], srcs[rows], dsts[rows]], axis=1)
+                tables.append((self.path.kernels.upload_table(table), int(counts[rows].max()), dtype))
+        if len(self._tables) >= 256:
+            self.path.synchronize()
+            self._tables.clear()
+        return tables
+
+    def free(self) -> None:
+        if self.importer is not None:
+            self.importer.close()
+        self.mailbox.free()
