@@ -100,9 +100,55 @@ extern "C" __global__ void scale_rows_half(const i64* rows, int nrows, float fac
     }
 }
 
+// Vector-width access: when every address of a row is 16-byte aligned, threads move whole 16-byte
+// words (one load per source, one store), then finish the tail element by element.  Every element is
+// read from every source before the same thread writes it, so the output may alias any source, and
+// each element is combined in source order either way: the bits do not depend on the width.
+__device__ __forceinline__ bool aligned16(i64 bits, const i64* addrs, int k) {
+    for (int j = 0; j < k; ++j) bits |= addrs[j];
+    return (bits & 15) == 0;
+}
+
+template <typename T, typename U>
+__device__ __forceinline__ T combine_words(uint4* a, const i64* srcs, int k, i64 v, int op) {
+    T* at = reinterpret_cast<T*>(a);
+    for (int j = 1; j < k; ++j) {
+        const uint4 b = ((const uint4*)srcs[j])[v];
+        const T* bt = reinterpret_cast<const T*>(&b);
+#pragma unroll
+        for (int l = 0; l < (int)(16 / sizeof(T)); ++l) at[l] = combine<T, U>(at[l], bt[l], op);
+    }
+    return at[0];
+}
+
+__device__ __forceinline__ uint4 combine_half_words(const i64* srcs, int k, i64 v, int op, int kind) {
+    float acc[8];
+    const uint4 a = ((const uint4*)srcs[0])[v];
+    const u16* ah = reinterpret_cast<const u16*>(&a);
+#pragma unroll
+    for (int l = 0; l < 8; ++l) acc[l] = half_to_f32(ah[l], kind);
+    for (int j = 1; j < k; ++j) {
+        const uint4 b = ((const uint4*)srcs[j])[v];
+        const u16* bh = reinterpret_cast<const u16*>(&b);
+#pragma unroll
+        for (int l = 0; l < 8; ++l) acc[l] = combine<float, float>(acc[l], half_to_f32(bh[l], kind), op);
+    }
+    uint4 o;
+    u16* oh = reinterpret_cast<u16*>(&o);
+#pragma unroll
+    for (int l = 0; l < 8; ++l) oh[l] = f32_to_half(acc[l], kind);
+    return o;
+}
+
 extern "C" __global__ void reduce_half(i64 out, const i64* srcs, int k, i64 n, int op, int kind) {
     GRID_X
-    for (i64 i = first; i < n; i += step) {  // each element read from every source, then written: out may alias
+    i64 done = 0;
+    if (aligned16(out, srcs, k)) {
+        const i64 words = n / 8;
+        for (i64 v = first; v < words; v += step) ((uint4*)out)[v] = combine_half_words(srcs, k, v, op, kind);
+        done = words * 8;
+    }
+    for (i64 i = done + first; i < n; i += step) {
         float acc = half_to_f32(((const u16*)srcs[0])[i], kind);
         for (int j = 1; j < k; ++j) acc = combine<float, float>(acc, half_to_f32(((const u16*)srcs[j])[i], kind), op);
         ((u16*)out)[i] = f32_to_half(acc, kind);
@@ -128,7 +174,16 @@ extern "C" __global__ void reduce_bcast_half(const i64* table, int nrows, int ns
     FOR_ROWS {
         const i64* row = table + (i64)r * width;
         const i64 n = row[0];
-        for (i64 i = first; i < n; i += step) {
+        i64 done = 0;
+        if (!scaled && aligned16(0, row + 1, nsrc + ndst)) {
+            const i64 words = n / 8;
+            for (i64 v = first; v < words; v += step) {
+                const uint4 o = combine_half_words(row + 1, nsrc, v, op, kind);
+                for (int j = 0; j < ndst; ++j) ((uint4*)row[1 + nsrc + j])[v] = o;
+            }
+            done = words * 8;
+        }
+        for (i64 i = done + first; i < n; i += step) {
             float acc = half_to_f32(((const u16*)row[1])[i], kind);
             for (int j = 1; j < nsrc; ++j) acc = combine<float, float>(acc, half_to_f32(((const u16*)row[1 + j])[i], kind), op);
             u16 h = f32_to_half(acc, kind);
@@ -150,7 +205,17 @@ extern "C" __global__ void scale_rows_##NAME(const i64* rows, int nrows, T facto
 }                                                                                                   \
 extern "C" __global__ void reduce_##NAME(i64 out, const i64* srcs, int k, i64 n, int op) {         \
     GRID_X                                                                                          \
-    for (i64 i = first; i < n; i += step) {                                                         \
+    i64 done = 0;                                                                                   \
+    if (aligned16(out, srcs, k)) {                                                                  \
+        const i64 words = n / (16 / sizeof(T));                                                     \
+        for (i64 v = first; v < words; v += step) {                                                 \
+            uint4 a = ((const uint4*)srcs[0])[v];                                                   \
+            combine_words<T, U>(&a, srcs, k, v, op);                                                \
+            ((uint4*)out)[v] = a;                                                                   \
+        }                                                                                           \
+        done = words * (16 / sizeof(T));                                                            \
+    }                                                                                               \
+    for (i64 i = done + first; i < n; i += step) {                                                  \
         T acc = ((const T*)srcs[0])[i];                                                             \
         for (int j = 1; j < k; ++j) acc = combine<T, U>(acc, ((const T*)srcs[j])[i], op);           \
         ((T*)out)[i] = acc;                                                                         \
@@ -163,7 +228,17 @@ extern "C" __global__ void reduce_bcast_##NAME(const i64* table, int nrows, int 
     FOR_ROWS {                                                                                      \
         const i64* row = table + (i64)r * width;                                                    \
         const i64 n = row[0];                                                                       \
-        for (i64 i = first; i < n; i += step) {                                                     \
+        i64 done = 0;                                                                               \
+        if (!scaled && aligned16(0, row + 1, nsrc + ndst)) {                                        \
+            const i64 words = n / (16 / sizeof(T));                                                 \
+            for (i64 v = first; v < words; v += step) {                                             \
+                uint4 a = ((const uint4*)row[1])[v];                                                \
+                combine_words<T, U>(&a, row + 1, nsrc, v, op);                                      \
+                for (int j = 0; j < ndst; ++j) ((uint4*)row[1 + nsrc + j])[v] = a;                  \
+            }                                                                                       \
+            done = words * (16 / sizeof(T));                                                        \
+        }                                                                                           \
+        for (i64 i = done + first; i < n; i += step) {                                              \
             T acc = ((const T*)row[1])[i];                                                          \
             for (int j = 1; j < nsrc; ++j) acc = combine<T, U>(acc, ((const T*)row[1 + j])[i], op); \
             if (scaled) acc = wrap_mul<T, U>(acc, factor);                                          \

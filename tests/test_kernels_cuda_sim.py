@@ -207,6 +207,31 @@ def scale_copy_table_and_scale_match_cpu() -> None:
 
 
 @check
+def reduce_bcast_writes_the_reduction_to_every_destination_like_the_cpu_path() -> None:
+    """The shared-GPU kernel: each row's sources combined in order, scaled like unpacking (the sum
+    rounded to the dtype first), written to every destination; the reference is the CPU reduce
+    followed by the CPU scale-copy, i.e. the staged path's own steps."""
+    gpu, cpu = _backends()
+    for name in supported_names():
+        dt = dtype_from_name(name)
+        for op in ReduceOp:
+            for factor in (None, 1 / 3) if name not in ("int32", "int64") and op == ReduceOp.SUM else (None,):
+                rng = np.random.default_rng(len(name) + int(op))
+                counts = (5, 390, 0, 1)
+                srcs = [[rng.integers(-9, 10, c).astype(dt) for _ in range(3)] for c in counts]
+                dsts = [[np.full(c, 7, dt) for _ in range(2)] for c in counts]
+                table = np.array([[c, *_addrs(s), *_addrs(d)] for c, s, d in zip(counts, srcs, dsts)], np.int64)
+                gpu.reduce_bcast(gpu.upload_table(table), 3, 2, max(counts), dt, op, factor)
+                for c, s, d in zip(counts, srcs, dsts):
+                    want = np.empty(c, dt)
+                    cpu.reduce(want.ctypes.data, _addrs(s), c, dt, op)
+                    if factor is not None and c:
+                        cpu.scale_copy_table(np.array([[want.ctypes.data] * 2 + [c]], np.int64), dt, factor)
+                    for out in d:
+                        assert _same_bits(out, want), (name, op, factor, c)
+
+
+@check
 def bad_arguments_are_rejected() -> None:
     gpu, _ = _backends()
     for call, exc in ((lambda: gpu.copy_table(np.zeros((2, 2), np.int64)), ValueError),

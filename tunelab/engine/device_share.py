@@ -26,18 +26,18 @@ processes the way CUDA IPC shares allocations, so the protocol runs without a GP
 from __future__ import annotations
 
 import bisect
-import ctypes
 import struct
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .cuda_driver import HANDLE_BYTES, CudaDriver
 from .device import simulated
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-_HANDLE_BYTES = 64
+_HANDLE_BYTES = HANDLE_BYTES
 _MAILBOX_BYTES = 1 << 20  # per rank: new handles and the call's tensor table
 _ENTRY = struct.Struct("<qqqqq")  # in key, in offset, out key, out offset, count
 
@@ -73,50 +73,11 @@ def _sim_range(addr: int) -> tuple[int, int, bytes, int]:
     raise NotShareable(f"address {addr:#x} is not in shareable simulated device memory")
 
 
-# ---- the CUDA driver, through ctypes (the same for CuPy and numba-cuda) ------------------------------
-class _Driver:
-    def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
-
-    def check(self, status: int, what: str) -> None:
-        if status != 0:
-            raise NotShareable(f"{what} failed (CUDA driver error {status})")
-
-    def address_range(self, addr: int) -> tuple[int, int]:
-        base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        self.check(self.lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
-                                                    ctypes.c_uint64(addr)), "cuMemGetAddressRange")
-        return base.value, size.value
-
-    def buffer_id(self, addr: int) -> int:
-        value = ctypes.c_uint64()
-        self.check(self.lib.cuPointerGetAttribute(ctypes.byref(value), 7,  # CU_POINTER_ATTRIBUTE_BUFFER_ID
-                                                  ctypes.c_uint64(addr)), "cuPointerGetAttribute")
-        return value.value
-
-    def export(self, base: int) -> bytes:
-        handle = (ctypes.c_char * _HANDLE_BYTES)()
-        self.check(self.lib.cuIpcGetMemHandle(handle, ctypes.c_uint64(base)), "cuIpcGetMemHandle")
-        return bytes(handle)
-
-    def open(self, handle: bytes) -> int:
-        class Handle(ctypes.Structure):
-            _fields_ = [("reserved", ctypes.c_char * _HANDLE_BYTES)]
-
-        ptr = ctypes.c_uint64()
-        self.check(self.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), Handle(handle), 1),  # lazy peer access
-                   "cuIpcOpenMemHandle")
-        return ptr.value
-
-    def close(self, ptr: int) -> None:
-        self.lib.cuIpcCloseMemHandle(ctypes.c_uint64(ptr))
-
-
 class Exporter:
     """This rank's side: (allocation key, offset) for device addresses, exporting new allocations."""
 
     def __init__(self) -> None:
-        self._driver = None if simulated() else _Driver()
+        self._driver = None if simulated() else CudaDriver(NotShareable)
         self._allocs: list[tuple[int, int, int, int]] = []  # (base, size, key, buffer id), by base
         self._next_key = 1
         self.new: list[tuple[int, bytes]] = []  # (key, handle) exported since the last publish
@@ -153,7 +114,7 @@ class Importer:
     """The leader's side: every peer allocation opened once, by (rank, key)."""
 
     def __init__(self) -> None:
-        self._driver = None if simulated() else _Driver()
+        self._driver = None if simulated() else CudaDriver(NotShareable)
         self._opened: dict[tuple[int, int], tuple[int, Any]] = {}
 
     def add(self, rank: int, key: int, handle: bytes) -> None:
