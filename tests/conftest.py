@@ -28,3 +28,25 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "mpi" in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--require-gpu", action="store_true", default=False,
+                     help="a skipped `gpu` test fails instead (on a GPU machine, so it cannot pass by skipping); "
+                          "also TUNELAB_REQUIRE_GPU=1")
+
+
+def _gpu_required(config) -> bool:
+    import os
+
+    return bool(config.getoption("--require-gpu")) or os.environ.get("TUNELAB_REQUIRE_GPU", "") == "1"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and "gpu" in item.keywords and _gpu_required(item.config):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"GPU test skipped under --require-gpu: {reason}"

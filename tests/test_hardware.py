@@ -79,6 +79,15 @@ def test_parse_nvidia_smi():
     assert parse_nvidia_smi("No devices were found\n") == {"gpu_count": 0}
 
 
+_FAKE_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=*) echo 'NVIDIA H100 80GB HBM3, 81559 MiB, 575.57.08'; echo 'NVIDIA H100 80GB HBM3, 81559 MiB, 575.57.08' ;;
+  topo) printf '\\tGPU0\\tGPU1\\tCPU Affinity\\nGPU0\\t X \\tNV18\\t0-63\\nGPU1\\tNV18\\t X \\t0-63\\n' ;;
+  *) echo '| NVIDIA-SMI 575.57.08     Driver Version: 575.57.08     CUDA Version: 12.9     |' ;;
+esac
+"""
+
+
 @pytest.mark.parametrize("script,count", [
     ("echo 'NVIDIA A100-SXM4-40GB, 40960 MiB'; echo 'NVIDIA A100-SXM4-40GB, 40960 MiB'", 2),
     ("echo 'NVIDIA-SMI has failed' >&2; exit 9", 0),
@@ -91,7 +100,31 @@ def test_gpus_come_from_nvidia_smi_on_path(tmp_path, monkeypatch, script, count)
     fp = fingerprint(1, [2])
     assert fp.facts["gpu_count"] == count
     if count:
-        assert fp.facts["gpu_memory_gib"] == 40 and "2x NVIDIA A100-SXM4-40GB (40 GiB)" in fp.name
+        assert fp.facts["gpu_memory_gib"] == 40 and "2x NVIDIA A100-SXM4-40GB (40 GiB" in fp.name
+
+
+def test_gpu_fingerprint_names_driver_cuda_and_interconnect(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(_FAKE_SMI)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    fp = fingerprint(1, [2])
+    assert {k: fp.facts[k] for k in ("gpu_model", "gpu_count", "gpu_driver", "cuda_version", "gpu_interconnect")} \
+        == {"gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 2, "gpu_driver": "575.57.08",
+            "cuda_version": "12.9", "gpu_interconnect": "NV18"}
+    assert "2x NVIDIA H100 80GB HBM3 (80 GiB, NV18)" in fp.name
+    # another driver, another interconnect: another profile
+    other = fingerprint_from_facts({**fp.facts, "gpu_interconnect": "PHB"})
+    assert other.hash != fp.hash
+    assert fingerprint_from_facts({**fp.facts, "gpu_driver": "550.1"}).hash != fp.hash
+
+
+def test_parse_nvidia_topology():
+    from tunelab.hardware import parse_nvidia_topology
+
+    text = "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\tPHB\nGPU1\tNV4\t X \tPHB\nGPU2\tPHB\tPHB\t X \n"
+    assert parse_nvidia_topology(text, 3) == "NV4, PHB"
+    assert parse_nvidia_topology("", 1) == "single GPU"
 
 
 def test_fingerprint_does_not_import_frameworks():

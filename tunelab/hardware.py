@@ -140,35 +140,74 @@ def _cpu_sockets() -> int:
 
 
 def _gpu_facts() -> dict[str, object]:
-    """GPU model, count and memory from ``nvidia-smi`` (no CUDA library is loaded for this)."""
+    """GPU model, count, memory, driver, CUDA version and interconnect from ``nvidia-smi`` (no CUDA
+    library is loaded for this)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {"gpu_count": 0}
+    listing = _run_quietly([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+    facts = parse_nvidia_smi(listing or "")
+    if not facts.get("gpu_count"):
+        return {"gpu_count": 0}
+    match = re.search(r"CUDA Version:\s*([\d.]+)", _run_quietly([exe]) or "")
+    if match:
+        facts["cuda_version"] = match.group(1)
+    facts["gpu_interconnect"] = parse_nvidia_topology(_run_quietly([exe, "topo", "-m"]) or "",
+                                                      int(facts["gpu_count"]))  # type: ignore[arg-type]
+    return facts
+
+
+def _run_quietly(cmd: list[str]) -> str | None:
+    """A short command's standard output, or None when it fails."""
     try:
-        proc = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT_S, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
-        return {"gpu_count": 0}
-    if proc.returncode != 0:
-        return {"gpu_count": 0}
-    return parse_nvidia_smi(proc.stdout)
+        return None
+    return proc.stdout if proc.returncode == 0 else None
 
 
 def parse_nvidia_smi(text: str) -> dict[str, object]:
-    """Facts from ``name,memory.total`` CSV lines such as ``NVIDIA H100 80GB HBM3, 81559 MiB``."""
+    """Facts from ``name,memory.total[,driver_version]`` CSV lines such as
+    ``NVIDIA H100 80GB HBM3, 81559 MiB, 575.57.08``."""
     models: list[str] = []
     mib: list[int] = []
+    drivers: set[str] = set()
     for line in text.strip().splitlines():
-        name, _, memory = line.rpartition(",")
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) >= 3 and re.fullmatch(r"[\d.]+", fields[-1]) and re.search(r"\d+\s*MiB", fields[-2]):
+            drivers.add(fields[-1])
+            fields = fields[:-1]
+        name, memory = ",".join(fields[:-1]).strip(), fields[-1] if fields else ""
         match = re.search(r"\d+", memory)
-        if not name.strip() or match is None:
+        if not name or match is None:
             continue
-        models.append(name.strip())
+        models.append(name)
         mib.append(int(match.group()))
     if not models:
         return {"gpu_count": 0}
-    return {"gpu_model": " + ".join(sorted(set(models))), "gpu_count": len(models),
-            "gpu_memory_gib": round(min(mib) / 1024)}
+    facts: dict[str, object] = {"gpu_model": " + ".join(sorted(set(models))), "gpu_count": len(models),
+                                "gpu_memory_gib": round(min(mib) / 1024)}
+    if drivers:
+        facts["gpu_driver"] = " + ".join(sorted(drivers))
+    return facts
+
+
+def parse_nvidia_topology(text: str, gpu_count: int) -> str:
+    """How the GPUs of this host connect, from ``nvidia-smi topo -m``: the distinct link kinds
+    between GPU pairs (``NV18`` for 18 NVLinks, ``PIX``/``PXB``/``PHB``/``NODE``/``SYS`` for PCIe
+    paths), or ``single GPU``."""
+    if gpu_count <= 1:
+        return "single GPU"
+    links: set[str] = set()
+    for line in text.splitlines():
+        cells = line.split()
+        if line[:1].isspace() or not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue  # the header row is indented; GPU rows start with their name
+        row = int(cells[0][3:])
+        for col, cell in enumerate(cells[1:1 + gpu_count]):
+            if col != row and cell != "X":
+                links.add(cell)
+    return ", ".join(sorted(links)) if links else "unknown"
 
 
 def _mpi_library_line() -> str:
@@ -199,8 +238,9 @@ def _readable_name(facts: dict) -> str:
     cpu = (f"{sockets}x " if sockets > 1 else "") + _short_cpu(str(facts.get("cpu_model", "?")))
     parts = [f"{cpu} ({facts.get('cpu_cores', '?')} cores, {facts.get('memory_gib', '?')} GiB)"]
     if facts.get("gpu_count"):
+        link = facts.get("gpu_interconnect")
         parts.append(f"{facts['gpu_count']}x {facts.get('gpu_model', 'GPU')} "
-                     f"({facts.get('gpu_memory_gib', '?')} GiB)")
+                     f"({facts.get('gpu_memory_gib', '?')} GiB{', ' + str(link) if link else ''})")
     layout = list(facts.get("ranks_per_node") or [])
     nodes = int(facts.get("nodes", len(layout)) or 0)
     ranks = str(layout[0]) if len(set(layout)) == 1 else "+".join(map(str, layout)) or "?"
