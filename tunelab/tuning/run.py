@@ -125,13 +125,16 @@ def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
 
     import tunelab.torch as tl
 
+    from ..workloads.torch_device import finish, torch_device
     from ..workloads.torch_models import build, synthetic_batch
 
     torch.set_num_threads(threads)
+    device = torch_device(p.get("device", "cpu"), rt.topology.local_rank)  # cuda: this rank's GPU
     kw = {"seq_len": p.get("seq_len", 128)} if p["model"] == "bert" else {"image_size": p["image_size"]}
     x, y = synthetic_batch(p["model"], p["batch_size"], seed=1 + rt.topology.rank, **kw)
+    x, y = x.to(device), y.to(device)
     torch.manual_seed(0)
-    model = build(p["model"])
+    model = build(p["model"]).to(device)
     tl.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                   named_parameters=model.named_parameters(), load_profile=False)
@@ -140,6 +143,7 @@ def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        finish(device)  # a step's time includes its device work
 
     return Workload(step, p["batch_size"] * rt.topology.size, tl.model_signature(model), p["model"])
 
