@@ -135,11 +135,12 @@ def test_bad_cli_input_is_one_line(tmp_path):
     for args, fragment in ((["--landscape", str(bad)], "not a landscape file"), (["--drift", "2"], "fraction")):
         proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", *args, "--no-report"],
                               check=False, capture_output=True, text=True, timeout=120)
-        assert proc.returncode != 0 and fragment in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert proc.returncode in (1, 2) and fragment in proc.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in proc.stderr
 
 
 def test_the_shipped_two_node_landscape_searches_hierarchical_jointly():
     land = Landscape.load(LANDSCAPE_DIR / "replay-vgg16-2nodes-10gbps.json")
     assert land.space.names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes", "hierarchical")
-    assert len(land.knobs) == 48
+    assert len(land.knobs) == 24 and all(p.size == 9 for p in land.step_pools)  # 3 visits x 3 steps
     assert land.knobs[int(land.means.argmax())].hierarchical  # behind a slow link the node-local stages pay

@@ -33,6 +33,22 @@ LANDSCAPE_DIR = Path(__file__).resolve().parent / "landscapes"
 __all__ = ["LANDSCAPE_DIR", "Landscape", "compare", "evaluate", "run_once"]
 
 
+def plan_for(landscape: Landscape, budget: int | None = None) -> Plan:
+    """The plan ``tunelab tune`` runs for the landscape's scenario: its budget and block sizes (``budget``
+    overrides; a landscape without a known scenario gets the defaults)."""
+    from ..errors import ScenarioError
+    from ..scenarios import load_scenario
+
+    rec = landscape.recorded or {}
+    try:
+        scenario_budget = load_scenario(rec["scenario"]).budget_samples if "scenario" in rec else None
+    except ScenarioError:
+        scenario_budget = None
+    return Plan(budget_samples=budget or scenario_budget or Plan().budget_samples,
+                discard_steps=int(rec.get("discard_steps", Plan().discard_steps)),
+                measure_steps=int(rec.get("measure_steps", Plan().measure_steps)))
+
+
 def run_once(landscape: Landscape, strategy: str, seed: int, plan: Plan, drift: float,
              drift_period_s: float = 120.0) -> Driver:
     """One seeded tuning run of ``strategy`` on ``landscape`` through the driver, until it locks."""
@@ -41,10 +57,11 @@ def run_once(landscape: Landscape, strategy: str, seed: int, plan: Plan, drift: 
     return simulate(driver, Objective(landscape, seed, Drift(drift, drift_period_s, seed)))
 
 
-def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan, drift: float) -> tuple[dict, list]:
+def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None, drift: float) -> tuple[dict, list]:
     """One table row over ``seeds`` runs, and each run's curve: the true throughput of the configuration
     in effect for the user (the default until the lock, then the locked one) after each block,
     relative to the landscape's best."""
+    plan = plan or plan_for(landscape)
     default = landscape.true_score(landscape.space.base)
     samples, steps, within, worse, adopted, rel, curves = [], [], [], [], [], [], []
     for seed in range(seeds):
@@ -60,7 +77,7 @@ def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan, drift:
         adopted.append(d.adopted)
         rel.append(locked / landscape.best)
         curves.append([default / landscape.best] * (d.samples - 1) + [locked / landscape.best])
-    row = {"landscape": landscape.name, "strategy": strategy, "seeds": seeds,
+    row = {"landscape": landscape.name, "strategy": strategy, "seeds": seeds, "budget": plan.budget_samples,
            "median_samples_to_lock": float(np.median(samples)), "p90_samples_to_lock": float(np.percentile(samples, 90)),
            "median_steps_to_lock": float(np.median(steps)),
            "locked_within_3pct_frac": float(np.mean(within)),
@@ -69,18 +86,18 @@ def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan, drift:
     return row, curves
 
 
-def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int, plan: Plan,
+def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int, budget: int | None,
             drift: float) -> dict:
     rows, pooled = [], {s: [] for s in strategies}
     for land in landscapes:
         for strategy in strategies:
-            row, curves = evaluate(land, strategy, seeds, plan, drift)
+            row, curves = evaluate(land, strategy, seeds, plan_for(land, budget), drift)
             rows.append(row)
             pooled[strategy] += curves
     info = {land.name: {"best": land.best, "default": land.true_score(land.space.base),
                         "points": len(land.knobs), "names": list(land.space.names)} for land in landscapes}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
-            "seeds": seeds, "drift": drift, "plan": {k: v for k, v in vars(plan).items()},
+            "seeds": seeds, "drift": drift, "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
 
 
@@ -102,8 +119,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
                    help="a landscape JSON from bench landscape (repeatable; default: the shipped ones)")
     p.add_argument("--seeds", type=_positive_int, default=20, help="runs per strategy and landscape (default 20)")
-    p.add_argument("--budget", type=_positive_int, default=Plan().budget_samples, metavar="SAMPLES",
-                   help=f"exploration blocks per run (default {Plan().budget_samples}, as tunelab tune)")
+    p.add_argument("--budget", type=_positive_int, default=None, metavar="SAMPLES",
+                   help="exploration blocks per run (default: the landscape's scenario budget, as tunelab tune "
+                        f"runs it; {Plan().budget_samples} without one)")
     p.add_argument("--drift", type=_fraction, default=0.05,
                    help="host drift amplitude as a fraction of step time (default 0.05)")
     p.add_argument("--strategies", type=_choice_list(tuple(STRATEGIES)), default=list(STRATEGIES),
@@ -131,15 +149,14 @@ def _cmd(args: argparse.Namespace) -> int:
     if not paths:
         raise TunelabError(f"no landscapes given and none shipped in {LANDSCAPE_DIR}")
     landscapes = [Landscape.load(p) for p in paths]
-    plan = Plan(budget_samples=args.budget)
-    result = compare(landscapes, tuple(args.strategies), args.seeds, plan, args.drift)
-    print(f"# tuner  seeds={args.seeds}  budget={args.budget} blocks  drift=±{100 * args.drift:g}%  "
-          f"scored: the locked configuration")
+    result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift)
+    print(f"# tuner  seeds={args.seeds}  drift=±{100 * args.drift:g}%  scored: the locked configuration; "
+          "samples: measured blocks until the lock, the default's reference blocks included")
     for name, info in result["landscapes"].items():
         print(f"# {name}: {info['points']} points over {','.join(info['names'])}; best {info['best']:.2f} "
               f"samples/s, default {info['default']:.2f} ({info['default'] / info['best']:.3f} of best)")
     print(format_table(result["rows"], [
-        ("landscape", "landscape", ""), ("strategy", "strategy", ""),
+        ("landscape", "landscape", ""), ("strategy", "strategy", ""), ("budget", "budget", "g"),
         ("median_samples_to_lock", "samples", "g"), ("median_steps_to_lock", "steps", "g"),
         ("locked_within_3pct_frac", "within3%", ".2f"), ("locked_worse_than_default_frac", "worse>1%", ".2f"),
         ("adopted_frac", "adopted", ".2f"), ("median_locked_vs_best", "locked/best", ".3f")]))

@@ -44,7 +44,9 @@ class Plan:
     time_budget_s: float | None = None
     reference_every: int = 2        # candidate blocks between two blocks of the reference
     finalists: int = 2
-    max_rounds: int = 3
+    remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: 2 x measure_steps)
+    max_rounds: int = 5
+    futility_after: int = 2         # from this round on, finalists whose gain estimate is below the goal drop
     min_rounds: int = 1             # rounds before a finalist may be adopted (to tell finalists apart)
     finalist_distance: float = 0.1  # finalists at least this far apart (unit coordinates)
     min_gain: float = 0.01          # a gain smaller than this is not worth changing a user's job for
@@ -144,7 +146,7 @@ class Driver:
             block.discard_left -= 1
             return None
         block.times.append(step_s)
-        if len(block.times) < self.plan.measure_steps:
+        if len(block.times) < self._steps_of(block):
             return None
         self._finish(block)
         nxt = self._next_block()
@@ -163,6 +165,12 @@ class Driver:
             self.phase = phase
         self.knobs = knobs
         return knobs if changed else None
+
+    def _steps_of(self, block: _Block) -> int:
+        """Measured steps of a block: re-measurements are longer (their precision decides the lock)."""
+        if block.phase == "remeasure":
+            return self.plan.remeasure_steps or 2 * self.plan.measure_steps
+        return self.plan.measure_steps
 
     def _finish(self, block: _Block) -> None:
         rates = self.samples_per_step / np.asarray(block.times)
@@ -258,7 +266,8 @@ class Driver:
         best_k, best_iv = max(scored, key=lambda s: s[1].gain)
         if best_iv.low >= goal and self._round >= min(self.plan.min_rounds, self.plan.max_rounds):
             return self._lock(best_k, best_iv, f"its interval clears the minimum gain ({goal:.2f}x)")
-        self._finalists = [k for k, iv in scored if iv.high >= goal]
+        futile = self._round >= self.plan.futility_after  # by then a point estimate below the goal is a no
+        self._finalists = [k for k, iv in scored if iv.high >= goal and not (futile and iv.gain < goal)]
         if not self._finalists:
             return self._lock(None, (best_k, best_iv), f"no finalist can reach the minimum gain ({goal:.2f}x)")
         if self._round >= self.plan.max_rounds:

@@ -38,6 +38,7 @@ class Landscape:
     means: np.ndarray             # true samples/s of each point: the mean over its recorded steps/visits
     sigma: float                  # old files: pooled relative spread of one step (log units)
     samples_per_step: float = 1.0
+    recorded: dict | None = None  # how it was recorded: scenario, discard_steps, measure_steps
 
     def __post_init__(self) -> None:
         keys = [self.space.unit_point(k) for k in self.knobs]
@@ -60,14 +61,16 @@ class Landscape:
             raise TunelabError(f"landscape {name}: not a landscape file ({type(exc).__name__}: {exc})") from None
         if not points or any(s.size == 0 for s in scores) or any(np.any(s <= 0) for s in scores):
             raise TunelabError(f"landscape {name}: no measured points, or a score that is not positive")
+        recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps") if k in doc}
         if all(p.size for p in pools):
             means = np.asarray([float(np.mean(per_step / p)) for p in pools])
-            return cls(name, space, knobs, pools, means, 0.0, per_step)
+            return cls(name, space, knobs, pools, means, 0.0, per_step, recorded)
         logs = [np.log(s) for s in scores]
         pooled = [x - x.mean() for x in logs if x.size > 1]
         block_sigma = float(np.sqrt(np.mean(np.concatenate(pooled) ** 2) * 2.0)) if pooled else 0.02
         means = np.asarray([float(np.mean(s)) for s in scores])
-        return cls(name, space, knobs, [np.empty(0)] * len(knobs), means, block_sigma * STEP_SPREAD_OF_BLOCK)
+        return cls(name, space, knobs, [np.empty(0)] * len(knobs), means, block_sigma * STEP_SPREAD_OF_BLOCK,
+                   recorded=recorded)
 
     @classmethod
     def load(cls, path: Path) -> Landscape:
