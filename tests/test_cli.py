@@ -54,9 +54,21 @@ def test_bench_allreduce_on_the_device_path_under_the_simulator(tmp_path):
                    env={"NUMBA_ENABLE_CUDASIM": "1"})
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert {r["algorithm"] for r in rows} == {"ring", "hierarchical", "mpi"}
-    assert all(r["wrong"] == 0 and r["count"] == 1024 for r in rows)
+    assert {r["algorithm"] for r in rows} == {"ring", "hierarchical", "mpi", "bound"}
+    assert all(r["wrong"] == 0 and r["count"] == 1024 for r in rows if r["algorithm"] != "bound")
+    bound = next(r for r in rows if r["algorithm"] == "bound")  # a copy: the floor, with nothing to check
+    assert bound["wrong"] is None and bound["time_vs_bound"] == 1.0
     assert "under the CUDA simulator" in proc.stdout and "gloo: skipped" in proc.stdout
+
+
+def test_gpu_training_without_a_gpu_is_one_clear_error():
+    proc = tunelab("bench", "train", "--device", "cuda", "--np", "2", "--iters", "1", "--rounds", "1",
+                   "--no-report", timeout=300)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda needs a GPU and a CUDA build of torch" in lines[0], proc.stderr
+    proc = tunelab("bench", "train", "--device", "cuda", "--framework", "tensorflow", "--no-report", timeout=60)
+    assert proc.returncode == 2 and "trains torch models" in proc.stderr
 
 
 def test_bench_allreduce_on_cuda_without_a_device_is_one_clear_error():
@@ -88,15 +100,18 @@ def test_bench_allreduce_runs_and_writes_nccl_style_json(tmp_path):
     data = json.loads(path.read_text())
     rows = data["rows"]
     algorithms = {r["algorithm"] for r in rows}
-    assert {"ring", "hierarchical", "mpi"} <= algorithms
+    assert {"ring", "hierarchical", "mpi", "bound"} <= algorithms
     for r in rows:
-        assert set(r) >= {"algorithm", "size", "count", "dtype", "time_us", "algbw_gbps", "busbw_gbps", "wrong"}
-        assert r["wrong"] == 0 and r["time_us"] > 0
+        assert set(r) >= {"algorithm", "size", "count", "dtype", "time_us", "algbw_gbps", "busbw_gbps", "wrong",
+                          "time_vs_bound"}
+        assert r["wrong"] == (None if r["algorithm"] == "bound" else 0) and r["time_us"] > 0
+        assert r["time_vs_bound"] == pytest.approx(r["time_us"] / next(
+            b["time_us"] for b in rows if b["algorithm"] == "bound" and b["size"] == r["size"]))
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
         assert r["algbw_gbps"] == pytest.approx(r["size"] / (r["time_us"] * 1e-6) / 1e9)
     assert {r["size"] for r in rows} == {4096, 102400}
     assert data["hardware"]["world_size"] == 2 and data["hardware"]["cpu_cores"] >= 1
-    assert "busbw_GB/s" in proc.stdout and "#wrong" in proc.stdout
+    assert "busbw_GB/s" in proc.stdout and "#wrong" in proc.stdout and "time/bound" in proc.stdout
 
 
 @pytest.mark.mpi

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .engine.link import add_link_flags
-from .errors import TunelabError
+from .errors import TunelabError, UsageError
 from .units import format_size, parse_size
 
 
@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--image-size", type=_positive_int, default=64)
     tr.add_argument("--batch-size", type=_positive_int, default=8, help="per rank")
     tr.add_argument("--rounds", type=_positive_int, default=2, help="alternating rounds per system")
+    tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where each rank trains (cuda: its GPU; torch only)")
     add_report_flag(tr)
     tr.set_defaults(func=_cmd_bench_train)
 
@@ -157,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--np", type=_positive_int, default=None, help="ranks to launch")
     tune.add_argument("--ranks-per-node", type=_positive_int, default=None)
     add_link_flags(tune)
+    tune.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                      help="where each rank trains (cuda: its GPU, torch models); default: the scenario's")
     tune.add_argument("--image-size", type=_positive_int, default=None)
     tune.add_argument("--batch-size", type=_positive_int, default=None, help="per rank")
     budget = tune.add_mutually_exclusive_group()
@@ -248,13 +252,15 @@ def _cmd_bench_train(args: argparse.Namespace) -> int:
 
     params = {**_params(args), "model": args.model, "framework": args.framework, "steps": args.iters,
               "image_size": args.image_size, "batch_size": args.batch_size, "rounds": args.rounds,
-              "systems": list(SYSTEMS[args.framework])}
+              "systems": list(SYSTEMS[args.framework]), "device": args.device}
+    if args.device == "cuda" and args.framework != "torch":
+        raise UsageError("bench train --device cuda trains torch models; TensorFlow places its own devices")
     result = run_job("bench-train", params, args.np)
     rows = result["rows"]
     base = rows[-1]["samples_per_s"]
     for r in rows:
         r["vs_" + rows[-1]["system"]] = r["samples_per_s"] / base
-    print(f"# train  model={args.model}  framework={args.framework}  np={result['world_size']}  "
+    print(f"# train  model={args.model}  framework={args.framework}  device={args.device}  np={result['world_size']}  "
           f"batch={args.batch_size}/rank  image={args.image_size}  steps={args.iters}x{args.rounds} rounds  "
           f"threads/rank={result['threads_per_rank']}")
     print(format_table(rows, [("system", "system", ""), ("samples_per_s", "samples/s", ".2f"),
@@ -279,7 +285,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
     scenario = scenario.with_overrides(
         framework=args.framework, np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
-        link_latency_us=args.link_latency_us, image_size=args.image_size,
+        link_latency_us=args.link_latency_us, image_size=args.image_size, device=args.device,
         batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
         knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
     params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store, "retune_steps": args.retune}
@@ -322,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
     try:
         return args.func(args)
+    except UsageError as exc:
+        sys.stderr.write(f"tunelab: error: {exc}\n")
+        return 2
     except TunelabError as exc:
         sys.stderr.write(f"tunelab: error: {exc}\n")
         return 1

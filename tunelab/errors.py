@@ -27,3 +27,7 @@ class ScenarioError(TunelabError):
 
 class StoreError(TunelabError):
     """The profile store cannot be used (corrupt, foreign, newer schema, locked); the file is left as is."""
+
+
+class UsageError(TunelabError):
+    """The command line asks for something that cannot work (exit status 2, like argparse's errors)."""

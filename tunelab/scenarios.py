@@ -12,7 +12,7 @@ Layout (all tables optional; ``workload`` and ``model`` required)::
     workload = "train"         # "train" (a real framework step) or "replay" (no framework)
     model = "resnet50"         # resnet50 | vgg16 | bert
     framework = "torch"        # torch | tensorflow (ignored by replay)
-    [run]     np, ranks_per_node, link_gbps, link_latency_us (an emulated link between
+    [run]     np, ranks_per_node, device ("cpu" or "cuda"), link_gbps, link_latency_us (an emulated link between
               emulated nodes: see tunelab.engine.link)
     [data]    image_size, batch_size, seq_len
     [tuning]  budget_samples, time_budget_s, warmup_steps, discard_steps, measure_steps
@@ -44,7 +44,7 @@ BERT_MAX_LEN = 512  # position embeddings of the bert workload
 _LAYOUT: dict[str | None, dict[str, str]] = {
     None: {"name": "name", "workload": "workload", "model": "model", "framework": "framework"},
     "run": {"np": "np", "ranks_per_node": "ranks_per_node", "link_gbps": "link_gbps",
-            "link_latency_us": "link_latency_us"},
+            "link_latency_us": "link_latency_us", "device": "device"},
     "data": {"image_size": "image_size", "batch_size": "batch_size", "seq_len": "seq_len"},
     "tuning": {k: k for k in ("budget_samples", "time_budget_s", "warmup_steps", "discard_steps",
                               "measure_steps")},
@@ -55,7 +55,8 @@ _KEY_OF_FIELD = {f: (k if table is None else f"[{table}].{k}")
 _POSITIVE_INT = ("np", "image_size", "batch_size", "seq_len", "budget_samples", "measure_steps")
 _NON_NEGATIVE_INT = ("warmup_steps", "discard_steps")
 _NON_NEGATIVE_MS = ("replay_backward_ms", "replay_forward_ms")
-_CHOICES = {"workload": WORKLOADS, "model": tuple(MODELS), "framework": FRAMEWORKS}
+DEVICES = ("cpu", "cuda")
+_CHOICES = {"workload": WORKLOADS, "model": tuple(MODELS), "framework": FRAMEWORKS, "device": DEVICES}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -72,6 +73,7 @@ class Scenario:
     ranks_per_node: int | None = None
     link_gbps: float | None = None
     link_latency_us: float = 0.0
+    device: str = "cpu"
     image_size: int = 64
     batch_size: int = 8
     seq_len: int = 128
@@ -96,6 +98,9 @@ class Scenario:
         if self.link_gbps is not None and self.ranks_per_node is None:
             raise ScenarioError(f"{where}: [run].link_gbps emulates the link between emulated nodes: "
                                 "set [run].ranks_per_node too")
+        if self.device == "cuda" and (self.workload != "train" or self.framework != "torch"):
+            raise ScenarioError(f"{where}: [run].device = \"cuda\" trains torch models; this scenario is "
+                                f"{self.workload} with {self.framework}")
         if self.model == "bert" and self.seq_len > BERT_MAX_LEN:
             raise ScenarioError(f"{where}: [data].seq_len must be at most {BERT_MAX_LEN} for bert "
                                 f"(its position embeddings), got {self.seq_len}")

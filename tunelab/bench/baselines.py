@@ -14,9 +14,10 @@ MPI_UNSUPPORTED = ("float16", "bfloat16")  # MPI has no standard reduction for t
 
 
 class GlooGroup:
-    """A torch.distributed gloo process group over the same ranks (rendezvous via MPI)."""
+    """A torch.distributed process group over the same ranks (rendezvous via MPI): gloo by default,
+    or ``backend="nccl"`` for GPU tensors when every rank has a GPU of its own."""
 
-    def __init__(self, comm: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, backend: str = "gloo") -> None:
         import torch.distributed as dist
 
         self.dist = dist
@@ -28,7 +29,7 @@ class GlooGroup:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
         port = comm.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=comm.rank,
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=comm.rank,
                                 world_size=comm.size)
 
     def allreduce_(self, array: np.ndarray) -> None:

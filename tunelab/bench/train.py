@@ -1,5 +1,11 @@
 """``tunelab bench train``: training throughput of tunelab next to the framework's own data-parallel
-path (torch DDP with gloo, TensorFlow's MultiWorkerMirroredStrategy), measured in the same run (rank side).
+path (torch DDP, TensorFlow's MultiWorkerMirroredStrategy), measured in the same run (rank side).
+
+With torch, ``no-comm`` is the physical bound: every rank trains the same model on its own, with no
+communication at all, at the same time as its peers (so ranks that share cores or a GPU contend as
+they do in the real job).  With ``--device cuda`` each rank trains on its GPU (local rank modulo the
+visible GPUs); DDP runs over NCCL when every rank has a GPU of its own and over gloo when ranks
+share one (NCCL refuses two ranks on one GPU).
 
 Systems alternate in rounds so drift on a shared machine hits all alike, and the order rotates
 from round to round (A B C, B C A, C A B, ...) so no system always follows the same one; each system is started and shut down inside its phase, so neither has threads
@@ -17,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-SYSTEMS = {"torch": ("tunelab-tuned", "tunelab", "ddp"), "tensorflow": ("tunelab-tuned", "tunelab", "mwms")}
+SYSTEMS = {"torch": ("tunelab-tuned", "tunelab", "no-comm", "ddp"),
+           "tensorflow": ("tunelab-tuned", "tunelab", "mwms")}
 
 
 def run_rank(p: dict) -> dict:
@@ -62,7 +69,7 @@ def _weights_identical(comm: Any, model: Any) -> bool:
 
     h = hashlib.sha256()
     for t in model.parameters():
-        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     digests = comm.allgather(h.hexdigest())
     return len(set(digests)) == 1
 
@@ -73,11 +80,18 @@ def _torch_bench(p: dict) -> dict:
 
     from ..workloads.torch_models import build, synthetic_batch
 
+    from ..workloads.torch_device import ranks_share_a_gpu, torch_device
+
     comm = MPI.COMM_WORLD
     torch.set_num_threads(_threads_per_rank(comm))
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    device = torch_device(p.get("device", "cpu"), local.rank)
+    local.Free()
     x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + comm.rank)
+    x, y = x.to(device), y.to(device)
+    p = {**p, "ddp_backend": "gloo" if device.type == "cpu" or ranks_share_a_gpu(comm) else "nccl"}
     systems = list(p["systems"])
-    notes = []
+    notes = [f"ddp: torch DistributedDataParallel over {p['ddp_backend']}"] if "ddp" in systems else []
     if "tunelab-tuned" in systems and not _has_profile(comm, p, build):
         systems.remove("tunelab-tuned")
         notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
@@ -86,13 +100,18 @@ def _torch_bench(p: dict) -> dict:
     for r in range(p["rounds"]):
         for system in rotated(systems, r):
             torch.manual_seed(0)
-            model = build(p["model"])
+            model = build(p["model"]).to(device)
             if system == "ddp":
                 total, per_step, identical = _ddp_phase(comm, model, x, y, p)
+            elif system == "no-comm":
+                opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+                total, per_step = _timed(comm, _train_step(model, opt, x, y), p["steps"], p["warmup"])
+                identical = True  # nothing is shared: each rank trains on its own data
             else:
                 total, per_step, identical = _tunelab_phase(comm, model, x, y, p, tuned=system == "tunelab-tuned")
             runs[system].append(_round_result(p, comm.size, total, per_step, identical))
     return {"rows": _rows(runs), "notes": notes, "model": p["model"], "framework": "torch", "world_size": comm.size,
+            "device": str(device.type),
             "batch_size": p["batch_size"], "image_size": p["image_size"], "steps": p["steps"],
             "threads_per_rank": torch.get_num_threads()}
 
@@ -123,12 +142,16 @@ def _rows(runs: dict[str, list[dict]]) -> list[dict]:
 
 
 def _train_step(model: Any, opt: Any, x: Any, y: Any) -> Callable[[], None]:
+    """One training step, finished on the device before it returns (so its wall time is its time)."""
     import torch
+
+    from ..workloads.torch_device import finish
 
     def step() -> None:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        finish(x.device)
 
     return step
 
@@ -170,9 +193,10 @@ def _ddp_phase(comm: Any, model: Any, x: Any, y: Any, p: dict) -> tuple[float, l
 
     from .baselines import GlooGroup
 
-    group = GlooGroup(comm)
+    group = GlooGroup(comm, p.get("ddp_backend", "gloo"))
     try:
-        ddp = DistributedDataParallel(model)  # default buckets (25 MiB), broadcasts rank 0's weights
+        devices = [x.device] if x.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=devices)  # default 25 MiB buckets; broadcasts rank 0's weights
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         total, per_step = _timed(comm, _train_step(ddp, opt, x, y), p["steps"], p["warmup"])
         return total, per_step, _weights_identical(comm, model)
