@@ -78,9 +78,8 @@ def _torch_bench(p: dict) -> dict:
     import torch
     from mpi4py import MPI
 
-    from ..workloads.torch_models import build, synthetic_batch
-
     from ..workloads.torch_device import ranks_share_a_gpu, torch_device
+    from ..workloads.torch_models import build, synthetic_batch
 
     comm = MPI.COMM_WORLD
     torch.set_num_threads(_threads_per_rank(comm))
