@@ -117,8 +117,29 @@ def table_rows(table: Any) -> int:
 
 
 class DeviceArrayOps:
-    """Array-level ``scale`` and ``cast`` for back ends that work on device pointers: they resolve the
-    arrays to addresses (``_device_address``) and call the pointer-level kernels."""
+    """What the GPU back ends share: grid sizing, table handling, and array-level ``scale`` and
+    ``cast`` that resolve arrays to addresses (``_device_address``) and call the pointer-level
+    kernels.  Back ends set ``_block`` and ``_max_blocks`` and implement ``upload_table``."""
+
+    _block: int
+    _max_blocks: int
+    _unroll = 4  # grid sizing: each thread handles about this many words per pass
+
+    def _row_grid(self, rows: int, longest: int, unit: int) -> tuple[int, int]:
+        """(x, y) grid for a table: y strides over rows, x splits the longest row ``unit`` at a time."""
+        gy = min(rows, 65535)
+        gx = -(-longest // (self._block * self._unroll * unit))
+        return max(1, min(gx, self._max_blocks // gy)), gy
+
+    def _table(self, rows: Any) -> DeviceTable | None:
+        """A copy table on the device (uploaded now if given as a host array), or None when there is
+        nothing to copy."""
+        if not isinstance(rows, DeviceTable):
+            rows = as_rows(rows)
+            if not rows.shape[0] or rows[:, 2].max() <= 0:
+                return None
+            return self.upload_table(rows)  # type: ignore[attr-defined]
+        return rows if rows.rows and rows.max_count > 0 else None
 
     def _device_address(self, array: Any) -> tuple[int, np.dtype, int]:
         raise NotImplementedError

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
+from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_sources, cuda_array_address, half_kind
 
 _INSTALL_HINT = "pip install 'tunelab[gpu]'"
 _UNROLL = 4  # grid sizing: each thread handles about this many words per pass
@@ -371,23 +371,8 @@ class CupyBackend(DeviceArrayOps):
             with stream:
                 self._fn(name)(grid, (self._block,), args)
 
-    def _row_grid(self, rows: int, longest: int, unit: int) -> tuple[int, int]:
-        """(x, y) grid for a table: y strides over rows, x splits the longest row ``unit`` at a time."""
-        gy = min(rows, 65535)
-        gx = -(-longest // (self._block * _UNROLL * unit))
-        return max(1, min(gx, self._max_blocks // gy)), gy
-
     def _flat_grid(self, count: int) -> tuple[int]:
         return (max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks)),)
-
-    def _table(self, rows: Any) -> DeviceTable | None:
-        """A copy table on the device, or None when there is nothing to copy."""
-        if not isinstance(rows, DeviceTable):
-            rows = as_rows(rows)
-            if not rows.shape[0] or rows[:, 2].max() <= 0:
-                return None
-            return self.upload_table(rows)
-        return rows if rows.rows and rows.max_count > 0 else None
 
     def copy_table(self, rows: Any, stream: Any = None) -> None:
         table = self._table(rows)

@@ -22,7 +22,7 @@ from numba import config as numba_config
 from numba.extending import register_jitable
 
 from ._lowlevel import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_rows, as_sources, cuda_array_address, half_kind
+from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_sources, cuda_array_address, half_kind
 
 cuda: Any = None  # the numba.cuda module, bound by _kernels(); kernels refer to it as a global
 
@@ -393,23 +393,8 @@ class NumbaCudaBackend(DeviceArrayOps):
         return _device_address(array)[0]
 
     # ---- kernels -------------------------------------------------------------------------------
-    def _row_grid(self, rows: int, longest: int, unit: int) -> tuple[int, int]:
-        """(x, y) grid for a table: y strides over rows, x splits the longest row ``unit`` at a time."""
-        gy = min(rows, 65535)
-        gx = -(-longest // (self._block * _UNROLL * unit))
-        return max(1, min(gx, self._max_blocks // gy)), gy
-
     def _flat_grid(self, count: int) -> int:
         return max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks))
-
-    def _table(self, rows: Any) -> DeviceTable | None:
-        """A copy table on the device, or None when there is nothing to copy."""
-        if not isinstance(rows, DeviceTable):
-            rows = as_rows(rows)
-            if not rows.shape[0] or rows[:, 2].max() <= 0:
-                return None
-            return self.upload_table(rows)
-        return rows if rows.rows and rows.max_count > 0 else None
 
     def copy_table(self, rows: Any, stream: Any = 0) -> None:
         table = self._table(rows)
