@@ -47,7 +47,7 @@ class Plan:
     remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: 2 x measure_steps)
     max_rounds: int = 5
     futility_after: int = 2         # from this round on, finalists whose gain estimate is below the goal drop
-    min_rounds: int = 1             # rounds before a finalist may be adopted (to tell finalists apart)
+    min_rounds: int = 2             # rounds before a finalist may be adopted: one slow reference block must not decide
     finalist_distance: float = 0.1  # finalists at least this far apart (unit coordinates)
     min_gain: float = 0.01          # a gain smaller than this is not worth changing a user's job for
     confidence: float = 0.9         # two-sided: the low end is a 95 % one-sided bound
