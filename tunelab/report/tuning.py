@@ -42,8 +42,9 @@ def outcome_text(run: dict[str, Any]) -> str:
                 f"{out['seconds_to_lock']:.0f} s) before locking; the search {ending} "
                 f"({out.get('stop_reason', '')}).")
     if out.get("adopted") and iv:
+        plural = "s" if iv["n"] != 1 else ""
         return (f"Locked a tuned configuration: {iv['gain']:.2f}x the default's throughput, 90 % interval "
-                f"[{iv['low']:.2f}, {iv['high']:.2f}] from {iv['n']} re-measurements paired with the default."
+                f"[{iv['low']:.2f}, {iv['high']:.2f}] from {iv['n']} re-measurement{plural} paired with the default."
                 + cost)
     up = out.get("runner_up_interval")
     if up:
