@@ -227,3 +227,16 @@ def test_session_applies_the_drivers_knobs_and_ends_on_the_locked_ones():
     assert session.phase == "locked" and coord.knobs == session.locked != SPACE.base
     assert coord.changes[0] != SPACE.base  # the default is measured as it is: no change first
     assert session.driver.samples[0].score == pytest.approx(speed(SPACE.base))
+
+
+def test_a_disturbed_reference_block_is_set_aside():
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.02, seed=1)
+    driver = run(land, 0)
+    refs = driver._refs()
+    assert driver.disturbed_references() == 0 and len(refs) >= 4
+    # the host busy for a whole block: that reference reads 40 % slow and must not pair with anything
+    from dataclasses import replace
+
+    i = next(k for k, s in enumerate(driver.samples) if s.role == "reference" and k > 3)
+    driver.samples[i] = replace(driver.samples[i], score=driver.samples[i].score * 0.6)
+    assert driver.disturbed_references() == 1 and float(i) not in [p for p, _ in driver._refs()]

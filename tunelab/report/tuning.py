@@ -88,7 +88,9 @@ def drift_text(run: dict[str, Any]) -> str:
             f"{min(refs):.2f} to {max(refs):.2f} samples/s ({100 * drift['range_frac']:.1f} % of its mean); one "
             f"block's noise, drift between neighbouring blocks included, was about "
             f"{100 * (drift.get('block_sigma_frac') or 0.0):.1f} %. Candidates are scored as ratios to the "
-            "default's blocks around them, so a drift this size does not pass for a knob's effect.")
+            "default's blocks around them, so a drift this size does not pass for a knob's effect."
+            + (f" {drift['disturbed_blocks']} reference block(s) far outside the others (the host busy with "
+               "something else) were set aside." if drift.get("disturbed_blocks") else ""))
 
 
 def _phase_label(s: dict[str, Any]) -> str:

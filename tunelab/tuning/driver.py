@@ -325,8 +325,21 @@ class Driver:
 
     # ---- statistics -----------------------------------------------------------------------------------
     def _refs(self) -> list[tuple[float, float]]:
-        return [(float(s.index), math.log(s.score)) for s in self.samples
+        """This epoch's reference blocks as (position, log score), disturbed ones set aside: with four or
+        more, a block further than 3.5 robust sigmas (MAD) from their median, e.g. the host busy with
+        something else for seconds, pairs with nothing (a slow trend moves the median with it)."""
+        refs = [(float(s.index), math.log(s.score)) for s in self.samples
                 if s.role == "reference" and s.epoch == self.epoch]
+        if len(refs) < 4:
+            return refs
+        logs = np.asarray([y for _, y in refs])
+        centre = float(np.median(logs))
+        limit = max(3.5 * 1.4826 * float(np.median(np.abs(logs - centre))), 0.02)
+        return [r for r in refs if abs(r[1] - centre) <= limit]
+
+    def disturbed_references(self) -> int:
+        """Reference blocks of this epoch set aside as disturbed (see :meth:`_refs`)."""
+        return sum(1 for s in self.samples if s.role == "reference" and s.epoch == self.epoch) - len(self._refs())
 
     def sigma(self) -> tuple[float, int]:
         """One block's noise (log units) and its degrees of freedom, from this epoch's reference blocks."""

@@ -19,8 +19,10 @@ def print_tune_summary(result: dict) -> None:
     print(f"gain   : {gain_text(result)}")
     drift = result.get("drift") or {}
     if drift.get("block_sigma_frac") is not None:
+        aside = drift.get("disturbed_blocks") or 0
         print(f"drift  : the default's blocks ranged over {100 * drift['range_frac']:.1f}% of their mean; "
-              f"one block's noise {100 * drift['block_sigma_frac']:.1f}%")
+              f"one block's noise {100 * drift['block_sigma_frac']:.1f}%"
+              + (f"; {aside} disturbed block{'s' if aside > 1 else ''} set aside" if aside else ""))
     for d in result.get("decisions", [])[:-1]:
         print(f"retune : epoch {d['epoch']} had locked {describe(Knobs(**d['knobs']))}; its step time left "
               "the locked interval, so the search re-opened")

@@ -62,7 +62,8 @@ def drift_seen(driver: Driver, epoch: int) -> dict:
     sigma, _ = driver.sigma() if refs else (float("nan"), 0)
     spread = (max(scores) - min(scores)) / float(np.mean(scores)) if len(scores) > 1 else 0.0
     return {"reference_scores": scores, "reference_at_s": [s.at_s for s in refs],
-            "range_frac": spread, "block_sigma_frac": math.expm1(sigma) if refs else None}
+            "range_frac": spread, "block_sigma_frac": math.expm1(sigma) if refs else None,
+            "disturbed_blocks": driver.disturbed_references() if refs else 0}
 
 
 def decision_dict(d: Decision) -> dict:
