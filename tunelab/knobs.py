@@ -56,7 +56,7 @@ class Knobs:
     hierarchical: bool = False
     group_fusion: bool = True
     segment_bytes: int = 4 * MiB
-    oneshot_max_bytes: int = 256 * 1024
+    oneshot_max_bytes: int = 1 * MiB  # host crossover measured at 2-4 MiB (2 and 4 ranks, 2 cores)
 
     def __post_init__(self) -> None:
         for spec in SPECS.values():
