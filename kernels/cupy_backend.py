@@ -321,6 +321,11 @@ class CupyBackend(DeviceArrayOps):
         self._cp.cuda.Device().synchronize()
 
     # ---- streams, events, tables ---------------------------------------------------------------
+    def use_device(self, index: int) -> None:
+        """Make device ``index`` current for the calling thread (each thread has its own)."""
+        if self._cp.cuda.runtime.getDevice() != index:
+            self._cp.cuda.runtime.setDevice(index)
+
     def new_stream(self) -> Any:
         return self._cp.cuda.Stream(non_blocking=True)
 

@@ -347,6 +347,13 @@ class NumbaCudaBackend(DeviceArrayOps):
         cuda.synchronize()
 
     # ---- streams, events, tables ---------------------------------------------------------------
+    def use_device(self, index: int) -> None:
+        """Make device ``index`` current for the calling thread (each thread has its own)."""
+        if numba_config.ENABLE_CUDASIM:
+            return
+        if cuda.get_current_device().id != index:
+            cuda.select_device(index)
+
     def new_stream(self) -> Any:
         return cuda.stream()
 

@@ -90,6 +90,16 @@ def _dlpack_buffer(obj: Any) -> DeviceBuffer | None:
     return _interface_buffer(cupy.from_dlpack(obj))
 
 
+def device_index(owner: Any) -> int | None:
+    """The CUDA device a tensor lives on, where its library says (torch, CuPy); None otherwise."""
+    module = type(owner).__module__.split(".")[0]
+    if module == "torch":
+        return owner.device.index
+    if module == "cupy":
+        return int(owner.device.id)
+    return None
+
+
 def device_backend_name(configured: str) -> str:
     """The GPU kernel back end for device tensors: the configured one ("cpu" refuses them), or for
     "auto" the best available (CuPy, else numba-cuda; "cpu" when there is none)."""

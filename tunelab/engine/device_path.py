@@ -171,7 +171,8 @@ class DevicePath:
 
     device = True
 
-    def __init__(self, topology: Topology, config: EngineConfig, barrier: NodeBarrier) -> None:
+    def __init__(self, topology: Topology, config: EngineConfig, barrier: NodeBarrier,
+                 index: int | None = None) -> None:
         from mpi4py import MPI
 
         kernels = get_backend(device_backend_name(config.backend))
@@ -179,6 +180,9 @@ class DevicePath:
             raise TunelabError("device tensors need a GPU kernel back end (cupy or numba-cuda) and a "
                                "CUDA device; none is available")
         self.kernels = kernels
+        self.index = index  # the device of the tensors: the stream, events and staging live there
+        if index is not None:
+            kernels.use_device(index)
         self.barrier = barrier
         # Several nodes and a CUDA-aware MPI: the rings hand device memory to MPI directly.  Every
         # rank must choose alike (one allreduce), or they would run different protocols.
@@ -221,6 +225,8 @@ class DevicePath:
     # ---- a collective's bounds -------------------------------------------------------------------
     def begin(self, inputs: list[Any]) -> None:
         """Order the engine stream after the producer of ``inputs`` (their owner's current stream)."""
+        if self.index is not None:
+            self.kernels.use_device(self.index)  # this thread's current device (threads differ)
         self._producer = self._producer_stream(inputs[0].owner)
         self.kernels.record(self._ready, self._producer)
         self.kernels.wait_event(self.stream, self._ready)

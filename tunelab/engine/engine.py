@@ -190,7 +190,7 @@ class Engine:
             idx = [i for i in range(n) if on_device[i] == device]
             if not idx:
                 continue
-            path = self._device_path() if device else self._host
+            path = self._device_path(arrays[idx[0]].owner) if device else self._host
             if device:
                 path.begin([arrays[i] for i in idx])  # after the producers' work on these tensors
                 if path.run_shared([arrays[i] for i in idx], [outs_[i] for i in idx], kop, call.factor, what):
@@ -235,11 +235,12 @@ class Engine:
             results.append(o)
         return arrays, results
 
-    def _device_path(self) -> Any:
+    def _device_path(self, owner: Any) -> Any:
         if self._device is None:
+            from .device import device_index
             from .device_path import DevicePath
 
-            self._device = DevicePath(self.topology, self.config, self.barrier)
+            self._device = DevicePath(self.topology, self.config, self.barrier, device_index(owner))
             self._device.ensure_slots(self._knobs.oneshot_max_bytes)
         return self._device
 
