@@ -98,9 +98,12 @@ class IpcEventOrdering:
     def __init__(self, path: DevicePath, local: Any) -> None:
         self._path = path
         kernels = path.kernels
-        if simulated() or kernels.name != "cupy":
-            # Process-local stand-ins (the simulator runs kernels synchronously, so they order
-            # nothing more than the barrier does; numba-cuda has no interprocess events).
+        if not simulated() and kernels.name != "cupy":
+            raise TunelabError(f"{ENV_ORDERING}=ipc-events needs the cupy kernel back end (numba-cuda has "
+                               "no interprocess events); use stream-sync")
+        if simulated():
+            # Process-local stand-ins: the simulator runs kernels synchronously, so they order
+            # nothing more than the barrier does, and the protocol's counts stay testable.
             self._mine = kernels.new_event()
             self._peers = [kernels.new_event() for _ in range(local.size - 1)]
             self._opened: list[int] = []
@@ -110,11 +113,18 @@ class IpcEventOrdering:
         rt = cupy.cuda.runtime
         self._mine = kernels.new_event(interprocess=True)
         handles = local.allgather(bytes(rt.ipcGetEventHandle(self._mine.ptr)))
-        self._opened = [rt.ipcOpenEventHandle(h) for q, h in enumerate(handles) if q != local.rank]
-        self._peers = [_RawEvent(ptr) for ptr in self._opened]
+        self._opened = [int(rt.ipcOpenEventHandle(h)) for q, h in enumerate(handles) if q != local.rank]
+        self._peers = []
+        self._runtime = rt
 
     def order(self, what: str) -> None:
         kernels, stream = self._path.kernels, self._path.stream
+        if self._opened:  # real interprocess events, through the runtime's raw handles
+            self._runtime.eventRecord(self._mine.ptr, stream.ptr)
+            self._path.barrier.wait(what=what)
+            for ptr in self._opened:
+                self._runtime.streamWaitEvent(stream.ptr, ptr, 0)
+            return
         kernels.record(self._mine, stream)
         self._path.barrier.wait(what=what)
         for event in self._peers:
@@ -127,13 +137,6 @@ class IpcEventOrdering:
             for ptr in self._opened:
                 cupy.cuda.runtime.eventDestroy(ptr)
             self._opened = []
-
-
-class _RawEvent:
-    """A peer's opened interprocess event, shaped like a CuPy event for ``Stream.wait_event``."""
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
 
 
 ENV_SHARED_GPU = "TUNELAB_SHARED_GPU"
