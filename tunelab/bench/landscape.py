@@ -30,13 +30,17 @@ DEFAULT_GRID = ("fusion=0,1MiB,8MiB,64MiB", "cycle=0.5,2,8,32", "segment=256KiB,
 
 def parse_grid_entry(text: str) -> tuple[str, list[Any]]:
     """``NAME=V1,V2,...`` -> (knob name, validated values); NAME is a knob or its short alias."""
+    from ..knobs import SPECS
+    from ..tuning.space import SCALES
+
     name, sep, values = text.partition("=")
     knob = ALIASES.get(name.strip(), name.strip())
-    if not sep or knob not in ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes", "hierarchical"):
-        raise ValueError(f"expected NAME=V1,V2,... with NAME one of fusion, cycle, segment, hier, got {text!r}")
+    if not sep or knob not in SCALES:
+        raise ValueError(f"expected NAME=V1,V2,... with NAME a searched knob ({', '.join(SCALES)}) or one of "
+                         f"fusion, cycle, segment, hier, got {text!r}")
     out: list[Any] = []
     for item in (v.strip() for v in values.split(",") if v.strip()):
-        value: Any = parse_bool(knob, item) if knob == "hierarchical" else item
+        value: Any = parse_bool(knob, item) if SPECS[knob].kind is bool else item
         out.append(getattr(Knobs(**{knob: value}), knob))  # validated and normalised (sizes in bytes)
     if not out:
         raise ValueError(f"no values for {name} in {text!r}")
