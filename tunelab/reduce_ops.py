@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 Average = "average"
 Sum = "sum"
 Min = "min"
@@ -13,3 +15,15 @@ def resolve_op(op: str | None, average: bool | None = None) -> str:
     if average is not None:
         return Average if average else Sum
     return Average if op is None else op
+
+
+def is_integer_average(op: str, dtype_name: str) -> bool:
+    """Whether this call is Horovod's integer average, which the engine does as a sum (it only averages
+    floating dtypes) followed by :func:`integer_average`."""
+    return op == Average and dtype_name.startswith(("int", "uint"))
+
+
+def integer_average(total: np.ndarray, world: int) -> np.ndarray:
+    """Horovod's average of integers: the sum times ``1.0 / world`` in double precision, truncated toward
+    zero (its CPU and GPU scale kernels assign ``double * int`` to the integer type)."""
+    return np.trunc(total.astype(np.float64) * (1.0 / world)).astype(total.dtype)

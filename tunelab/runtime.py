@@ -63,20 +63,70 @@ class Runtime:
             raise RankMismatchError(f"ranks disagree on {what}: {detail}")
 
     def broadcast_(self, array: np.ndarray, root: int, what: str) -> None:
-        """In-place broadcast of a C-contiguous array from ``root``; shapes/dtypes checked first."""
+        """In-place broadcast of a C-contiguous array from ``root``.  Ranks first agree on the root,
+        dtype and shape (one allgather), so a disagreement raises on every rank instead of hanging."""
         self._check_root(root)
-        meta = self.sync_comm.bcast((array.dtype.name, array.shape), root=root)
-        self.check_same((array.dtype.name, array.shape) == meta, f"shape/dtype of {what} (vs root {root})")
+        metas = self.sync_comm.allgather((root, array.dtype.name, tuple(array.shape)))
+        if any(m[0] != metas[0][0] for m in metas):
+            raise RankMismatchError(f"ranks disagree on the root of broadcast {what}: "
+                                    + "; ".join(f"rank {r}: root {m[0]}" for r, m in enumerate(metas)))
+        if any(m != metas[root] for m in metas):
+            raise RankMismatchError(f"ranks disagree on broadcast {what}: " + "; ".join(
+                f"rank {r}: {m[1]}{list(m[2])}" for r, m in enumerate(metas)))
         from mpi4py import MPI
 
         self.sync_comm.Bcast([array.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
 
     def broadcast_object(self, obj: object, root: int) -> object:
         self._check_root(root)
+        self.check_same(root, "the root of broadcast_object")
         return self.sync_comm.bcast(obj, root=root)
+
+    def allgather_object(self, obj: object) -> list:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        return self.sync_comm.allgather(obj)
+
+    def barrier(self) -> None:
+        self.sync_comm.Barrier()
+
+    def alltoall(self, array: np.ndarray, splits: list[int], what: str) -> tuple[np.ndarray, list[int]]:
+        """Send ``splits[i]`` rows of ``array`` (dim 0, in order) to rank i; returns the rows received,
+        in rank order, and how many came from each rank."""
+        from mpi4py import MPI
+
+        n = self.sync_comm.size
+        rows = array.shape[0] if array.ndim else 1
+        if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(f"alltoall splits {list(splits)} must be {n} non-negative counts summing to "
+                             f"the first dimension ({rows})")
+        metas = self.sync_comm.allgather((array.dtype.name, tuple(array.shape[1:])))
+        if any(m != metas[0] for m in metas):
+            raise RankMismatchError(f"alltoall of {what} needs the same dtype and trailing shape: " + "; ".join(
+                f"rank {r}: {m[0]}[*, {', '.join(map(str, m[1]))}]" for r, m in enumerate(metas)))
+        received = [int(x) for x in self.sync_comm.alltoall([int(s) for s in splits])]
+        src = np.ascontiguousarray(array).reshape(rows, *array.shape[1:])
+        row_bytes = int(np.prod(src.shape[1:], dtype=np.int64)) * src.itemsize
+        out = np.empty((sum(received), *src.shape[1:]), dtype=src.dtype)
+        send = [s * row_bytes for s in splits]
+        recv = [s * row_bytes for s in received]
+        self.sync_comm.Alltoallv([src.reshape(-1).view(np.uint8), (send, _displs(send)), MPI.BYTE],
+                                 [out.reshape(-1).view(np.uint8), (recv, _displs(recv)), MPI.BYTE])
+        return out, received
+
+    def start_timeline(self, path: str) -> None:
+        """Write a Chrome trace of the coordinator's work to ``path`` from now on (``{rank}`` in the path
+        gives one file per rank; otherwise rank 0 writes it)."""
+        self.coordinator.replace_timeline(path)
+
+    def stop_timeline(self) -> None:
+        self.coordinator.replace_timeline(None)
 
     def allgather(self, array: np.ndarray, what: str) -> np.ndarray:
         """Concatenate every rank's array along axis 0 (first dims may differ)."""
+        return self.allgatherv(array, what)[0]
+
+    def allgatherv(self, array: np.ndarray, what: str) -> tuple[np.ndarray, list[int]]:
+        """:meth:`allgather`, and how many rows came from each rank."""
         from mpi4py import MPI
 
         metas = self.sync_comm.allgather((array.dtype.name, array.shape[1:], array.shape[0] if array.ndim else 1))
@@ -91,7 +141,7 @@ class Runtime:
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
         self.sync_comm.Allgatherv([src.reshape(-1).view(np.uint8), MPI.BYTE],
                                   [out.reshape(-1).view(np.uint8), (counts, displs), MPI.BYTE])
-        return out
+        return out, rows
 
     def load_profile(self, signature: str, framework: str, model_name: str = "") -> str:
         """Apply the best stored knobs for this hardware, model signature, framework and world size
@@ -164,6 +214,10 @@ class Runtime:
         self.engine.close()
 
 
+def _displs(counts: list[int]) -> list[int]:
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist() if counts else []
+
+
 def init(comm: MPI.Comm | None = None, **settings: object) -> Runtime:
     """Create the runtime (idempotent).  ``settings``: knobs and engine settings (ranks_per_node,
     timeout_s, timeline, ...), taking precedence over ``TUNELAB_*`` variables."""
@@ -214,6 +268,48 @@ def cross_size() -> int:
 
 def cross_rank() -> int:
     return current().topology.cross_rank
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI granted MPI_THREAD_MULTIPLE (tunelab's coordinator needs it, so True once initialized)."""
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_built() -> bool:
+    """tunelab's collectives run over MPI (and shared memory): always True."""
+    return True
+
+
+def gloo_built() -> bool:
+    """tunelab has no Gloo controller."""
+    return False
+
+
+def nccl_built() -> bool:
+    """tunelab does not use NCCL (GPU tensors go through its own CUDA kernels)."""
+    return False
+
+
+def barrier() -> None:
+    """Return once every rank has called barrier()."""
+    current().barrier()
+
+
+def allgather_object(obj: object, name: str | None = None) -> list:
+    """Every rank's picklable ``obj``, in rank order."""
+    return current().allgather_object(obj)
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start a Chrome trace of allreduces and knob changes (``mark_cycles`` is accepted for Horovod's
+    signature; cycles are not marked)."""
+    current().start_timeline(file_path)
+
+
+def stop_timeline() -> None:
+    current().stop_timeline()
 
 
 def set_knobs(**changes: object) -> None:

@@ -16,7 +16,9 @@ every rank applies them before planning that cycle's fusion, so knobs always cha
 the same point everywhere.  Tensors ready everywhere are reduced in id order (new ones
 after cached ones), fused by the engine under the current knobs, and their handles
 complete.  Any error is decided from data every rank has, so all ranks raise it at the
-same cycle instead of some of them hanging.
+same cycle instead of some of them hanging.  A call the ranks disagree on (shape, dtype, op,
+group) fails through its own handles on every rank, and the coordinator goes on serving later
+calls; a stall or a rank that stops cycling fails the coordinator for good.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ _NO_NEW_NAMES = 1
 _SHUTDOWN = 2
 _NO_STALL = 4
 _NO_KNOB_CHANGE = 8
+_NOT_JOINED = 16  # AND: nobody has joined
+_ALL_JOINED = 32  # AND: everybody has joined
 _OPS = ("sum", "average", "min", "max")
 _IDLE_FACTOR = 10
 
@@ -100,6 +104,11 @@ class Coordinator:
         self._requested: Knobs | None = None
         self._shutdown = False
         self._error: BaseException | None = None
+        self._rejected: dict[str, BaseException] = {}  # calls ranks disagreed on, this cycle
+        self._timeline_swap: tuple[Timeline | None, threading.Event] | None = None
+        self._metas: list[tuple] = []  # per cached name: what a joined rank contributes zeros of
+        self._joined, self._join_cycle, self._join_last = False, -1, -1
+        self._join_done = threading.Event()
         self._wake = threading.Event()
         self._idle = False  # nothing pending here: sleep longer, but wake on the next submit
         self._thread = threading.Thread(target=self._run, name="tunelab-coordinator", daemon=True)
@@ -160,6 +169,48 @@ class Coordinator:
             self._requested = new
         return new
 
+    def join(self) -> int:
+        """Contribute zeros to every allreduce the other ranks run until all ranks have joined; returns
+        the rank that joined last (the highest such rank when several joined at the same cycle)."""
+        with self._lock:
+            if self._pending:
+                raise TunelabError("join() while collectives of this rank are in flight: synchronize them first")
+            self._join_done.clear()
+            self._joined = True
+        self._wake.set()
+        while not self._join_done.wait(0.05):
+            if not self._thread.is_alive():
+                self._raise_if_failed()
+                raise TunelabError("the coordinator stopped during join()")
+        return self._join_last
+
+    def _finish_join(self) -> None:
+        cycles = self.comm.allgather(self._join_cycle)
+        self._join_last = max(range(self.size), key=lambda r: (cycles[r], r))
+        self._joined, self._join_cycle = False, -1
+        self._join_done.set()
+
+    def replace_timeline(self, path: str | None) -> None:
+        """Start writing a new timeline to ``path`` (None: stop).  The coordinator thread swaps it
+        between cycles and closes the old one; returns once that happened."""
+        done = threading.Event()
+        with self._lock:
+            self._timeline_swap = (Timeline.for_rank(path, self.rank), done)
+        self._wake.set()
+        while not done.wait(0.05):
+            if not self._thread.is_alive():
+                self._raise_if_failed()
+                break
+
+    def _swap_timeline(self) -> None:
+        with self._lock:
+            swap, self._timeline_swap = self._timeline_swap, None
+        if swap is not None:
+            old, self.timeline = self.timeline, swap[0]
+            if old is not None:
+                old.close()
+            swap[1].set()
+
     def shutdown(self) -> None:
         """Finish: returns when every rank has asked to shut down and nothing is pending anywhere."""
         with self._lock:
@@ -187,7 +238,7 @@ class Coordinator:
                 with self._lock:
                     # Idle ranks (between backward passes) cycle 10x slower to leave the cores to the
                     # framework; a submit wakes them at once.  With work in flight the cycle is exact.
-                    self._idle = not self._pending and not self._shutdown
+                    self._idle = not self._pending and not self._shutdown and not self._joined
                 rest = (cycle_s * (_IDLE_FACTOR if self._idle else 1)) - (time.monotonic() - start)
                 if rest > 0 and self._wake.wait(rest):
                     self._wake.clear()
@@ -207,6 +258,7 @@ class Coordinator:
         from mpi4py import MPI
 
         self.cycles += 1
+        self._swap_timeline()
         with self._lock:
             pending = list(self._pending.values())
             shutdown = self._shutdown
@@ -221,7 +273,13 @@ class Coordinator:
             flags |= _NO_STALL
         if self.rank != 0 or requested is None or requested == self.engine.knobs:
             flags |= _NO_KNOB_CHANGE
+        joined = self._joined
+        if joined and self._join_cycle < 0:
+            self._join_cycle = self.cycles
+        flags |= _ALL_JOINED if joined else _NOT_JOINED
         words = np.zeros(1 + (len(self._names) + 63) // 64, dtype=np.uint64)
+        if joined:  # ready for anything: the others' bits decide
+            words[1:] = ~np.uint64(0)
         words[0] = flags
         for r in pending:
             i = self._ids.get(r.name)
@@ -231,6 +289,9 @@ class Coordinator:
         req = self.comm.Iallreduce(words, agreed, op=MPI.BAND)
         wait_or_timeout(req, self.engine.config.timeout_s, f"negotiation cycle {self.cycles}", self.rank)
         flags = int(agreed[0])
+        if flags & _ALL_JOINED:
+            self._finish_join()
+            return False
         if not flags & _NO_KNOB_CHANGE:
             self._apply_knobs(self.comm.bcast(requested if self.rank == 0 else None, root=0))
         if not flags & _NO_STALL:
@@ -239,6 +300,7 @@ class Coordinator:
         ready = np.flatnonzero(bits).tolist()
         if not flags & _NO_NEW_NAMES:
             ready += self._negotiate_new_names(pending)
+            self._deliver_rejected()
         if ready:
             self._execute(ready)
         return bool(flags & _SHUTDOWN)
@@ -246,25 +308,40 @@ class Coordinator:
     def _apply_knobs(self, knobs: Knobs) -> None:
         self.engine.set_knobs(knobs)
         self.knob_changes.append((self.cycles, knobs))
-        if self.timeline is not None:
-            self.timeline.instant("knobs", "knobs", cycle=self.cycles, **knobs.as_dict())
+        timeline = self.timeline
+        if timeline is not None:
+            timeline.instant("knobs", "knobs", cycle=self.cycles, **knobs.as_dict())
 
     def _negotiate_new_names(self, pending: list[_Request]) -> list[int]:
         mine = [(r.name, r.meta) for r in pending if r.name not in self._ids]
-        everyone = self.comm.allgather(mine)
-        tables = [dict(x) for x in everyone]
+        everyone = self.comm.allgather((self._joined, mine))
+        active = [r for r, (joined, _) in enumerate(everyone) if not joined]  # joined ranks follow the rest
+        tables = [dict(everyone[r][1]) for r in active]
         new: list[int] = []
-        for name, meta in everyone[0]:  # rank 0's submission order decides the order of new names
+        for name, meta in everyone[active[0]][1]:  # the first active rank's order decides new names' order
             if not all(name in t for t in tables[1:]):
                 continue
             metas = [t[name] for t in tables]
             if any(m != meta for m in metas):
-                raise RankMismatchError(f"ranks disagree on tensor {name!r}: " + "; ".join(
-                    f"rank {r}: {'cuda ' if m[4] else ''}{m[0]}{list(m[1])} op={m[2]} group={m[3]}" for r, m in enumerate(metas)))
+                # Every rank sees the same tables, so every rank rejects this call alike; only its
+                # handles get the error and the coordinator goes on serving the next cycle.
+                self._rejected[name] = RankMismatchError(f"ranks disagree on tensor {name!r}: " + "; ".join(
+                    f"rank {r}: {'cuda ' if m[4] else ''}{m[0]}{list(m[1])} op={m[2]} group={m[3]}" for r, m in zip(active, metas)))
+                continue
             self._ids[name] = len(self._names)
             self._names.append(name)
+            self._metas.append(meta)
             new.append(self._ids[name])
         return new
+
+    def _deliver_rejected(self) -> None:
+        """Complete the rejected calls' handles with their error and forget the calls."""
+        with self._lock:
+            reqs = [self._pending.pop(name) for name in self._rejected if name in self._pending]
+        errors, self._rejected = self._rejected, {}
+        for r in reqs:
+            r.handle._error = errors[r.name]
+            r.handle._event.set()
 
     def _report_stall(self, pending: list[_Request], now: float) -> None:
         everyone = self.comm.allgather(sorted(r.name for r in pending))
@@ -278,9 +355,17 @@ class Coordinator:
             more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
             raise StallError(f"stalled for more than {self.stall_timeout_s:g} s: tensor {problems[0]}{more}")
 
+    def _zeros(self, i: int) -> _Request:
+        """A joined rank's contribution to tensor ``i``: zeros of its dtype and shape (host memory)."""
+        from ..dtypes import dtype_from_name
+
+        dtype, shape, op, group, _ = self._metas[i]
+        zeros = np.zeros(shape, dtype_from_name(dtype))
+        return _Request(self._names[i], zeros, Handle(self._names[i], np.empty_like(zeros)), op, group)
+
     def _execute(self, ids: list[int]) -> None:
         with self._lock:
-            reqs = [self._pending[self._names[i]] for i in ids]
+            reqs = [self._pending.get(self._names[i]) or self._zeros(i) for i in ids]
         for op in dict.fromkeys(r.op for r in reqs):
             batch = [r for r in reqs if r.op == op]
             group_ids: dict[str, int] = {}
@@ -288,14 +373,15 @@ class Coordinator:
                       for r in batch]
             arrays = [r.array for r in batch]
             outs = [r.handle.out if r.out_view is None else r.out_view for r in batch]
-            if self.timeline is None:
+            timeline = self.timeline  # read once: start/stop_timeline may swap it from another thread
+            if timeline is None:
                 self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
             else:
-                with self.timeline.span("allreduce", "allreduce", op=op, tensors=len(batch),
+                with timeline.span("allreduce", "allreduce", op=op, tensors=len(batch),
                                         bytes=int(sum(a.nbytes for a in arrays)), cycle=self.cycles):
                     self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
         with self._lock:
             for r in reqs:
-                del self._pending[r.name]
+                self._pending.pop(r.name, None)
         for r in reqs:
             r.handle._event.set()
