@@ -49,6 +49,7 @@ def test_collectives_match_numpy_semantics():
         assert res["topology"] == [n, n, r, 1]
         assert res["mismatch"].startswith("RankMismatchError: ranks disagree on tensor 'bad.shape'")
         assert "float32[3]" in res["mismatch"] and "float32[4]" in res["mismatch"]
+        assert res["after_mismatch"] == [float(n)] * 2
 
 
 @pytest.mark.parametrize("n,rpn", [(2, None), (3, 1)])
@@ -63,3 +64,43 @@ def test_a_rank_dying_during_training_ends_the_job():
     run = run_case("torch_dead_rank", 3, limit_s=120)
     assert run.returncode != 0
     assert run.elapsed_s < 60
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_horovod_parity(n):
+    """One launch: errors that leave the job usable, autograd through collectives, integer averages,
+    optimizer options, join, alltoall/reducescatter, SyncBatchNorm, timeline (tests/mpi_torch_parity_cases.py)."""
+    results = run_ok("torch_parity", n, limit_s=240)
+    for r, res in enumerate(results):
+        err = res["errors"]
+        for key in ("shape", "dtype", "op", "grouped", "root", "bshape"):  # raised by the call, on every rank
+            assert err[key].startswith("RankMismatchError: ranks disagree on"), (key, err[key])
+        assert "float32[4]" in err["shape"] and "float64[3]" in err["dtype"] and "op=max" in err["op"]
+        assert f"rank {n - 1}: root 1" in err["root"]
+        assert err["after"] == [float(n * (n - 1) / 2)] * 3  # the next collectives work
+        assert err["after_bcast"] == [float(n - 1)] * 2
+        ag = res["autograd"]
+        for key in ("allreduce_sum", "allreduce_average", "allreduce_max", "grouped", "allgather", "broadcast",
+                    "alltoall", "alltoall_values"):
+            assert ag[key] < 1e-12, (key, ag[key])
+        assert ag["alltoall_counts"] is True
+        ia = res["int_avg"]
+        assert ia["int32"] == ia["expected"] and ia["int64_inplace"] == ia["expected"]
+        assert ia["grouped"] == [ia["expected"], ia["expected"][:3]]
+        opt = res["optimizer"]
+        for key in ("sparse", "sparse_as_dense", "predivide", "num_groups", "clip"):
+            assert opt[key] < 1e-6, (key, opt[key])
+        assert opt["clip_moved"] and opt["predivide_sum"] == "gradient_predivide_factor needs op=Average"
+        join = res["join"]
+        assert join["last"] == n - 1 and join["after"] == [float(n)] * 2
+        assert join["diff"] < 1e-6
+        col = res["collectives"]
+        assert col["rs_sum"] == 0 and col["rs_avg"] < 1e-5 and col["rs_rows"] and col["grs"] == 0
+        assert col["a2a_equal"] and col["objects"]
+        assert col["built"] == [True, True, False, False]
+        if r != 0:
+            assert col["barrier_waited"] > 0.3  # rank 0 slept 0.4 s before the barrier
+        bn = res["syncbn"]
+        assert bn["out"] < 1e-5 and bn["in_grad"] < 1e-5 and bn["w_grad"] < 1e-4 and bn["running"] < 1e-5
+        assert bn["eval"] < 1e-6
+    assert results[0]["timeline"] == {"spans": 1, "valid": True}  # only the traced allreduce

@@ -1,112 +1,27 @@
-"""PyTorch adapter with Horovod's names: porting a Horovod script means changing one import,
-``import horovod.torch as hvd`` -> ``import tunelab.torch as hvd``.
+"""The allreduce family of ``tunelab.torch``: asynchronous handles, in-place and grouped variants, and
+autograd functions with Horovod's gradient semantics (the gradient of an allreduce is the same
+allreduce of the incoming gradient).
 
-Collectives run on tunelab's engine through its background coordinator; the
-``DistributedOptimizer`` starts each gradient's allreduce from an autograd hook as
-soon as that gradient is ready, so communication overlaps the rest of backward.
-CUDA tensors are reduced on the device: the engine reads them in place through
-``__cuda_array_interface__`` (no host copy) and ranks of a node exchange device staging buffers
-through CUDA IPC.  Allgather and broadcast, which run once per job rather than per step, stage
-CUDA tensors through host memory.
+Collectives run on tunelab's engine through its background coordinator.  CUDA tensors are reduced on
+the device: the engine reads them in place through ``__cuda_array_interface__`` (no host copy).
+Integer tensors are averaged as Horovod does: the sum times ``1.0 / size()`` in double precision,
+truncated toward zero.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
+import torch
 
-try:
-    import torch
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("tunelab.torch needs PyTorch: pip install 'tunelab[torch]'") from exc
-
-from . import runtime as _rt
-from .dtypes import bfloat16 as _np_bfloat16
-from .errors import TunelabError
-from .reduce_ops import Average, Max, Min, Sum, resolve_op
-
-# ---- lifecycle and topology ------------------------------------------------------------------
-from .runtime import (
-    cross_rank,
-    cross_size,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    set_knobs,
-    shutdown,
-    size,
-)
-
-
-def init(comm: Any = None, **settings: object) -> None:
-    """Start tunelab on this rank (collective).  ``settings``: knobs such as
-    ``fusion_threshold_bytes`` and engine settings such as ``ranks_per_node``."""
-    _rt.init(comm, **settings)
-
-
-# ---- tensors <-> numpy ----------------------------------------------------------------------
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous CPU tensor (no copy)."""
-    if t.device.type != "cpu":
-        raise TunelabError(f"tensor on {t.device}: expected a CPU tensor here")
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_np_bfloat16())
-    return t.numpy()
-
-
-def _engine_view(t: torch.Tensor) -> Any:
-    """What the engine reduces, without copying: a numpy view of a CPU tensor, a device buffer of
-    a CUDA tensor (through ``__cuda_array_interface__``; bfloat16, which the interface cannot
-    describe, through its int16 view)."""
-    if t.device.type == "cpu":
-        return _numpy(t)
-    if t.device.type != "cuda":
-        raise TunelabError(f"tensor on {t.device}: tunelab reduces CPU and CUDA tensors")
-    from .engine.device import device_buffer
-
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        buf = device_buffer(t.view(torch.int16))
-        return dataclasses.replace(buf, dtype=np.dtype(_np_bfloat16()), owner=t)
-    return dataclasses.replace(device_buffer(t), owner=t)
-
-
-class _NoneCompressor:
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-class _FP16Compressor:
-    """Send floating tensors as float16; restore their dtype afterwards."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
-            return tensor.to(torch.float16), tensor.dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor if ctx is None else tensor.to(ctx)
-
-
-class Compression:
-    none = _NoneCompressor
-    fp16 = _FP16Compressor
+from .. import runtime as _rt
+from ..reduce_ops import Average, is_integer_average, resolve_op
+from ._convert import Compression, engine_view
 
 
 class Handle:
-    """An allreduce in flight; ``synchronize(handle)`` returns its result."""
+    """A collective in flight; ``synchronize(handle)`` returns its result."""
 
     def __init__(self, inner: Sequence[Any], results: list[torch.Tensor],
                  finish: Callable[[list[torch.Tensor]], list[torch.Tensor]], single: bool) -> None:
@@ -122,17 +37,29 @@ class Handle:
         return out[0] if self._single else out
 
 
+def _integer_average(t: torch.Tensor, world: int) -> torch.Tensor:
+    return torch.trunc(t.to(torch.float64) * (1.0 / world)).to(t.dtype)
+
+
 def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compression: type,
             inplace: bool, group: str | None) -> Handle:
-    coord = _rt.current().coordinator
+    rt = _rt.current()
     packed = [compression.compress(t.detach()) for t in tensors]
     srcs = [c.contiguous() for c, _ in packed]
+    # The engine averages floating dtypes only; integer averages are sums scaled afterwards.
+    int_avg = [is_integer_average(op, str(s.dtype).removeprefix("torch.")) for s in srcs]
+    if any(int_avg) and not all(int_avg):
+        raise TypeError("a grouped integer average cannot mix integer and floating tensors")
+    engine_op = "sum" if any(int_avg) else op
     direct = [inplace and c.data_ptr() == t.data_ptr() and t.is_contiguous() for (c, _), t in zip(packed, tensors)]
     results = [s if d else torch.empty_like(s) for s, d in zip(srcs, direct)]
-    inner = coord.submit_group(names, [_engine_view(s) for s in srcs], op, [_engine_view(r) for r in results],
-                               group=group)
+    inner = rt.coordinator.submit_group(names, [engine_view(s) for s in srcs], engine_op,
+                                        [engine_view(r) for r in results], group=group)
 
     def finish(res: list[torch.Tensor]) -> list[torch.Tensor]:
+        if any(int_avg):
+            for r in res:
+                r.copy_(_integer_average(r, rt.topology.size))
         outs = [compression.decompress(r, ctx) for r, (_, ctx) in zip(res, packed)]
         if not inplace:
             return outs
@@ -144,22 +71,42 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
     return Handle(inner, results, finish, single=group is None and len(tensors) == 1)
 
 
+def _name(name: str | None, kind: str) -> str:
+    return name or _rt.current().auto_name(kind)
+
+
 # ---- allreduce --------------------------------------------------------------------------------
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: str | None = None, compression: type = Compression.none) -> Handle:
-    return _submit([tensor], [name or _rt.current().auto_name("allreduce")], resolve_op(op, average),
-                   compression, inplace=False, group=None)
+    return _submit([tensor], [_name(name, "allreduce")], resolve_op(op, average), compression,
+                   inplace=False, group=None)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: str | None = None, compression: type = Compression.none) -> Handle:
-    return _submit([tensor], [name or _rt.current().auto_name("allreduce")], resolve_op(op, average),
-                   compression, inplace=True, group=None)
+    return _submit([tensor], [_name(name, "allreduce")], resolve_op(op, average), compression,
+                   inplace=True, group=None)
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: str, name: str, compression: type) -> torch.Tensor:
+        ctx.op, ctx.name = op, name
+        return synchronize(allreduce_async(tensor, name=name, op=op, compression=compression))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return allreduce(grad, name=f"{ctx.name}.grad", op=ctx.op), None, None, None
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
               op: str | None = None, compression: type = Compression.none) -> torch.Tensor:
-    return synchronize(allreduce_async(tensor, average, name, op, compression))
+    """Reduce ``tensor`` over all ranks (Average by default).  Differentiable: the gradient is the same
+    reduction of the incoming gradient."""
+    how, name = resolve_op(op, average), _name(name, "allreduce")
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        return _Allreduce.apply(tensor, how, name, compression)
+    return synchronize(allreduce_async(tensor, name=name, op=how, compression=compression))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -170,14 +117,30 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
                             name: str | None = None, op: str | None = None,
                             compression: type = Compression.none, inplace: bool = False) -> Handle:
-    base = name or _rt.current().auto_name("grouped_allreduce")
+    base = _name(name, "grouped_allreduce")
     names = [f"{base}.{i}" for i in range(len(tensors))]
     return _submit(list(tensors), names, resolve_op(op, average), compression, inplace, group=base)
 
 
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, op: str, name: str, compression: type, *tensors: torch.Tensor) -> tuple:
+        ctx.op, ctx.name = op, name
+        return tuple(synchronize(grouped_allreduce_async(tensors, name=name, op=op, compression=compression)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        reduced = grouped_allreduce([g.contiguous() for g in grads], name=f"{ctx.name}.grad", op=ctx.op)
+        return (None, None, None, *reduced)
+
+
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                       op: str | None = None, compression: type = Compression.none) -> list[torch.Tensor]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, compression))
+    """Reduce several tensors as one group.  Differentiable, like :func:`allreduce`."""
+    how, base = resolve_op(op, average), _name(name, "grouped_allreduce")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_GroupedAllreduce.apply(how, base, compression, *tensors))
+    return synchronize(grouped_allreduce_async(tensors, name=base, op=how, compression=compression))
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -186,6 +149,7 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 
 def synchronize(handle: Handle) -> Any:
+    """Wait for ``handle``'s collective and return its result (raises the collective's error)."""
     return handle.wait()
 
 
@@ -193,70 +157,5 @@ def poll(handle: Handle) -> bool:
     return handle.poll()
 
 
-# ---- allgather / broadcast --------------------------------------------------------------------
-def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
-    """Concatenate every rank's tensor along dim 0 (first dims may differ)."""
-    t = tensor.detach().contiguous()
-    out = _rt.current().allgather(_numpy(t.cpu()), name or "tensor")
-    if t.dtype == torch.bfloat16:
-        return torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).to(t.device)
-    return torch.from_numpy(out).to(t.device)
-
-
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    work = tensor.detach() if tensor.is_contiguous() and tensor.device.type == "cpu" else \
-        tensor.detach().contiguous().cpu()
-    _rt.current().broadcast_(_numpy(work), root_rank, name or "tensor")
-    if work.data_ptr() != tensor.data_ptr():
-        tensor.detach().copy_(work)
-    return tensor
-
-
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    return broadcast_(tensor.detach().clone(), root_rank, name)
-
-
-def broadcast_parameters(params: Any, root_rank: int) -> None:
-    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place."""
-    items = sorted(params.items()) if isinstance(params, dict) else list(params)
-    _rt.current().check_same([name for name, _ in items], "the parameter names to broadcast")
-    for name, p in items:
-        if isinstance(p, torch.Tensor):
-            broadcast_(p.data if isinstance(p, torch.nn.Parameter) else p, root_rank, name)
-
-
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
-    """Make every rank's optimizer state (moments, step counts, hyper-parameters) equal to root's."""
-    state = _rt.current().broadcast_object(optimizer.state_dict(), root_rank)
-    optimizer.load_state_dict(state)
-
-
-def broadcast_object(obj: object, root_rank: int = 0) -> object:
-    return _rt.current().broadcast_object(obj, root_rank)
-
-
-def parameters_signature(params: Sequence[torch.Tensor]) -> str:
-    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable parameters."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for p in params:
-        h.update(f"{tuple(p.shape)}:{p.dtype};".encode())
-    return f"{len(params)}p-{h.hexdigest()[:16]}"
-
-
-def model_signature(model: torch.nn.Module) -> str:
-    return parameters_signature([p for p in model.parameters() if p.requires_grad])
-
-
-from .torch_optimizer import DistributedOptimizer
-
-__all__ = [
-    "Average", "Sum", "Min", "Max", "Compression", "DistributedOptimizer", "Handle",
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
-    "cross_rank", "set_knobs", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "synchronize", "poll",
-    "allgather", "broadcast", "broadcast_", "broadcast_parameters", "broadcast_optimizer_state",
-    "broadcast_object", "model_signature", "parameters_signature",
-]
-
+__all__ = ["Average", "Handle", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+           "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "poll", "synchronize"]

@@ -7,24 +7,42 @@ submits that gradient's allreduce right away (or, for parameters in a group, the
 group once its last member is ready).  ``step()`` waits for the reductions, then runs the
 wrapped optimizer.  Gradients are averaged over ranks *and* over the accumulated passes,
 so an update equals the one a single process would make on all the samples.
+
+Horovod's options: ``gradient_predivide_factor`` f divides gradients by f before the sum and
+multiplies by f / size() after it (Average only); ``sparse_as_dense`` turns sparse gradients
+(``nn.Embedding(sparse=True)``) dense before the allreduce, and without it they are reduced as Horovod
+does, by allgathering their indices and values; ``num_groups`` is ``groups`` as a number;
+``skip_synchronize()`` lets ``step()`` follow an explicit ``synchronize()`` (for gradient clipping).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from . import torch as tt
+from .. import runtime as _rt
+from ..reduce_ops import Average, Sum
+from ._convert import Compression
+from .collectives import allgather
+from .ops import Handle, allreduce_async_, grouped_allreduce_async
 
 
 class _DistributedMixin:
     def _tl_setup(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
                   compression: type, backward_passes_per_step: int, op: str,
-                  groups: int | Sequence[Sequence[torch.nn.Parameter]] | None) -> None:
+                  groups: int | Sequence[Sequence[torch.nn.Parameter]] | None,
+                  predivide: float = 1.0, sparse_as_dense: bool = False) -> None:
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        if predivide != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        if predivide <= 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
+        self._tl_predivide, self._tl_sparse_as_dense, self._tl_skip = float(predivide), sparse_as_dense, False
+        self._tl_sparse: list[torch.nn.Parameter] = []
         params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._tl_names = _parameter_names(params, named_parameters)
         self._tl_groups = _parameter_groups(params, groups)
@@ -34,7 +52,7 @@ class _DistributedMixin:
         self._tl_passes = backward_passes_per_step
         self._tl_op = op
         self._tl_counts = {p: 0 for p in params}
-        self._tl_handles: dict[torch.nn.Parameter, tt.Handle] = {}
+        self._tl_handles: dict[torch.nn.Parameter, Handle] = {}
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
         self._tl_synchronized = False
         self._tl_hooks = [p.register_post_accumulate_grad_hook(self._tl_hook) for p in params]
@@ -50,19 +68,26 @@ class _DistributedMixin:
     def _tl_submit(self, p: torch.nn.Parameter) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if self._tl_passes > 1:
-            p.grad.div_(self._tl_passes)
+        if p.grad.is_sparse:
+            if not self._tl_sparse_as_dense:
+                self._tl_sparse.append(p)  # reduced by allgather in synchronize(), in parameter order
+                self._tl_handles[p] = None  # type: ignore[assignment]
+                return
+            p.grad = p.grad.to_dense()
+        if self._tl_passes > 1 or self._tl_predivide != 1.0:
+            p.grad.div_(self._tl_passes * self._tl_predivide)
+        op = Sum if self._tl_predivide != 1.0 else self._tl_op
         gi = self._tl_group_of.get(p)
         if gi is None:
-            self._tl_handles[p] = tt.allreduce_async_(p.grad, name=f"grad.{self._tl_names[p]}",
-                                                      op=self._tl_op, compression=self._tl_compression)
+            self._tl_handles[p] = allreduce_async_(p.grad, name=f"grad.{self._tl_names[p]}",
+                                                   op=op, compression=self._tl_compression)
             return
         waiting = self._tl_waiting[gi]
         waiting.add(p)
         members = self._tl_groups[gi]
         if len(waiting) == len(members):
-            handle = tt.grouped_allreduce_async([q.grad for q in members], name=f"grad.group{gi}",
-                                                op=self._tl_op, compression=self._tl_compression, inplace=True)
+            handle = grouped_allreduce_async([q.grad for q in members], name=f"grad.group{gi}",
+                                             op=op, compression=self._tl_compression, inplace=True)
             for q in members:
                 self._tl_handles[q] = handle
             waiting.clear()
@@ -78,14 +103,43 @@ class _DistributedMixin:
                                    f"{self._tl_passes} backward passes for {self._tl_names[p]!r}")
             self._tl_counts[p] = self._tl_passes
             self._tl_submit(p)
-        for handle in {id(h): h for h in self._tl_handles.values()}.values():
+        for handle in {id(h): h for h in self._tl_handles.values() if h is not None}.values():
             handle.wait()
+        if self._tl_predivide != 1.0:
+            post = self._tl_predivide / _rt.current().topology.size
+            sparse = {id(q) for q in self._tl_sparse}
+            for p in self._tl_params:
+                if id(p) not in sparse:
+                    p.grad.mul_(post)
+        for p in self._tl_sparse:
+            p.grad = self._tl_sparse_reduce(p)
+        self._tl_sparse.clear()
         self._tl_handles.clear()
         self._tl_counts = {p: 0 for p in self._tl_params}
         self._tl_synchronized = True
 
+    def _tl_sparse_reduce(self, p: torch.nn.Parameter) -> torch.Tensor:
+        """Horovod's sparse allreduce: every rank's (index, value) pairs, gathered; duplicates add up."""
+        g = p.grad.coalesce()
+        name = f"grad.{self._tl_names[p]}"
+        indices = allgather(g.indices().t().contiguous(), name=f"{name}.indices").t()
+        values = allgather(g.values().contiguous() / self._tl_passes, name=f"{name}.values")
+        if self._tl_op == Average:
+            values = values / _rt.current().topology.size
+        return torch.sparse_coo_tensor(indices, values, g.shape).coalesce()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this block ``step()`` does not synchronize: call ``synchronize()`` yourself first
+        (e.g. to clip the reduced gradients)."""
+        self._tl_skip = True
+        try:
+            yield
+        finally:
+            self._tl_skip = False
+
     def step(self, closure: Any = None) -> Any:
-        if not self._tl_synchronized:
+        if not self._tl_synchronized and not self._tl_skip:
             self.synchronize()
         self._tl_synchronized = False
         return super(self.__class__, self).step(closure)
@@ -135,11 +189,26 @@ def _parameter_groups(params: list[torch.nn.Parameter],
     return [g for g in out if g]
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horovod's name
+def parameters_signature(params: Sequence[torch.Tensor]) -> str:
+    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable parameters."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in params:
+        h.update(f"{tuple(p.shape)}:{p.dtype};".encode())
+    return f"{len(params)}p-{h.hexdigest()[:16]}"
+
+
+def model_signature(model: torch.nn.Module) -> str:
+    return parameters_signature([p for p in model.parameters() if p.requires_grad])
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
-                         compression: type = tt.Compression.none, backward_passes_per_step: int = 1,
-                         op: str = tt.Average,
+                         compression: type = Compression.none, backward_passes_per_step: int = 1,
+                         op: str = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: int | Sequence[Sequence[torch.nn.Parameter]] | None = None,
+                         sparse_as_dense: bool = False,
                          load_profile: bool = True, model_name: str = "") -> Any:
     """Wrap ``optimizer`` so gradients are allreduced across ranks before each ``step()``.
 
@@ -151,9 +220,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
     cls = type(base.__name__, (base,), body)
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # same param groups, state and hyper-parameters
-    wrapped._tl_setup(named_parameters, compression, backward_passes_per_step, op, groups)
+    if num_groups and groups is not None:
+        raise ValueError("pass either num_groups or groups, not both")
+    wrapped._tl_setup(named_parameters, compression, backward_passes_per_step, op,
+                      num_groups or groups, gradient_predivide_factor, sparse_as_dense)
     if load_profile:
-        from . import runtime
-
-        runtime.current().load_profile(tt.parameters_signature(wrapped._tl_params), "torch", model_name)
+        _rt.current().load_profile(parameters_signature(wrapped._tl_params), "torch", model_name)
     return wrapped

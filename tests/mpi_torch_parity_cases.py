@@ -1,0 +1,297 @@
+"""Horovod-parity cases for tunelab.torch (launched through mpi_cases.py, re-exported by mpi_torch_cases).
+
+Every rank regenerates every rank's inputs from seeds, so references are single-process torch or numpy
+computations of the same function, independent of the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+import tunelab.torch as tl
+from tunelab.errors import TunelabError
+
+
+def _inputs(n: int, shape_of, seed: int, dtype=torch.float64) -> list[torch.Tensor]:
+    return [torch.randn(*shape_of(r), generator=torch.Generator().manual_seed(seed * 100 + r), dtype=dtype)
+            for r in range(n)]
+
+
+def _err(fn) -> str:
+    try:
+        fn()
+    except TunelabError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def errors_then_success(r: int, n: int) -> dict:
+    """Each failed call raises from that call on every rank; the next call works."""
+    last = r == n - 1
+    out = {
+        "shape": _err(lambda: tl.allreduce(torch.ones(3 + last), name="e.shape")),
+        "dtype": _err(lambda: tl.allreduce(torch.ones(3, dtype=torch.float64 if last else torch.float32),
+                                           name="e.dtype")),
+        "op": _err(lambda: tl.allreduce(torch.ones(3), name="e.op", op=tl.Max if last else tl.Sum)),
+        "grouped": _err(lambda: tl.grouped_allreduce([torch.ones(2), torch.ones(2 + last)], name="e.group")),
+        "root": _err(lambda: tl.broadcast(torch.ones(2), root_rank=int(last), name="e.root")),
+        "bshape": _err(lambda: tl.broadcast(torch.ones(2 + last), root_rank=0, name="e.bshape")),
+    }
+    out["after"] = tl.allreduce(torch.full((3,), float(r)), name="e.after", op=tl.Sum).tolist()
+    out["after_bcast"] = tl.broadcast(torch.full((2,), float(r)), root_rank=n - 1).tolist()
+    return out
+
+
+def autograd_vs_single_process(r: int, n: int) -> dict:
+    """Gradients through collectives on each rank against one process's autograd of the same objective."""
+    diffs = {}
+    ws = _inputs(n, lambda q: (5,), seed=2)
+    for op in (tl.Sum, tl.Average, tl.Max):
+        xs = _inputs(n, lambda q: (5,), seed=1)
+        mine = xs[r].clone().requires_grad_()
+        (ws[r] * tl.allreduce(mine, op=op, name=f"ag.{op}")).sum().backward()
+        if op == tl.Max:  # Horovod: the gradient is the same reduction (max) of every rank's gradient
+            expected = torch.stack(ws).max(0).values
+        else:  # the gradient of sum_q L_q, each L_q = <w_q, reduce(x)>, in one process
+            ref = [x.clone().requires_grad_() for x in xs]
+            y = torch.stack(ref).sum(0) if op == tl.Sum else torch.stack(ref).mean(0)
+            sum((w * y).sum() for w in ws).backward()
+            expected = ref[r].grad
+        diffs[f"allreduce_{op}"] = float((mine.grad - expected).abs().max())
+    # grouped: two tensors, average
+    xa, xb = _inputs(n, lambda q: (4,), seed=3), _inputs(n, lambda q: (2, 3), seed=4)
+    wa, wb = _inputs(n, lambda q: (4,), seed=5), _inputs(n, lambda q: (2, 3), seed=6)
+    a, b = xa[r].clone().requires_grad_(), xb[r].clone().requires_grad_()
+    ya, yb = tl.grouped_allreduce([a, b], name="ag.grouped")
+    ((wa[r] * ya).sum() + (wb[r] * yb).sum()).backward()
+    ra, rb = [x.clone().requires_grad_() for x in xa], [x.clone().requires_grad_() for x in xb]
+    ma, mb = torch.stack(ra).mean(0), torch.stack(rb).mean(0)
+    sum((wa[q] * ma).sum() + (wb[q] * mb).sum() for q in range(n)).backward()
+    diffs["grouped"] = max(float((a.grad - ra[r].grad).abs().max()), float((b.grad - rb[r].grad).abs().max()))
+    # allgather (rows differ per rank): Horovod 0.28 averages the gradient -> objective mean_q L_q
+    xs = _inputs(n, lambda q: (q + 1, 3), seed=7)
+    total = sum(q + 1 for q in range(n))
+    ws3 = _inputs(n, lambda q: (total, 3), seed=8)
+    mine = xs[r].clone().requires_grad_()
+    (ws3[r] * tl.allgather(mine, name="ag.gather")).sum().backward()
+    ref = [x.clone().requires_grad_() for x in xs]
+    (sum((ws3[q] * torch.cat(ref)).sum() for q in range(n)) / n).backward()
+    diffs["allgather"] = float((mine.grad - ref[r].grad).abs().max())
+    # broadcast from the last rank: the averaged gradient on the root, zero elsewhere
+    root = n - 1
+    xs, ws4 = _inputs(n, lambda q: (4,), seed=9), _inputs(n, lambda q: (4,), seed=10)
+    mine = xs[r].clone().requires_grad_()
+    (ws4[r] * tl.broadcast(mine, root_rank=root, name="ag.bcast")).sum().backward()
+    ref = [x.clone().requires_grad_() for x in xs]
+    (sum((ws4[q] * ref[root]).sum() for q in range(n)) / n).backward()
+    expected = ref[r].grad if ref[r].grad is not None else torch.zeros(4, dtype=torch.float64)
+    diffs["broadcast"] = float((mine.grad - expected).abs().max())
+    # alltoall with splits: rank q sends (q + j) % 3 rows to rank j
+    splits = [[(q + j) % 3 for j in range(n)] for q in range(n)]
+    xs = _inputs(n, lambda q: (sum(splits[q]), 2), seed=11)
+    mine = xs[r].clone().requires_grad_()
+    got, counts = tl.alltoall(mine, splits=torch.tensor(splits[r]), name="ag.a2a")
+    ws5 = _inputs(n, lambda q: (sum(splits[s][q] for s in range(n)), 2), seed=12)
+    (ws5[r] * got).sum().backward()
+    ref = [x.clone().requires_grad_() for x in xs]
+
+    def received(q: int) -> torch.Tensor:
+        return torch.cat([ref[s][sum(splits[s][:q]):sum(splits[s][:q + 1])] for s in range(n)])
+
+    sum((ws5[q] * received(q)).sum() for q in range(n)).backward()
+    diffs["alltoall"] = float((mine.grad - ref[r].grad).abs().max())
+    diffs["alltoall_values"] = float((got.detach() - received(r).detach()).abs().max())
+    diffs["alltoall_counts"] = counts.tolist() == [splits[s][r] for s in range(n)]
+    return diffs
+
+
+def integer_average(r: int, n: int) -> dict:
+    """Horovod: the sum times 1.0/size in double, truncated toward zero."""
+    base = np.array([-7, -6, -5, -4, -2, -1, 0, 1, 4, 5, 7, 11, -11])  # negative odd sums: trunc != floor
+    vals = [base * (q + 1) + (q == 0) for q in range(n)]
+    sums = np.sum(vals, axis=0)
+    expected = [int(s // n) if s >= 0 else -int((-s) // n) for s in sums]  # exact rational, toward zero
+    out = {"expected": expected}
+    out["int32"] = tl.allreduce(torch.tensor(vals[r], dtype=torch.int32), name="ia.32").tolist()
+    t = torch.tensor(vals[r], dtype=torch.int64)
+    tl.allreduce_(t, average=True, name="ia.64")
+    out["int64_inplace"] = t.tolist()
+    out["grouped"] = [x.tolist() for x in tl.grouped_allreduce(
+        [torch.tensor(vals[r], dtype=torch.int32), torch.tensor(vals[r][:3], dtype=torch.int64)], name="ia.g")]
+    return out
+
+
+def sparse_and_options(r: int, n: int) -> dict:
+    """Embedding gradients (sparse, and sparse_as_dense), predivide, num_groups, clipping with
+    skip_synchronize: weights after 3 steps against one process on the concatenated batches."""
+    def model_and_data(seed: int):
+        torch.manual_seed(seed)
+        emb = torch.nn.Embedding(11, 3, sparse=True)
+        head = torch.nn.Linear(3, 2)
+        return torch.nn.ModuleDict({"emb": emb, "head": head})
+
+    def batch(step: int, q: int):
+        g = torch.Generator().manual_seed(50 + step * 10 + q)
+        return torch.randint(0, 11, (4,), generator=g), torch.randn(4, 2, generator=g)
+
+    def loss(m, idx, y):
+        return ((m["head"](m["emb"](idx)) - y) ** 2).mean()
+
+    def run(dist: bool, clip: bool = False, **kw) -> list[torch.Tensor]:
+        m = model_and_data(0)
+        opt = torch.optim.SGD(m.parameters(), lr=0.2)
+        if dist:
+            opt = tl.DistributedOptimizer(opt, named_parameters=m.named_parameters(), load_profile=False, **kw)
+        for step in range(3):
+            opt.zero_grad()
+            if dist:
+                loss(m, *batch(step, r)).backward()
+            else:  # mean of the ranks' mean losses = the distributed average of gradients
+                (sum(loss(m, *batch(step, q)) for q in range(n)) / n).backward()
+            if clip:
+                if dist:
+                    opt.synchronize()
+                for p in m.parameters():
+                    p.grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+                if dist:
+                    with opt.skip_synchronize():
+                        opt.step()
+                    continue
+            opt.step()
+        return [p.detach().clone() for p in m.parameters()]
+
+    def diff(a, b):
+        return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+    ref = run(False)
+    out = {"sparse": diff(run(True), ref), "sparse_as_dense": diff(run(True, sparse_as_dense=True), ref),
+           "predivide": diff(run(True, gradient_predivide_factor=2.0), ref),
+           "num_groups": diff(run(True, num_groups=2, sparse_as_dense=True), ref),
+           "clip": diff(run(True, clip=True, sparse_as_dense=True), run(False, clip=True))}
+    out["clip_moved"] = diff(run(False, clip=True), ref) > 1e-4  # clipping changed the result
+    try:
+        tl.DistributedOptimizer(torch.optim.SGD(model_and_data(0).parameters(), lr=0.1), op=tl.Sum,
+                                gradient_predivide_factor=2.0, load_profile=False)
+        out["predivide_sum"] = ""
+    except ValueError as exc:
+        out["predivide_sum"] = str(exc)
+    return out
+
+
+def join_uneven(r: int, n: int) -> dict:
+    """Rank q has 2 + q batches; ranks that ran out join and contribute zeros; averages divide by n."""
+    def model():
+        torch.manual_seed(3)
+        return torch.nn.Linear(4, 2)
+
+    def batch(step: int, q: int):
+        g = torch.Generator().manual_seed(700 + step * 10 + q)
+        return torch.randn(3, 4, generator=g), torch.randn(3, 2, generator=g)
+
+    def loss(m, x, y):
+        return ((m(x) - y) ** 2).mean()
+
+    m = model()
+    opt = tl.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), load_profile=False)
+    for step in range(2 + r):
+        opt.zero_grad()
+        loss(m, *batch(step, r)).backward()
+        opt.step()
+    last = tl.join()
+    after = tl.allreduce(torch.ones(2), name="join.after", op=tl.Sum).tolist()  # everyone back in step
+    ref = model()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(2 + r):
+        ropt.zero_grad()
+        (sum(loss(ref, *batch(step, q)) for q in range(n) if step < 2 + q) / n).backward()
+        ropt.step()
+    return {"last": last, "after": after,
+            "diff": max(float((a - b).abs().max()) for a, b in zip(m.parameters(), ref.parameters()))}
+
+
+def collectives_vs_numpy(r: int, n: int) -> dict:
+    rows = 2 * n + 1
+    xs = [np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) * (q + 1) for q in range(n)]
+    total = np.sum(xs, axis=0)
+    base, extra = divmod(rows, n)
+    start = r * base + min(r, extra)
+    mine = slice(start, start + base + (r < extra))
+    out = {"rs_sum": float(np.abs(tl.reducescatter(torch.from_numpy(xs[r]), op=tl.Sum).numpy()
+                                  - total[mine]).max()),
+           "rs_avg": float(np.abs(tl.reducescatter(torch.from_numpy(xs[r])).numpy() - total[mine] / n).max()),
+           "rs_rows": tl.reducescatter(torch.from_numpy(xs[r]), op=tl.Sum).shape[0] == base + (r < extra)}
+    g = tl.grouped_reducescatter([torch.from_numpy(xs[r]), torch.from_numpy(xs[r][:n].copy())], op=tl.Sum)
+    out["grs"] = float(max(np.abs(g[0].numpy() - total[mine]).max(),
+                           np.abs(g[1].numpy() - total[:n][r:r + 1]).max()))
+    ys = [np.arange(2 * n, dtype=np.int64) + 100 * q for q in range(n)]
+    a2a = tl.alltoall(torch.from_numpy(ys[r]))  # equal splits: 2 each, no counts returned
+    out["a2a_equal"] = a2a.tolist() == np.concatenate([ys[q][2 * r:2 * r + 2] for q in range(n)]).tolist()
+    out["objects"] = tl.allgather_object({"rank": r}) == [{"rank": q} for q in range(n)]
+    out["built"] = [tl.mpi_threads_supported(), tl.mpi_built(), tl.gloo_built(), tl.nccl_built()]
+    if r == 0:
+        time.sleep(0.4)
+    t0 = time.monotonic()
+    tl.barrier()
+    out["barrier_waited"] = time.monotonic() - t0
+    return out
+
+
+def sync_batch_norm(r: int, n: int) -> dict:
+    xs = _inputs(n, lambda q: (q + 2, 3, 4, 4), seed=20, dtype=torch.float32)
+    ws = _inputs(n, lambda q: (q + 2, 3, 4, 4), seed=21, dtype=torch.float32)
+    bn = tl.SyncBatchNorm(3, momentum=0.3)
+    ref_bn = torch.nn.BatchNorm2d(3, momentum=0.3)
+    with torch.no_grad():
+        for m in (bn, ref_bn):
+            m.weight.copy_(torch.tensor([1.5, 0.5, -1.0]))
+            m.bias.copy_(torch.tensor([0.1, 0.2, 0.3]))
+    mine = xs[r].clone().requires_grad_()
+    y = bn(mine)
+    (ws[r] * y).sum().backward()
+    ref_in = [x.clone().requires_grad_() for x in xs]
+    ref_y = ref_bn(torch.cat(ref_in))
+    (torch.cat(ws) * ref_y).sum().backward()
+    offset = sum(q + 2 for q in range(r))
+    wgrad = tl.allreduce(bn.weight.grad, op=tl.Sum, name="bn.wgrad")
+    bn.eval()
+    ref_bn.eval()
+    return {"out": float((y - ref_y[offset:offset + r + 2]).abs().max()),
+            "in_grad": float((mine.grad - ref_in[r].grad).abs().max()),
+            "w_grad": float((wgrad - ref_bn.weight.grad).abs().max()),
+            "running": float(max((bn.running_mean - ref_bn.running_mean).abs().max(),
+                                 (bn.running_var - ref_bn.running_var).abs().max())),
+            "eval": float((bn(xs[r]) - ref_bn(xs[r])).abs().max())}
+
+
+def timeline(r: int, n: int, path: str) -> dict:
+    tl.start_timeline(path)
+    tl.allreduce(torch.ones(4), name="traced.tensor")
+    tl.stop_timeline()
+    tl.allreduce(torch.ones(4), name="untraced.tensor")
+    if r != 0:
+        return {}
+    with open(path) as f:
+        events = json.load(f)
+    return {"spans": sum(e.get("name") == "allreduce" for e in events), "valid": True}
+
+
+def case_torch_parity(comm) -> dict:
+    import tempfile
+
+    torch.set_num_threads(1)
+    tl.init(comm)
+    r, n = tl.rank(), tl.size()
+    trace = tl.broadcast_object(os.path.join(tempfile.mkdtemp(prefix="tunelab-tl-"), "trace.json"), 0)
+    out = {"errors": errors_then_success(r, n), "autograd": autograd_vs_single_process(r, n),
+           "int_avg": integer_average(r, n), "optimizer": sparse_and_options(r, n),
+           "join": join_uneven(r, n), "collectives": collectives_vs_numpy(r, n),
+           "syncbn": sync_batch_norm(r, n),
+           "timeline": timeline(r, n, trace)}
+    tl.shutdown()  # raises if any error above had poisoned the coordinator
+    return out

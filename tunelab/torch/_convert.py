@@ -1,0 +1,80 @@
+"""Torch tensors <-> what the engine and MPI read, without copies where possible; Compression."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..dtypes import bfloat16 as _np_bfloat16
+from ..errors import TunelabError
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor (no copy)."""
+    if t.device.type != "cpu":
+        raise TunelabError(f"tensor on {t.device}: expected a CPU tensor here")
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_np_bfloat16())
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``like``'s dtype and device holding ``a``."""
+    if like.dtype == torch.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(like.device)
+    return torch.from_numpy(a).to(like.device)
+
+
+def host_copy(t: torch.Tensor) -> np.ndarray:
+    """A C-contiguous numpy array of ``t`` on the host (a view when ``t`` already is one)."""
+    return to_numpy(t.detach().contiguous().cpu())
+
+
+def engine_view(t: torch.Tensor) -> Any:
+    """What the engine reduces, without copying: a numpy view of a CPU tensor, a device buffer of
+    a CUDA tensor (through ``__cuda_array_interface__``; bfloat16, which the interface cannot
+    describe, through its int16 view)."""
+    if t.device.type == "cpu":
+        return to_numpy(t)
+    if t.device.type != "cuda":
+        raise TunelabError(f"tensor on {t.device}: tunelab reduces CPU and CUDA tensors")
+    from ..engine.device import device_buffer
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        buf = device_buffer(t.view(torch.int16))
+        return dataclasses.replace(buf, dtype=np.dtype(_np_bfloat16()), owner=t)
+    return dataclasses.replace(device_buffer(t), owner=t)
+
+
+class _NoneCompressor:
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor
+
+
+class _FP16Compressor:
+    """Send floating tensors as float16; restore their dtype afterwards."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class Compression:
+    none = _NoneCompressor
+    fp16 = _FP16Compressor

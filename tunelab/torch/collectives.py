@@ -1,0 +1,189 @@
+"""``tunelab.torch``'s synchronous collectives: allgather, broadcast, alltoall, reducescatter, objects.
+
+They run on the caller's thread over MPI (CUDA tensors are staged through host memory: they run once
+per job or per evaluation, not per gradient), except reducescatter, which is an engine allreduce of
+which each rank keeps its rows.  ``allgather``, ``broadcast`` and ``alltoall`` are autograd functions
+with Horovod's gradients: an allgather's gradient is this rank's slice of the averaged incoming
+gradient, a broadcast's is the averaged gradient on the root and zero elsewhere, an alltoall's is the
+alltoall of the gradient sent back the way the data came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import runtime as _rt
+from ..reduce_ops import Average, resolve_op
+from ._convert import Compression, from_numpy, host_copy, to_numpy
+from .ops import allreduce, grouped_allreduce
+
+
+# ---- allgather ----------------------------------------------------------------------------------
+def _allgather_rows(tensor: torch.Tensor, name: str) -> tuple[torch.Tensor, list[int]]:
+    t = tensor.detach()
+    out, rows = _rt.current().allgatherv(host_copy(t), name)
+    return from_numpy(out, t), rows
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str) -> torch.Tensor:
+        out, rows = _allgather_rows(tensor, name)
+        r = _rt.current().topology.rank
+        ctx.offset, ctx.rows, ctx.name = sum(rows[:r]), rows[r], name
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        reduced = allreduce(grad.contiguous(), name=f"{ctx.name}.grad", op=Average)
+        return reduced.narrow(0, ctx.offset, ctx.rows), None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Concatenate every rank's tensor along dim 0 (first dims may differ).  Differentiable."""
+    name = name or _rt.current().auto_name("allgather")
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        return _Allgather.apply(tensor, name)
+    return _allgather_rows(tensor, name)[0]
+
+
+def allgather_object(obj: object, name: str | None = None) -> list:
+    """Every rank's picklable ``obj``, in rank order."""
+    return _rt.current().allgather_object(obj)
+
+
+# ---- broadcast ----------------------------------------------------------------------------------
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s, in place.  Ranks naming different roots, shapes or dtypes
+    get a RankMismatchError on every rank."""
+    work = tensor.detach() if tensor.is_contiguous() and tensor.device.type == "cpu" else \
+        tensor.detach().contiguous().cpu()
+    _rt.current().broadcast_(to_numpy(work), root_rank, name or "tensor")
+    if work.data_ptr() != tensor.data_ptr():
+        tensor.detach().copy_(work)
+    return tensor
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str) -> torch.Tensor:
+        ctx.root, ctx.name = root_rank, name
+        return broadcast_(tensor.detach().clone(), root_rank, name)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        reduced = allreduce(grad.contiguous(), name=f"{ctx.name}.grad", op=Average)
+        if _rt.current().topology.rank != ctx.root:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
+    """``root_rank``'s tensor, as a new tensor.  Differentiable."""
+    name = name or _rt.current().auto_name("broadcast")
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        return _Broadcast.apply(tensor, root_rank, name)
+    return broadcast_(tensor.detach().clone(), root_rank, name)
+
+
+def broadcast_parameters(params: Any, root_rank: int) -> None:
+    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place."""
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    _rt.current().check_same([name for name, _ in items], "the parameter names to broadcast")
+    for name, p in items:
+        if isinstance(p, torch.Tensor):
+            broadcast_(p.data if isinstance(p, torch.nn.Parameter) else p, root_rank, name)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Make every rank's optimizer state (moments, step counts, hyper-parameters) equal to root's."""
+    state = _rt.current().broadcast_object(optimizer.state_dict(), root_rank)
+    optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None) -> object:
+    return _rt.current().broadcast_object(obj, root_rank)
+
+
+# ---- alltoall -----------------------------------------------------------------------------------
+def _splits(splits: Any, rows: int, world: int) -> list[int]:
+    if splits is None:
+        if rows % world:
+            raise ValueError(f"alltoall without splits needs a first dimension divisible by {world}, got {rows}")
+        return [rows // world] * world
+    return [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+
+
+def _alltoall(tensor: torch.Tensor, splits: list[int], name: str) -> tuple[torch.Tensor, list[int]]:
+    t = tensor.detach()
+    out, received = _rt.current().alltoall(host_copy(t), splits, name)
+    return from_numpy(out, t), received
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: list[int], name: str) -> tuple:
+        out, received = _alltoall(tensor, splits, name)
+        ctx.received, ctx.name = received, name
+        counts = torch.tensor(received, dtype=torch.int32)
+        ctx.mark_non_differentiable(counts)
+        return out, counts
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _counts: Any) -> tuple:
+        back, _ = _alltoall(grad.contiguous(), ctx.received, f"{ctx.name}.grad")
+        return back, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None) -> Any:
+    """Send ``splits[i]`` rows of ``tensor`` (dim 0, in order; equal parts without ``splits``) to rank i.
+    Returns the rows received, in rank order; with ``splits`` given, also a tensor of how many rows came
+    from each rank (Horovod's return shape).  Differentiable."""
+    rt = _rt.current()
+    rows = tensor.shape[0] if tensor.dim() else 1
+    plan = _splits(splits, rows, rt.topology.size)
+    name = name or rt.auto_name("alltoall")
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        out, counts = _Alltoall.apply(tensor, plan, name)
+    else:
+        out, received = _alltoall(tensor, plan, name)
+        counts = torch.tensor(received, dtype=torch.int32)
+    return out if splits is None else (out, counts)
+
+
+# ---- reducescatter ------------------------------------------------------------------------------
+def _my_rows(total: int, world: int, rank: int) -> tuple[int, int]:
+    """Horovod's split of dim 0: ``total // world`` rows each, the first ``total % world`` ranks one more."""
+    base, extra = divmod(total, world)
+    return rank * base + min(rank, extra), base + (rank < extra)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type = Compression.none, op: str | None = Average) -> list[torch.Tensor]:
+    """Reduce each tensor over all ranks and keep this rank's rows of dim 0 (split as Horovod does).
+    Runs as one grouped engine allreduce; each rank then keeps its rows."""
+    how = resolve_op(op)
+    if how not in ("sum", "average"):
+        raise ValueError(f"reducescatter supports Sum and Average, got {how!r}")
+    if any(t.dim() == 0 for t in tensors):
+        raise ValueError("reducescatter needs tensors with at least one dimension")
+    rt = _rt.current()
+    reduced = grouped_allreduce([t.detach() for t in tensors], name=name or rt.auto_name("reducescatter"),
+                                op=how, compression=compression)
+    out = []
+    for r in reduced:
+        start, count = _my_rows(r.shape[0], rt.topology.size, rt.topology.rank)
+        out.append(r.narrow(0, start, count).clone())
+    return out
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type = Compression.none,
+                  op: str | None = Average) -> torch.Tensor:
+    return grouped_reducescatter([tensor], name, compression, op)[0]
+
+
+__all__ = ["allgather", "allgather_object", "alltoall", "broadcast", "broadcast_", "broadcast_object",
+           "broadcast_optimizer_state", "broadcast_parameters", "grouped_reducescatter", "reducescatter"]

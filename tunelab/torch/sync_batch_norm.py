@@ -1,0 +1,55 @@
+"""``SyncBatchNorm``: batch normalization whose training statistics cover every rank's batch.
+
+In training, the per-channel mean and variance are those of the concatenation of all ranks' batches
+(two differentiable Sum allreduces: the sums and counts, then the squared deviations from the global
+mean), so outputs, gradients and running statistics equal ``torch.nn.BatchNorm*d`` applied to the
+global batch in one process.  In evaluation it uses the running statistics, like any batch norm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from .. import runtime as _rt
+from ..reduce_ops import Sum
+from .ops import allreduce
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Drop-in for ``torch.nn.BatchNorm1d/2d/3d`` (input ``[N, C, ...]``) with statistics over all ranks."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"SyncBatchNorm expects at least 2-D input [N, C, ...], got {input.dim()}-D")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        if not self.training and self.track_running_stats:
+            return super().forward(input)
+        c = input.shape[1]
+        dims = [0, *range(2, input.dim())]
+        shape = [1, c] + [1] * (input.dim() - 2)
+        rt = _rt.current()
+        count = torch.tensor([input.numel() // max(c, 1)], dtype=input.dtype, device=input.device)
+        sums = allreduce(torch.cat([input.sum(dims), count]), op=Sum, name=rt.auto_name("syncbn.sum"))
+        n = sums[c]
+        if float(n) <= 1:
+            raise ValueError(f"SyncBatchNorm needs more than 1 value per channel over all ranks, got {int(n)}")
+        mean = sums[:c] / n
+        centered = input - mean.reshape(shape)
+        sq = allreduce((centered * centered).sum(dims), op=Sum, name=rt.auto_name("syncbn.var"))
+        var = sq / n
+        if self.training and self.track_running_stats:
+            self._update_running_stats(mean.detach(), var.detach() * (n.detach() / (n.detach() - 1)))
+        out = centered * torch.rsqrt(var + self.eps).reshape(shape)
+        if self.affine:
+            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return out
+
+    def _update_running_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.num_batches_tracked.add_(1)
+            m = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            self.running_mean.mul_(1 - m).add_(mean.to(self.running_mean.dtype), alpha=m)
+            self.running_var.mul_(1 - m).add_(unbiased_var.to(self.running_var.dtype), alpha=m)
