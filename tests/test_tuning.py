@@ -240,3 +240,16 @@ def test_a_disturbed_reference_block_is_set_aside():
     i = next(k for k, s in enumerate(driver.samples) if s.role == "reference" and k > 3)
     driver.samples[i] = replace(driver.samples[i], score=driver.samples[i].score * 0.6)
     assert driver.disturbed_references() == 1 and float(i) not in [p for p, _ in driver._refs()]
+
+
+def test_the_one_shot_switch_is_searched_only_for_gpu_jobs():
+    from tunelab.tuning.space import search_space
+
+    assert "oneshot_max_bytes" not in search_space({}, 1).names
+    space = search_space({}, 1, device=True)
+    assert "oneshot_max_bytes" in space.names
+    low = space.from_unit([0.0] * len(space.names))
+    assert low.oneshot_max_bytes == 0  # the lowest bin: always two-shot
+    high = space.from_unit([1.0] * len(space.names))
+    assert high.oneshot_max_bytes == 16 << 20
+    assert "oneshot_max_bytes" not in search_space({"oneshot_max_bytes": 4096}, 1, device=True).names

@@ -55,7 +55,7 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
 
     comm = rt.sync_comm
     topo = rt.topology
-    space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned))
+    space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned), device=p.get("device") == "cuda")
     recorder = _Recorder.create(p, rt, workload, write=p.get("store", True)) if comm.rank == 0 else None
     stored = recorder.warm_start_observations() if recorder is not None else []
     seed = p.get("seed", 0)

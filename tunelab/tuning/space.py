@@ -21,7 +21,8 @@ from ..knobs import Knobs
 class Scale:
     """How one knob is searched.  ``kind``: ``log2`` (a size in bytes, searched as its log2, rounded to
     a multiple of ``multiple``; values below ``off_below`` mean ``off_value``), ``log`` (a positive
-    number, log-uniform) or ``bool``.  ``multi_node``: searched only when there are several nodes."""
+    number, log-uniform) or ``bool``.  ``multi_node``: searched only when there are several nodes;
+    ``device_only``: only when the job trains on GPUs."""
 
     kind: str
     low: float = 0.0
@@ -30,6 +31,7 @@ class Scale:
     off_below: float | None = None
     off_value: int = 0
     multi_node: bool = False
+    device_only: bool = False  # searched only when the job reduces device (GPU) tensors
 
     def dimension(self, name: str) -> Any:
         from skopt.space import Categorical, Real
@@ -83,6 +85,8 @@ SCALES: dict[str, Scale] = {
     "cycle_time_ms": Scale("log", 0.1, 100.0),
     "segment_bytes": Scale("log2", 14.0, 26.0, multiple=4096),                         # 16 KiB .. 64 MiB
     "hierarchical": Scale("bool", multi_node=True),
+    # one-shot vs two-shot within a node: off (always two-shot), or 8 KiB .. 16 MiB
+    "oneshot_max_bytes": Scale("log2", 12.0, 24.0, multiple=4096, off_below=13.0, device_only=True),
 }
 
 
@@ -118,10 +122,13 @@ class SearchSpace:
         return SearchSpace(tuple(n for n in self.names if n not in fixed), self.base.replace(**fixed))
 
 
-def search_space(pinned: dict[str, object], num_nodes: int, base: Knobs | None = None) -> SearchSpace:
-    """The space over unpinned knobs; ``pinned`` values are fixed in ``base``."""
+def search_space(pinned: dict[str, object], num_nodes: int, base: Knobs | None = None,
+                 device: bool = False) -> SearchSpace:
+    """The space over unpinned knobs; ``pinned`` values are fixed in ``base``.  ``device``: the job
+    reduces GPU tensors, so the device path's knobs are searched too."""
     base = (base or Knobs()).replace(**pinned) if pinned else (base or Knobs())
-    names = [n for n, s in SCALES.items() if n not in pinned and (num_nodes > 1 or not s.multi_node)]
+    names = [n for n, s in SCALES.items() if n not in pinned and (num_nodes > 1 or not s.multi_node)
+             and (device or not s.device_only)]
     return SearchSpace(tuple(names), base)
 
 
