@@ -21,8 +21,6 @@ class StallError(TunelabError):
     """Some ranks submitted a tensor that others did not submit within the stall timeout."""
 
 
-class ScenarioError(TunelabError):
-    """A scenario file is missing, unreadable or invalid; the message names the file and the key."""
 
 
 class StoreError(TunelabError):
@@ -31,3 +29,8 @@ class StoreError(TunelabError):
 
 class UsageError(TunelabError):
     """The command line asks for something that cannot work (exit status 2, like argparse's errors)."""
+
+
+class ScenarioError(UsageError):
+    """A scenario file is missing, unreadable or invalid; the message names the file and the key.
+    A usage error: the command exits 2."""
