@@ -45,6 +45,14 @@ def unpack(path: DataPath, rows: np.ndarray, dtype: np.dtype, factor: float) -> 
         path.scale_copy(rows, dtype, factor)
 
 
+def alone(path: DataPath, layout: Layout) -> None:
+    """One rank in all: the allreduce of a tensor is the tensor (an average divides by 1), so each
+    output that is not its input gets one copy, and nobody waits for anybody."""
+    rows = layout.copy_rows()
+    if rows.shape[0]:
+        path.copy(rows)
+
+
 def oneshot(path: DataPath, layout: Layout, call: Call, me: int, what: str) -> None:
     """Allreduce ``layout`` within a node through one ordering point (see the module doc)."""
     isz, dtype, count = layout.itemsize, layout.dtype, layout.count

@@ -261,7 +261,9 @@ class Engine:
         if layout.count == 0:
             return
         topo, k = self.topology, self._knobs
-        if topo.num_nodes == 1 and layout.count * layout.itemsize <= k.oneshot_max_bytes:
+        if topo.size == 1:
+            algorithms.alone(path, layout)
+        elif topo.num_nodes == 1 and layout.count * layout.itemsize <= k.oneshot_max_bytes:
             algorithms.oneshot(path, layout, call, topo.local_rank, what)
         elif topo.num_nodes == 1 or k.hierarchical:
             cross = self._ring_cross if topo.num_nodes > 1 else None

@@ -101,6 +101,12 @@ class Layout:
         rows = np.stack([tensor, buf, n] if to_buffer else [buf, tensor, n], axis=1)
         return rows[n > 0]
 
+    def copy_rows(self) -> np.ndarray:
+        """Byte rows copying every source straight to its destination (skipping in-place tensors)."""
+        nbytes = (self.ends - self.starts) * self.itemsize
+        keep = (self.src_addrs != self.dst_addrs) & (nbytes > 0)
+        return np.stack([self.src_addrs[keep], self.dst_addrs[keep], nbytes[keep]], axis=1)
+
     def pack_rows(self, lo: int, hi: int, buf_addr: int) -> np.ndarray:
         """Rows copying bucket elements [lo, hi) from the sources into a buffer at ``buf_addr``."""
         return self._rows(lo, hi, buf_addr, self.src_addrs, to_buffer=True)
