@@ -390,6 +390,9 @@ def is_device_tensor(tensor: object) -> bool:
     device; under Numba's CUDA simulator, its simulated device arrays."""
     if isinstance(tensor, np.ndarray):
         return False
+    is_cuda = getattr(tensor, "is_cuda", None)  # torch: a flag, cheaper than building the interface
+    if isinstance(is_cuda, bool):
+        return is_cuda
     if type(tensor).__name__ in ("DeviceBuffer", "FakeCUDAArray"):  # ours; the simulator's arrays
         return True
     try:  # torch raises TypeError (not AttributeError) for the interface of a CPU tensor
