@@ -491,6 +491,19 @@ def case_shared_gpu(comm: MPI.Comm, seed: int = 5) -> dict:
                     out["failures"].append(f"round {rnd} {dtype_name}[{count}] {op}: wrong")
     out["leader"] = engine._device.shared is not None and engine._device.shared.leader
     out["counts"] = dict(counting.counts)  # the last round: warm, one call per spec
+    # Gradients as a framework submits them: through the coordinator thread, in place, averaged.
+    from tunelab.engine.coordinator import Coordinator
+
+    coord = Coordinator(engine)
+    grads = [exact_inputs(c, np.dtype(np.float32), comm.size, seed + 3 * c) for c in (513, 8)]
+    devs = [sim_device_array(g[comm.rank]) for g in grads]
+    handles = [coord.submit(f"grad.{i}", d, "average", out=d) for i, d in enumerate(devs)]
+    for h, d, g in zip(handles, devs, grads):
+        h.wait(timeout=120)
+        out["checks"] += 1
+        if bit_mismatches(d.copy_to_host(), reference(g, "average")):
+            out["failures"].append("coordinator: wrong")
+    coord.shutdown()
     # Plain simulator arrays are private to their process: the call falls back to staging, exactly.
     x = exact_inputs(700, np.dtype(np.float32), comm.size, seed)
     got = engine.allreduce(cuda.to_device(x[comm.rank]), "sum")
