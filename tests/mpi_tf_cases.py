@@ -161,3 +161,6 @@ def case_tf_autoload(comm, env_home: str) -> dict:
     fit_log = _captured(lambda: fitted.fit(x, y, batch_size=PER_RANK, epochs=2, verbose=0))
     tl.shutdown()
     return {"first": logs[0], "second": logs[1], "fit": fit_log, "knobs": knobs}
+
+
+from mpi_tf_parity_cases import case_tf_parity  # noqa: E402,F401  (dispatched by mpi_cases.py)

@@ -79,3 +79,31 @@ def test_tune_trains_a_keras_model_and_stores_its_profile(tmp_path):
     assert result["locked_final"]["score"] > 0 and "stored : profile" in proc.stdout
     listing = tunelab("profiles", "list", env=env, timeout=60)
     assert listing.returncode == 0 and "tensorflow" in listing.stdout, listing.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_horovod_parity(n):
+    """One launch (tests/mpi_tf_parity_cases.py): errors that leave the job usable, gradients through
+    hvd.allreduce, integer average, broadcast_variables(opt.variables) in tf.function, IndexedSlices,
+    Keras backward_passes_per_step, learning-rate callbacks, through tunelab.tensorflow.keras."""
+    results = run_ok("tf_parity", n, limit_s=400)
+    for res in results:
+        err = res["errors"]
+        assert err["shape"].startswith("RankMismatchError: ranks disagree on tensor 'e.shape.0'")
+        assert err["root"].startswith("RankMismatchError: ranks disagree on the root of broadcast")
+        assert err["after"] == [float(n * (n - 1) / 2)] * 2
+        assert all(v < 1e-6 for v in res["gradients"].values()), res["gradients"]
+        assert len(res["gradients"]) == 4
+        assert res["int_avg"]["int32"] == res["int_avg"]["expected"]
+        assert res["bcast_opt"] == {"iterations": 5, "dtype": "int64", "others": [1.0] * len(res["bcast_opt"]["others"])}
+        assert res["bcast_opt"]["others"]
+        assert res["sparse"]["kinds"] == ["IndexedSlices"] and res["sparse"]["diff"] < 1e-6
+        assert res["sparse_as_dense"]["kinds"] != ["IndexedSlices"] and res["sparse_as_dense"]["diff"] < 1e-6
+        assert res["bpps_avg"] < 1e-6 and res["bpps_sum"] < 1e-6
+        lr = res["lr"]
+        steps = 3  # batches per epoch on every rank
+        warm = [0.1 / n * ((e + b / steps + 1 / steps) * (n - 1) / 2 + 1) for e in range(2) for b in range(steps)]
+        assert lr["warmup"] == pytest.approx(warm + [warm[-1]] * steps, rel=1e-6)
+        assert lr["schedule"] == pytest.approx([0.1] * steps + [0.05] * steps + [0.025] * steps, rel=1e-6)
+        assert lr["schedule_logged"] == pytest.approx([0.1, 0.05, 0.025], rel=1e-6)
+        assert res["built"] == [True, False, False]

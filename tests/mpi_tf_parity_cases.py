@@ -1,0 +1,183 @@
+"""Horovod-parity cases for tunelab.tensorflow (re-exported by mpi_tf_cases.py): references are
+single-process TensorFlow/numpy computations from every rank's regenerated inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+import keras
+
+import tunelab.tensorflow as tl
+import tunelab.tensorflow.keras as hvd
+
+
+def _arr(n: int, shape: tuple, seed: int) -> list[np.ndarray]:
+    return [np.random.default_rng((seed, q)).standard_normal(shape) for q in range(n)]
+
+
+def _err(fn) -> str:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - TF wraps py_function errors in its own types
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def errors(r: int, n: int) -> dict:
+    last = r == n - 1
+    out = {"shape": _err(lambda: hvd.allreduce(tf.ones([3 + last]), name="e.shape")),
+           "root": _err(lambda: hvd.broadcast(tf.ones([2]), root_rank=int(last), name="e.root"))}
+    out["after"] = hvd.allreduce(tf.constant([float(r)] * 2), op=hvd.Sum, name="e.after").numpy().tolist()
+    return out
+
+
+def gradients(r: int, n: int) -> dict:
+    """d/dx_r of sum_q <w_q, reduce(x)> through hvd.allreduce in a GradientTape, eager and in tf.function."""
+    xs, ws = _arr(n, (4,), 1), _arr(n, (4,), 2)
+    out = {}
+    for op, fn in ((hvd.Sum, np.sum), (hvd.Average, np.mean)):
+        expected = fn(ws, axis=0)  # d/dx_r of sum_q <w_q, sum/mean_q x_q> is sum/mean_q w_q
+        for mode in ("eager", "function"):
+            x = tf.Variable(xs[r])
+
+            def grad(x=x, op=op, mode=mode) -> tf.Tensor:
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(ws[r] * hvd.allreduce(x, op=op, name=f"g.{op}.{mode}"))
+                return tape.gradient(loss, x)
+
+            g = (tf.function(grad) if mode == "function" else grad)()
+            out[f"{op}_{mode}"] = float(np.abs(g.numpy() - expected).max())
+    return out
+
+
+def integer_average(r: int, n: int) -> dict:
+    base = np.array([-7, -6, -5, -4, -2, -1, 0, 1, 4, 5, 7, 11, -11])
+    vals = [base * (q + 1) + (q == 0) for q in range(n)]
+    sums = np.sum(vals, axis=0)
+    expected = [int(s // n) if s >= 0 else -int((-s) // n) for s in sums]
+    got = hvd.allreduce(tf.constant(vals[r], dtype=tf.int32), name="ia").numpy().tolist()
+    return {"expected": expected, "int32": got}
+
+
+def broadcast_optimizer_variables(r: int, n: int) -> dict:
+    """hvd.broadcast_variables(opt.variables) inside a tf.function, int64 iteration counter included."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    opt.build(model.trainable_variables)
+    opt.iterations.assign(5 + r)
+    for v in opt.variables[1:]:
+        v.assign(tf.fill(v.shape, tf.cast(1.0 + r, v.dtype)))  # the root's 1.0 is no initial value
+    tf.function(lambda: hvd.broadcast_variables(opt.variables, root_rank=0))()
+    return {"iterations": int(opt.iterations.numpy()), "dtype": opt.iterations.dtype,
+            "others": [float(np.abs(v.numpy()).max()) for v in opt.variables[1:]]}
+
+
+def embedding_training(r: int, n: int, sparse_as_dense: bool) -> dict:
+    """An embedding's IndexedSlices gradients reduced by allgather (or densified): weights vs one process."""
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(4)
+        return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(13, 4),
+                                 keras.layers.Flatten(), keras.layers.Dense(2)])
+
+    def batch(step: int, q: int):
+        rng = np.random.default_rng((step, q, 9))
+        return rng.integers(0, 13, (4, 3)).astype(np.int32), rng.standard_normal((4, 2)).astype(np.float32)
+
+    def loss(model, x, y):
+        return tf.reduce_mean((model(x) - y) ** 2)
+
+    model, ref = build(), build()
+    opt, ref_opt = keras.optimizers.SGD(0.3), keras.optimizers.SGD(0.3)
+    kinds = set()
+    for step in range(3):
+        with tf.GradientTape() as tape:
+            value = loss(model, *batch(step, r))
+        tape = tl.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense, load_profile=False)
+        grads = tape.gradient(value, model.trainable_variables)
+        kinds.add(type(grads[0]).__name__)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        with tf.GradientTape() as tape:
+            value = sum(loss(ref, *batch(step, q)) for q in range(n)) / n
+        ref_opt.apply_gradients(zip(tape.gradient(value, ref.trainable_variables), ref.trainable_variables))
+    diff = max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(model.weights, ref.weights))
+    return {"diff": diff, "kinds": sorted(kinds)}
+
+
+PER_RANK = 4
+
+
+def _data(batches: int, n: int):
+    rng = np.random.default_rng(77)
+    return (rng.standard_normal((batches * n * PER_RANK, 6)).astype(np.float32),
+            rng.integers(0, 3, batches * n * PER_RANK).astype(np.int32))
+
+
+def _model() -> keras.Model:
+    keras.utils.set_random_seed(8)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+
+
+def _rank_rows(x: np.ndarray, r: int, n: int, micro: int) -> np.ndarray:
+    """Rank r's rows when each global batch of micro * n * PER_RANK rows is split by rank."""
+    per_step = micro * n * PER_RANK
+    return np.concatenate([x[s:s + per_step][r * micro * PER_RANK:(r + 1) * micro * PER_RANK]
+                           for s in range(0, len(x), per_step)])
+
+
+def fit_accumulated(r: int, n: int, average: bool) -> float:
+    """Keras DistributedOptimizer with backward_passes_per_step=2 against one process on the global batches."""
+    x, y = _data(4, n)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = _model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5),
+                                                     backward_passes_per_step=2,
+                                                     average_aggregated_gradients=average, load_profile=False),
+                  loss=loss, jit_compile=False)
+    model.fit(_rank_rows(x, r, n, 2), _rank_rows(y, r, n, 2), batch_size=PER_RANK, epochs=1, shuffle=False,
+              verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    ref = _model()  # summed micro-batch gradients are the mean times 2: SGD with twice the learning rate
+    ref.compile(optimizer=keras.optimizers.SGD(0.1 if average else 0.2, momentum=0.5), loss=loss, jit_compile=False)
+    ref.fit(x, y, batch_size=2 * n * PER_RANK, epochs=1, shuffle=False, verbose=0)
+    return max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(model.weights, ref.weights))
+
+
+class _LrRecorder(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[float] = []
+
+    def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        self.seen.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+
+def lr_callbacks(r: int, n: int) -> dict:
+    x, y = _data(3, n)
+    out = {}
+    for kind in ("warmup", "schedule"):
+        model = _model()
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), load_profile=False),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        cb = (hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=2) if kind == "warmup" else
+              hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5, start_epoch=1))
+        rec = _LrRecorder()
+        hist = model.fit(_rank_rows(x, r, n, 1), _rank_rows(y, r, n, 1), batch_size=PER_RANK, epochs=3,
+                         shuffle=False, verbose=0, callbacks=[cb, rec, hvd.callbacks.MetricAverageCallback()])
+        out[kind] = rec.seen
+        out[f"{kind}_logged"] = [float(v) for v in hist.history["lr"]]
+    return out
+
+
+def case_tf_parity(comm) -> dict:
+    hvd.init(comm)
+    r, n = hvd.rank(), hvd.size()
+    out = {"errors": errors(r, n), "gradients": gradients(r, n), "int_avg": integer_average(r, n),
+           "bcast_opt": broadcast_optimizer_variables(r, n),
+           "sparse": embedding_training(r, n, False), "sparse_as_dense": embedding_training(r, n, True),
+           "bpps_avg": fit_accumulated(r, n, True), "bpps_sum": fit_accumulated(r, n, False),
+           "lr": lr_callbacks(r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
+    hvd.shutdown()
+    return out

@@ -1,0 +1,114 @@
+"""Keras callbacks with Horovod's names and behaviour (``hvd.callbacks.*`` in ``tunelab.tensorflow.keras``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+from .. import runtime as _rt
+from ..reduce_ops import Average
+from .ops import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast the model's weights, and the optimizer's variables once it has built them, from
+    ``root_rank`` when training starts."""
+
+    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        variables = list(self.model.weights)
+        opt = getattr(self.model, "optimizer", None)
+        if opt is not None and getattr(opt, "built", False):
+            variables += list(opt.variables)
+        broadcast_variables(variables, self.root_rank)
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average the epoch's metrics (loss, accuracy, ...) over all ranks before other callbacks see them."""
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.floating)))
+        _rt.current().check_same(keys, "the metric names to average")
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        out = _rt.current().coordinator.submit(f"metrics.epoch{epoch}", values, op=Average).wait()
+        for k, v in zip(keys, out):
+            logs[k] = float(v)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in [start_epoch, end_epoch):
+    at each epoch's first batch (``staircase``), or every batch at the fractional epoch
+    ``epoch + batch / steps_per_epoch``.  A constant ``multiplier`` m means ``m ** epoch``.
+
+    ``momentum_correction`` is accepted for Horovod's signature but not applied: Keras 3 optimizers
+    hold momentum as a constant of the traced train step, which a callback cannot change."""
+
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float], start_epoch: int = 0,
+                 end_epoch: int | None = None, staircase: bool = True, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("LearningRateScheduleCallback needs initial_lr")
+        self.initial_lr, self.start_epoch, self.end_epoch = float(initial_lr), start_epoch, end_epoch
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** epoch)
+        self.staircase, self.momentum_correction = staircase, momentum_correction
+        self.steps_per_epoch, self.verbose = steps_per_epoch, verbose
+        self.current_epoch = 0
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if not self.staircase and not self.steps_per_epoch:
+            steps = (self.params or {}).get("steps")
+            if not steps:
+                raise ValueError(f"{type(self).__name__}: pass steps_per_epoch (Keras did not report it)")
+            self.steps_per_epoch = int(steps)
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase and batch == 0:
+            self._set_lr(self.initial_lr * self.multiplier(epoch))
+        elif not self.staircase:
+            self._set_lr(self.initial_lr * self.multiplier(epoch + batch / self.steps_per_epoch))
+
+    def _set_lr(self, lr: float) -> None:
+        self.model.optimizer.learning_rate.assign(lr)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = float(np.asarray(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs``, batch
+    by batch (Goyal et al.'s gradual warmup, as Horovod does it: the multiplier at fractional epoch e is
+    ``(1 / size) * ((e + 1 / steps_per_epoch) * (size - 1) / warmup_epochs + 1)``)."""
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
+            n = _rt.size()
+            return 1.0 / n * ((epoch + 1.0 / self.steps_per_epoch) * (n - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch, verbose=verbose)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and _rt.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{float(np.asarray(self.model.optimizer.learning_rate)):g}.")

@@ -1,0 +1,177 @@
+"""``tunelab.tensorflow``'s collectives on ``tf.Tensor``s, eager or inside ``tf.function``.
+
+They run as ``tf.py_function`` ops (compile Keras models with ``jit_compile=False``).  Allreduces go
+through tunelab's engine and background coordinator; allgather and broadcast through MPI on the
+caller's thread.  ``allreduce``/``grouped_allreduce`` are differentiable with Horovod's gradient (the
+same reduction of the incoming gradient).  A call the ranks disagree on raises on every rank (as a
+``tf.errors`` error carrying tunelab's message) and later calls work.  Integer tensors are averaged as
+Horovod does: the sum times ``1.0 / size()`` in double precision, truncated toward zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from .. import runtime as _rt
+from ..reduce_ops import Average, integer_average, is_integer_average, resolve_op
+
+
+class _NoneCompressor:
+    @staticmethod
+    def compress(t: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        return t, None
+
+    @staticmethod
+    def decompress(t: tf.Tensor, ctx: Any) -> tf.Tensor:
+        return t
+
+
+class _FP16Compressor:
+    @staticmethod
+    def compress(t: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        if t.dtype.is_floating and t.dtype != tf.float16:
+            return tf.cast(t, tf.float16), t.dtype
+        return t, None
+
+    @staticmethod
+    def decompress(t: tf.Tensor, ctx: Any) -> tf.Tensor:
+        return t if ctx is None else tf.cast(t, ctx)
+
+
+class Compression:
+    none = _NoneCompressor
+    fp16 = _FP16Compressor
+
+
+def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | None) -> list[Any]:
+    rt = _rt.current()
+    int_avg = all(is_integer_average(op, np.dtype(a.dtype).name) for a in arrays)
+    handles = rt.coordinator.submit_group(names, arrays, "sum" if int_avg else op, group=group)
+    outs = [h.wait() for h in handles]
+    return [integer_average(o, rt.topology.size) for o in outs] if int_avg else outs
+
+
+def _to_engine(t: tf.Tensor) -> Any:
+    """A GPU tensor as a CuPy array on the same memory (DLPack, no copy), so the engine reduces it
+    on the device; anything else (and bfloat16, which CuPy cannot hold) as a numpy array."""
+    if "GPU" in (t.device or "").upper() and t.dtype != tf.bfloat16:
+        import cupy
+
+        return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
+    return np.asarray(t.numpy())  # 0-d tensors give numpy scalars: make them arrays
+
+
+def _from_engine(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        return a
+    return tf.experimental.dlpack.from_dlpack(a.toDlpack())  # back to a TF GPU tensor, no copy
+
+
+def _py_collective(fn: Any, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    """Run ``fn(list of arrays) -> list of arrays`` as one op, eager or in a graph: numpy arrays for
+    host tensors, CuPy arrays (zero-copy, reduced on the device) for GPU tensors.  Eagerly it runs
+    right away, so errors reach the caller as tunelab raised them (in a graph TF wraps them)."""
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(_from_engine(a)) for a in fn([_to_engine(t) for t in tensors])]
+    outs = tf.py_function(lambda *ts: [_from_engine(a) for a in fn([_to_engine(t) for t in ts])], tensors,
+                          [t.dtype for t in tensors])
+    for o, t in zip(outs, tensors):
+        o.set_shape(t.shape)
+    return list(outs)
+
+
+def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, grouped: bool) -> list[tf.Tensor]:
+    packed = [compression.compress(t) for t in tensors]
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    reduced = _py_collective(lambda arrays: _reduce_numpy(names, arrays, how, base if grouped else None),
+                             [p for p, _ in packed])
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed)]
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                      op: str | None = None, compression: type = Compression.none,
+                      grouped: bool = True) -> list[tf.Tensor]:
+    """Allreduce several tensors in one request (as one group unless ``grouped=False``).  Differentiable:
+    the gradient of each output is the same reduction of its incoming gradient."""
+    if not tensors:
+        return []
+    base = name or _rt.current().auto_name("tf.allreduce")
+    how = resolve_op(op, average)
+    dense = [tf.convert_to_tensor(t) for t in tensors]  # IndexedSlices become dense here
+    if not all(t.dtype.is_floating for t in dense):
+        return _grouped(dense, base, how, compression, grouped)
+
+    @tf.custom_gradient
+    def reduce(*xs: tf.Tensor) -> Any:
+        def grad(*dys: Any) -> list[tf.Tensor]:
+            dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d) for d, x in zip(dys, xs)]
+            return _grouped(dys, f"{base}.grad", how, Compression.none, grouped)
+
+        return _grouped(list(xs), base, how, compression, grouped), grad
+
+    return list(reduce(*dense))
+
+
+def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: str | None = None,
+              compression: type = Compression.none) -> tf.Tensor:
+    return grouped_allreduce([tensor], average, name or _rt.current().auto_name("tf.allreduce"), op,
+                             compression, grouped=False)[0]
+
+
+def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
+    """Concatenate every rank's tensor along axis 0 (first dims may differ)."""
+    t = tf.convert_to_tensor(tensor)
+    what = name or "tensor"
+    out = tf.py_function(lambda x: _rt.current().allgather(np.asarray(x.numpy()), what), [t], t.dtype)
+    out.set_shape([None, *t.shape[1:]])
+    return out
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
+    def bcast(arrays: list[Any]) -> list[np.ndarray]:
+        first = arrays[0]
+        a = np.array(first if isinstance(first, np.ndarray) else first.get(), order="C")  # a copy; 0-d kept
+        _rt.current().broadcast_(a, root_rank, name or "tensor")
+        return [a]
+
+    return _py_collective(bcast, [tf.convert_to_tensor(tensor)])[0]
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int) -> None:
+    """Assign root's values to ``variables`` on every rank, eagerly or inside a ``tf.function``
+    (optimizer variables included, such as its int64 iteration counter)."""
+    variables = list(variables)
+    _rt.current().check_same([tuple(v.shape) for v in variables], "the shapes of the variables to broadcast")
+    for i, v in enumerate(variables):
+        v.assign(broadcast(v, root_rank, name=f"variable.{i}.{v.name}"))
+
+
+def allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op: str) -> tf.IndexedSlices:
+    """Horovod's reduction of sparse gradients: every rank's (index, value) rows, gathered; averaged
+    values are divided by ``size()``.  Rows with the same index add up when applied."""
+    values = allgather(grad.values, name=f"{name}.values")
+    indices = allgather(grad.indices, name=f"{name}.indices")
+    if op == Average:
+        values = values / tf.cast(_rt.current().topology.size, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=grad.dense_shape)
+
+
+def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
+                     sparse_as_dense: bool) -> list[Any]:
+    """Allreduce a list of gradients (None kept): dense ones in one request, IndexedSlices by allgather
+    unless ``sparse_as_dense``."""
+    out = list(grads)
+    dense = [i for i, g in enumerate(grads) if g is not None and
+             (sparse_as_dense or not isinstance(g, tf.IndexedSlices))]
+    reduced = grouped_allreduce([grads[i] for i in dense], name=name, op=op, compression=compression,
+                                grouped=False)
+    for i, r in zip(dense, reduced):
+        out[i] = r
+    for i, g in enumerate(grads):
+        if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
+            out[i] = allreduce_indexed_slices(g, f"{name}.sparse{i}", op)
+    return out

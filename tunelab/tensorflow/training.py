@@ -1,0 +1,123 @@
+"""``DistributedGradientTape`` and the Keras ``DistributedOptimizer`` of ``tunelab.tensorflow``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from .. import runtime as _rt
+from ..reduce_ops import Average
+from .ops import Compression, reduce_gradients
+
+
+def variables_signature(variables: Sequence[Any]) -> str:
+    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable variables, in order.
+    Keras lays weights out differently from torch (NHWC kernels, conv biases), so the two frameworks'
+    signatures of "the same" model differ on purpose: a profile is tuned for one framework's tensors."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for v in variables:
+        shape = tuple(None if d is None else int(d) for d in v.shape)
+        h.update(f"{shape}:{tf.as_dtype(v.dtype).name};".encode())
+    return f"{len(variables)}v-{h.hexdigest()[:16]}"
+
+
+def model_signature(model: Any) -> str:
+    """The profile key of a Keras model: :func:`variables_signature` of its trainable variables."""
+    return variables_signature(model.trainable_variables)
+
+
+@tf.autograph.experimental.do_not_convert
+def _load_profile(variables: Sequence[Any], model_name: str) -> None:
+    """Apply the stored tuned knobs (collective).  Runs eagerly even while a ``tf.function`` is being
+    traced, so the lookup happens once, now, instead of being baked into (or skipped by) the graph;
+    AutoGraph is kept out of it because it would try to convert the profile store's code."""
+    with tf.init_scope():
+        _rt.current().load_profile(variables_signature(variables), "tensorflow", model_name)
+
+
+class DistributedGradientTape:
+    """Wraps a ``tf.GradientTape``: ``gradient()`` returns gradients averaged over all ranks.
+    ``IndexedSlices`` gradients (embeddings) are reduced by allgather, as Horovod does, or densified and
+    allreduced with ``sparse_as_dense=True``.
+
+    With ``load_profile`` (collective: every rank must call ``gradient()``), the first ``gradient()``
+    call applies the knobs ``tunelab tune`` stored for this hardware, model (the sources' shapes) and
+    world size, logged in one line on rank 0; knobs set explicitly or through ``TUNELAB_*`` win.
+    A model is looked up once per job: wrappers made anew every step (the usual Horovod pattern) or
+    inside a ``tf.function`` trace reuse the first lookup."""
+
+    def __init__(self, tape: tf.GradientTape, compression: type = Compression.none, op: str = Average,
+                 sparse_as_dense: bool = False, load_profile: bool = True, model_name: str = "") -> None:
+        self._tape, self._compression, self._op = tape, compression, op
+        self._sparse_as_dense = sparse_as_dense
+        self._profile_pending, self._model_name = load_profile, model_name
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._tape, item)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None) -> Any:
+        if self._profile_pending:
+            self._profile_pending = False
+            _load_profile(tf.nest.flatten(sources), self._model_name)
+        grads = self._tape.gradient(target, sources, output_gradients)
+        flat = reduce_gradients(tf.nest.flatten(grads, expand_composites=False), "tape.gradients", self._op,
+                                self._compression, self._sparse_as_dense)
+        return tf.nest.pack_sequence_as(grads, flat)
+
+
+def _scaled(g: Any, scale: float) -> Any:
+    if g is None:
+        return None
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(scale, g.values.dtype), g.indices, g.dense_shape)
+    return g * tf.cast(scale, g.dtype)
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "", compression: type = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: str = Average,
+                         average_aggregated_gradients: bool = False, load_profile: bool = True,
+                         model_name: str = "") -> Any:
+    """A Keras 3 optimizer of the same class and config whose ``apply`` (and so ``apply_gradients``
+    and ``model.fit``) first averages the gradients over all ranks.
+
+    ``device_dense``/``device_sparse`` are accepted for Horovod's signature (tunelab reduces tensors
+    where they live).  ``backward_passes_per_step`` k > 1 updates the variables every k-th step with the sum of the k
+    rank-averaged gradients, divided by k when ``average_aggregated_gradients`` (Keras' own
+    ``gradient_accumulation_steps`` does the accumulating; the allreduce still runs every step).
+
+    With ``load_profile`` the tuned knobs are applied when the optimizer is built on the model's
+    variables: ``model.fit`` builds it eagerly before tracing its train step, and a build that
+    happens inside a trace still looks the profile up eagerly (see :class:`DistributedGradientTape`)."""
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    base = optimizer.__class__
+    passes = backward_passes_per_step
+    # Keras averages the k accumulated gradients; Horovod's default sums them (average_aggregated=False).
+    scale = 1.0 if passes == 1 or average_aggregated_gradients else float(passes)
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        grads = reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense)
+        if scale != 1.0:
+            grads = [_scaled(g, scale) for g in grads]
+        return base.apply(self, grads, trainable_variables)
+
+    def build(self: Any, variables: Any) -> None:
+        base.build(self, variables)
+        if load_profile and not getattr(self, "_tunelab_profile_loaded", False):
+            self._tunelab_profile_loaded = True
+            _load_profile(list(variables), model_name)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "build": build, "_tunelab_distributed": True})
+    config = optimizer.get_config()
+    if passes > 1:
+        if config.get("gradient_accumulation_steps"):
+            raise ValueError("pass backward_passes_per_step or the optimizer's gradient_accumulation_steps, not both")
+        config["gradient_accumulation_steps"] = passes
+    if name is not None:
+        config["name"] = name
+    return cls.from_config(config)
