@@ -32,6 +32,8 @@ def errors(r: int, n: int) -> dict:
     out = {"shape": _err(lambda: hvd.allreduce(tf.ones([3 + last]), name="e.shape")),
            "root": _err(lambda: hvd.broadcast(tf.ones([2]), root_rank=int(last), name="e.root"))}
     out["after"] = hvd.allreduce(tf.constant([float(r)] * 2), op=hvd.Sum, name="e.after").numpy().tolist()
+    scalar = tf.function(lambda: hvd.allreduce(tf.constant(float(r)), name="scalar"))()  # 0-d, in a graph
+    out["scalar"] = [scalar.shape.as_list(), float(scalar)]
     return out
 
 

@@ -233,6 +233,8 @@ def collectives_vs_numpy(r: int, n: int) -> dict:
     a2a = tl.alltoall(torch.from_numpy(ys[r]))  # equal splits: 2 each, no counts returned
     out["a2a_equal"] = a2a.tolist() == np.concatenate([ys[q][2 * r:2 * r + 2] for q in range(n)]).tolist()
     out["objects"] = tl.allgather_object({"rank": r}) == [{"rank": q} for q in range(n)]
+    scalar = tl.allreduce(torch.tensor(float(r)), name="scalar")  # Horovod's metric_average pattern
+    out["scalar"] = [list(scalar.shape), float(scalar)]
     out["built"] = [tl.mpi_threads_supported(), tl.mpi_built(), tl.gloo_built(), tl.nccl_built()]
     if r == 0:
         time.sleep(0.4)

@@ -92,6 +92,7 @@ def test_horovod_parity(n):
         assert err["shape"].startswith("RankMismatchError: ranks disagree on tensor 'e.shape.0'")
         assert err["root"].startswith("RankMismatchError: ranks disagree on the root of broadcast")
         assert err["after"] == [float(n * (n - 1) / 2)] * 2
+        assert err["scalar"] == [[], (n - 1) / 2]
         assert all(v < 1e-6 for v in res["gradients"].values()), res["gradients"]
         assert len(res["gradients"]) == 4
         assert res["int_avg"]["int32"] == res["int_avg"]["expected"]

@@ -96,7 +96,7 @@ def test_horovod_parity(n):
         assert join["diff"] < 1e-6
         col = res["collectives"]
         assert col["rs_sum"] == 0 and col["rs_avg"] < 1e-5 and col["rs_rows"] and col["grs"] == 0
-        assert col["a2a_equal"] and col["objects"]
+        assert col["a2a_equal"] and col["objects"] and col["scalar"] == [[], (n - 1) / 2]
         assert col["built"] == [True, True, False, False]
         if r != 0:
             assert col["barrier_waited"] > 0.3  # rank 0 slept 0.4 s before the barrier

@@ -50,8 +50,10 @@ class Compression:
 def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | None) -> list[Any]:
     rt = _rt.current()
     int_avg = all(is_integer_average(op, np.dtype(a.dtype).name) for a in arrays)
-    handles = rt.coordinator.submit_group(names, arrays, "sum" if int_avg else op, group=group)
-    outs = [h.wait() for h in handles]
+    shapes = [a.shape for a in arrays]
+    flat = [a.reshape(1) if a.ndim == 0 else a for a in arrays]  # 0-d as [1]
+    handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, group=group)
+    outs = [h.wait().reshape(shape) for h, shape in zip(handles, shapes)]
     return [integer_average(o, rt.topology.size) for o in outs] if int_avg else outs
 
 
@@ -92,6 +94,7 @@ def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, g
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed)]
 
 
+@tf.autograph.experimental.do_not_convert
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: str | None = None, compression: type = Compression.none,
                       grouped: bool = True) -> list[tf.Tensor]:
@@ -116,12 +119,14 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
     return list(reduce(*dense))
 
 
+@tf.autograph.experimental.do_not_convert
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: str | None = None,
               compression: type = Compression.none) -> tf.Tensor:
     return grouped_allreduce([tensor], average, name or _rt.current().auto_name("tf.allreduce"), op,
                              compression, grouped=False)[0]
 
 
+@tf.autograph.experimental.do_not_convert
 def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
     """Concatenate every rank's tensor along axis 0 (first dims may differ)."""
     t = tf.convert_to_tensor(tensor)
@@ -131,6 +136,7 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
     return out
 
 
+@tf.autograph.experimental.do_not_convert
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
     def bcast(arrays: list[Any]) -> list[np.ndarray]:
         first = arrays[0]
@@ -141,6 +147,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> tf.Tensor
     return _py_collective(bcast, [tf.convert_to_tensor(tensor)])[0]
 
 
+@tf.autograph.experimental.do_not_convert
 def broadcast_variables(variables: Sequence[Any], root_rank: int) -> None:
     """Assign root's values to ``variables`` on every rank, eagerly or inside a ``tf.function``
     (optimizer variables included, such as its int64 iteration counter)."""

@@ -45,7 +45,7 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
             inplace: bool, group: str | None) -> Handle:
     rt = _rt.current()
     packed = [compression.compress(t.detach()) for t in tensors]
-    srcs = [c.contiguous() for c, _ in packed]
+    srcs = [c.contiguous().reshape(1) if c.dim() == 0 else c.contiguous() for c, _ in packed]  # 0-d as [1]
     # The engine averages floating dtypes only; integer averages are sums scaled afterwards.
     int_avg = [is_integer_average(op, str(s.dtype).removeprefix("torch.")) for s in srcs]
     if any(int_avg) and not all(int_avg):
@@ -60,7 +60,7 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
         if any(int_avg):
             for r in res:
                 r.copy_(_integer_average(r, rt.topology.size))
-        outs = [compression.decompress(r, ctx) for r, (_, ctx) in zip(res, packed)]
+        outs = [compression.decompress(r, ctx).reshape(t.shape) for r, (_, ctx), t in zip(res, packed, tensors)]
         if not inplace:
             return outs
         for t, o, d in zip(tensors, outs, direct):
