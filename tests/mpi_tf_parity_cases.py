@@ -30,7 +30,8 @@ def _err(fn) -> str:
 def errors(r: int, n: int) -> dict:
     last = r == n - 1
     out = {"shape": _err(lambda: hvd.allreduce(tf.ones([3 + last]), name="e.shape")),
-           "root": _err(lambda: hvd.broadcast(tf.ones([2]), root_rank=int(last), name="e.root"))}
+           "root": _err(lambda: hvd.broadcast(tf.ones([2]), root_rank=int(last), name="e.root")),
+           "graph": _err(tf.function(lambda: hvd.allreduce(tf.ones([2, 1 + last]), name="e.graph")))}
     out["after"] = hvd.allreduce(tf.constant([float(r)] * 2), op=hvd.Sum, name="e.after").numpy().tolist()
     scalar = tf.function(lambda: hvd.allreduce(tf.constant(float(r)), name="scalar"))()  # 0-d, in a graph
     out["scalar"] = [scalar.shape.as_list(), float(scalar)]
@@ -53,6 +54,32 @@ def gradients(r: int, n: int) -> dict:
 
             g = (tf.function(grad) if mode == "function" else grad)()
             out[f"{op}_{mode}"] = float(np.abs(g.numpy() - expected).max())
+    # allgather (rows differ per rank): this rank's rows of the mean of every rank's weights
+    total = n * (n + 1) // 2
+    xg, wg = _arr(n, (r + 1, 3), 3)[r], _arr(n, (total, 3), 4)
+    start = r * (r + 1) // 2
+    expected = np.mean(wg, axis=0)[start:start + r + 1]
+    xv = tf.Variable(xg)
+    for mode in ("eager", "function"):
+        def ggrad(mode=mode) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(wg[r] * hvd.allgather(xv, name=f"g.gather.{mode}"))
+            return tape.gradient(loss, xv)
+
+        g = (tf.function(ggrad) if mode == "function" else ggrad)()
+        out[f"allgather_{mode}"] = float(np.abs(g.numpy() - expected).max())
+    # broadcast from the last rank: the mean of the weights on the root, zero elsewhere
+    wb = _arr(n, (4,), 5)
+    expected = np.mean(wb, axis=0) if r == n - 1 else np.zeros(4)
+    xb = tf.Variable(_arr(n, (4,), 6)[r])
+    for mode in ("eager", "function"):
+        def bgrad(mode=mode) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(wb[r] * hvd.broadcast(xb, root_rank=n - 1, name=f"g.bcast.{mode}"))
+            return tape.gradient(loss, xb)
+
+        g = (tf.function(bgrad) if mode == "function" else bgrad)()
+        out[f"broadcast_{mode}"] = float(np.abs(g.numpy() - expected).max())
     return out
 
 

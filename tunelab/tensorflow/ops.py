@@ -126,25 +126,72 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
                              compression, grouped=False)[0]
 
 
+def _allgather_rows(t: tf.Tensor, what: str) -> tuple[tf.Tensor, Any, Any]:
+    """The gathered tensor, and where this rank's rows start in it and how many there are."""
+    def gather(x: Any) -> list[Any]:
+        rt = _rt.current()
+        out, rows = rt.allgatherv(np.asarray(x.numpy()), what)
+        r = rt.topology.rank
+        return [out, np.int64(sum(rows[:r])), np.int64(rows[r])]
+
+    if tf.executing_eagerly():
+        out, start, count = gather(t)
+        return tf.convert_to_tensor(out), int(start), int(count)
+    out, start, count = tf.py_function(gather, [t], [t.dtype, tf.int64, tf.int64])
+    out.set_shape([None, *t.shape[1:]])
+    return out, start, count
+
+
 @tf.autograph.experimental.do_not_convert
 def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
-    """Concatenate every rank's tensor along axis 0 (first dims may differ)."""
+    """Concatenate every rank's tensor along axis 0 (first dims may differ).  Differentiable (floating
+    dtypes): the gradient is this rank's rows of the averaged incoming gradient, as in Horovod."""
     t = tf.convert_to_tensor(tensor)
-    what = name or "tensor"
-    out = tf.py_function(lambda x: _rt.current().allgather(np.asarray(x.numpy()), what), [t], t.dtype)
-    out.set_shape([None, *t.shape[1:]])
-    return out
+    base = name or _rt.current().auto_name("tf.allgather")
+    if not t.dtype.is_floating:
+        return _allgather_rows(t, base)[0]
+
+    @tf.custom_gradient
+    def gather(x: tf.Tensor) -> Any:
+        out, start, count = _allgather_rows(x, base)
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            reduced = allreduce(tf.convert_to_tensor(dy), op=Average, name=f"{base}.grad")
+            return tf.reshape(reduced[start:start + count], tf.shape(x))
+
+        return out, grad
+
+    return gather(t)
+
+
+def _broadcast(t: tf.Tensor, root_rank: int, what: str) -> tf.Tensor:
+    def bcast(arrays: list[Any]) -> list[np.ndarray]:
+        first = arrays[0]
+        a = np.array(first if isinstance(first, np.ndarray) else first.get(), order="C")  # a copy; 0-d kept
+        _rt.current().broadcast_(a, root_rank, what)
+        return [a]
+
+    return _py_collective(bcast, [t])[0]
 
 
 @tf.autograph.experimental.do_not_convert
 def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
-    def bcast(arrays: list[Any]) -> list[np.ndarray]:
-        first = arrays[0]
-        a = np.array(first if isinstance(first, np.ndarray) else first.get(), order="C")  # a copy; 0-d kept
-        _rt.current().broadcast_(a, root_rank, name or "tensor")
-        return [a]
+    """``root_rank``'s tensor on every rank.  Differentiable (floating dtypes): the gradient is the
+    averaged incoming gradient on the root and zero elsewhere, as in Horovod."""
+    t = tf.convert_to_tensor(tensor)
+    base = name or _rt.current().auto_name("tf.broadcast")
+    if not t.dtype.is_floating:
+        return _broadcast(t, root_rank, base)
 
-    return _py_collective(bcast, [tf.convert_to_tensor(tensor)])[0]
+    @tf.custom_gradient
+    def bcast(x: tf.Tensor) -> Any:
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            reduced = allreduce(tf.convert_to_tensor(dy), op=Average, name=f"{base}.grad")
+            return reduced if _rt.current().topology.rank == root_rank else tf.zeros_like(reduced)
+
+        return _broadcast(x, root_rank, base), grad
+
+    return bcast(t)
 
 
 @tf.autograph.experimental.do_not_convert
