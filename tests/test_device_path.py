@@ -128,3 +128,16 @@ def test_ranks_sharing_a_gpu_let_one_rank_do_all_the_device_work(n):
             for launch in ("reduce_bcast", "copy_table", "scale_copy_table", "reduce"):
                 assert counts.get(launch, 0) == 0, (launch, counts)
             assert counts.get("event_sync") == specs, counts
+
+
+def test_a_model_on_a_gpu_has_its_own_profile_signature():
+    """A config tuned for the device path is never auto-loaded for the host path, and the reverse."""
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+    from tunelab.torch.optimizer import parameters_signature
+
+    cpu = [torch.zeros(2, 3), torch.zeros(4)]
+    gpu = [SimpleNamespace(shape=t.shape, dtype=t.dtype, is_cuda=True) for t in cpu]
+    assert parameters_signature(cpu).startswith("2p-")
+    assert parameters_signature(gpu) == "cuda-" + parameters_signature(cpu)

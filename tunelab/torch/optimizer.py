@@ -190,13 +190,15 @@ def _parameter_groups(params: list[torch.nn.Parameter],
 
 
 def parameters_signature(params: Sequence[torch.Tensor]) -> str:
-    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable parameters."""
+    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable parameters, and
+    whether they live on a GPU (a config tuned for the device path is not the host path's best)."""
     import hashlib
 
     h = hashlib.sha256()
     for p in params:
         h.update(f"{tuple(p.shape)}:{p.dtype};".encode())
-    return f"{len(params)}p-{h.hexdigest()[:16]}"
+    where = "cuda-" if any(p.is_cuda for p in params) else ""
+    return f"{where}{len(params)}p-{h.hexdigest()[:16]}"
 
 
 def model_signature(model: torch.nn.Module) -> str:
