@@ -110,6 +110,46 @@ def autograd_vs_single_process(r: int, n: int) -> dict:
     return diffs
 
 
+def _jacobians(f, x: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(autograd Jacobian by vector-Jacobian products, central-difference Jacobian) of f at x, with the
+    same sequence of collective calls on every rank (torch's gradcheck orders its calls its own way)."""
+    out = f(x)
+    rows = []
+    for j in range(out.numel()):
+        seed = torch.zeros(out.numel(), dtype=out.dtype)
+        seed[j] = 1.0
+        rows.append(torch.autograd.grad(out, x, seed.reshape(out.shape), retain_graph=True)[0].reshape(-1))
+    cols = []
+    with torch.no_grad():
+        for i in range(x.numel()):
+            step = torch.zeros(x.numel(), dtype=x.dtype)
+            step[i] = eps
+            step = step.reshape(x.shape)
+            cols.append(((f(x + step) - f(x - step)) / (2 * eps)).reshape(-1))
+    return torch.stack(rows), torch.stack(cols, dim=1)
+
+
+def gradchecks(r: int, n: int) -> dict:
+    """A float64 gradient check where Horovod's gradients are local Jacobians: allgather and broadcast,
+    when only rank p's input moves (the other ranks feed a constant that ignores the perturbation).
+    An allreduce's Horovod gradient is the gradient of the sum of every rank's loss, not a local Jacobian,
+    so it is checked against single-process autograd instead."""
+    out = {}
+    for kind in ("allgather", "broadcast"):
+        for p in range(n):
+            x = torch.randn(2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(r)).requires_grad_()
+            const = x.detach().clone()
+
+            def f(inp: torch.Tensor, kind=kind, p=p, const=const) -> torch.Tensor:
+                src = inp if r == p else const + 0 * inp
+                return tl.allgather(src) if kind == "allgather" else tl.broadcast(src, root_rank=p)
+
+            analytical, numerical = _jacobians(f, x)
+            out[f"{kind}_{p}"] = float((analytical - numerical).abs().max()) if r == p else 0.0
+            out[f"{kind}_{p}_nonzero"] = bool(numerical.abs().sum() > 0) if r == p else True
+    return out
+
+
 def integer_average(r: int, n: int) -> dict:
     """Horovod: the sum times 1.0/size in double, truncated toward zero."""
     base = np.array([-7, -6, -5, -4, -2, -1, 0, 1, 4, 5, 7, 11, -11])  # negative odd sums: trunc != floor
@@ -291,6 +331,7 @@ def case_torch_parity(comm) -> dict:
     r, n = tl.rank(), tl.size()
     trace = tl.broadcast_object(os.path.join(tempfile.mkdtemp(prefix="tunelab-tl-"), "trace.json"), 0)
     out = {"errors": errors_then_success(r, n), "autograd": autograd_vs_single_process(r, n),
+           "gradcheck": gradchecks(r, n),
            "int_avg": integer_average(r, n), "optimizer": sparse_and_options(r, n),
            "join": join_uneven(r, n), "collectives": collectives_vs_numpy(r, n),
            "syncbn": sync_batch_norm(r, n),

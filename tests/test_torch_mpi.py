@@ -84,6 +84,10 @@ def test_horovod_parity(n):
                     "alltoall", "alltoall_values"):
             assert ag[key] < 1e-12, (key, ag[key])
         assert ag["alltoall_counts"] is True
+        gc = res["gradcheck"]  # autograd Jacobians vs central differences, float64, rank p's input moving
+        for kind in ("allgather", "broadcast"):
+            for p in range(n):
+                assert gc[f"{kind}_{p}"] < 1e-7 and gc[f"{kind}_{p}_nonzero"], (kind, p, gc)
         ia = res["int_avg"]
         assert ia["int32"] == ia["expected"] and ia["int64_inplace"] == ia["expected"]
         assert ia["grouped"] == [ia["expected"], ia["expected"][:3]]
