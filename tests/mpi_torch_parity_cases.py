@@ -41,7 +41,16 @@ def errors_then_success(r: int, n: int) -> dict:
         "grouped": _err(lambda: tl.grouped_allreduce([torch.ones(2), torch.ones(2 + last)], name="e.group")),
         "root": _err(lambda: tl.broadcast(torch.ones(2), root_rank=int(last), name="e.root")),
         "bshape": _err(lambda: tl.broadcast(torch.ones(2 + last), root_rank=0, name="e.bshape")),
+        "bobject": _err(lambda: tl.broadcast_object(r, root_rank=int(last))),
+        "gather": _err(lambda: tl.allgather(torch.ones(2, 2 + last))),
     }
+    for key, call in (("broot", lambda: tl.broadcast(torch.ones(2), root_rank=n if last else 0)),
+                      ("splits", lambda: tl.alltoall(torch.ones(n), splits=[1] * (n + last)))):
+        try:  # a bad argument on one rank fails the call on every rank (nobody is left waiting)
+            call()
+            out[key] = ""
+        except ValueError as exc:
+            out[key] = str(exc)
     out["after"] = tl.allreduce(torch.full((3,), float(r)), name="e.after", op=tl.Sum).tolist()
     out["after_bcast"] = tl.broadcast(torch.full((2,), float(r)), root_rank=n - 1).tolist()
     return out

@@ -73,10 +73,13 @@ def test_horovod_parity(n):
     results = run_ok("torch_parity", n, limit_s=240)
     for r, res in enumerate(results):
         err = res["errors"]
-        for key in ("shape", "dtype", "op", "grouped", "root", "bshape"):  # raised by the call, on every rank
+        for key in ("shape", "dtype", "op", "grouped", "root", "bshape", "bobject"):  # raised by the call, everywhere
             assert err[key].startswith("RankMismatchError: ranks disagree on"), (key, err[key])
         assert "float32[4]" in err["shape"] and "float64[3]" in err["dtype"] and "op=max" in err["op"]
         assert f"rank {n - 1}: root 1" in err["root"]
+        assert err["gather"].startswith("RankMismatchError: allgather of") and f"rank {n - 1}: float32[*, 3]" in err["gather"]
+        assert err["broot"].endswith(f": root_rank {n} on rank {n - 1} is not a rank (world size {n})")
+        assert err["splits"].startswith(f"alltoall splits must be {n} non-negative counts") and f"ranks [{n - 1}]" in err["splits"]
         assert err["after"] == [float(n * (n - 1) / 2)] * 3  # the next collectives work
         assert err["after_bcast"] == [float(n - 1)] * 2
         ag = res["autograd"]

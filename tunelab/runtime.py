@@ -65,11 +65,8 @@ class Runtime:
     def broadcast_(self, array: np.ndarray, root: int, what: str) -> None:
         """In-place broadcast of a C-contiguous array from ``root``.  Ranks first agree on the root,
         dtype and shape (one allgather), so a disagreement raises on every rank instead of hanging."""
-        self._check_root(root)
         metas = self.sync_comm.allgather((root, array.dtype.name, tuple(array.shape)))
-        if any(m[0] != metas[0][0] for m in metas):
-            raise RankMismatchError(f"ranks disagree on the root of broadcast {what}: "
-                                    + "; ".join(f"rank {r}: root {m[0]}" for r, m in enumerate(metas)))
+        self._check_roots([m[0] for m in metas], f"broadcast {what}")
         if any(m != metas[root] for m in metas):
             raise RankMismatchError(f"ranks disagree on broadcast {what}: " + "; ".join(
                 f"rank {r}: {m[1]}{list(m[2])}" for r, m in enumerate(metas)))
@@ -78,8 +75,7 @@ class Runtime:
         self.sync_comm.Bcast([array.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
 
     def broadcast_object(self, obj: object, root: int) -> object:
-        self._check_root(root)
-        self.check_same(root, "the root of broadcast_object")
+        self._check_roots(self.sync_comm.allgather(root), "broadcast_object")
         return self.sync_comm.bcast(obj, root=root)
 
     def allgather_object(self, obj: object) -> list:
@@ -96,11 +92,15 @@ class Runtime:
 
         n = self.sync_comm.size
         rows = array.shape[0] if array.ndim else 1
-        if len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows:
-            raise ValueError(f"alltoall splits {list(splits)} must be {n} non-negative counts summing to "
-                             f"the first dimension ({rows})")
-        metas = self.sync_comm.allgather((array.dtype.name, tuple(array.shape[1:])))
-        if any(m != metas[0] for m in metas):
+        bad = len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows
+        # Every rank learns of a bad call (so none is left waiting in the exchange below).
+        metas = self.sync_comm.allgather((array.dtype.name, tuple(array.shape[1:]), bad))
+        if any(m[2] for m in metas):
+            culprits = [r for r, m in enumerate(metas) if m[2]]
+            mine = f"; here {list(splits)} for {rows} rows" if bad else ""
+            raise ValueError(f"alltoall splits must be {n} non-negative counts summing to each rank's first "
+                             f"dimension: wrong on ranks {culprits}{mine}")
+        if any(m[:2] != metas[0][:2] for m in metas):
             raise RankMismatchError(f"alltoall of {what} needs the same dtype and trailing shape: " + "; ".join(
                 f"rank {r}: {m[0]}[*, {', '.join(map(str, m[1]))}]" for r, m in enumerate(metas)))
         received = [int(x) for x in self.sync_comm.alltoall([int(s) for s in splits])]
@@ -204,9 +204,16 @@ class Runtime:
         return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
                 f"(measured {best.gain:.2f}x default)"), knobs
 
-    def _check_root(self, root: int) -> None:
-        if not 0 <= root < self.sync_comm.size:
-            raise ValueError(f"root_rank {root} is not a rank (world size {self.sync_comm.size})")
+    def _check_roots(self, roots: list[int], what: str) -> None:
+        """Every rank's root, gathered: a root that is not a rank fails the call on every rank."""
+        n = self.sync_comm.size
+        bad = [(r, root) for r, root in enumerate(roots) if not (isinstance(root, (int, np.integer)) and 0 <= root < n)]
+        if bad:
+            raise ValueError(f"{what}: root_rank " + ", ".join(f"{root} on rank {r}" for r, root in bad)
+                             + f" is not a rank (world size {n})")
+        if any(root != roots[0] for root in roots):
+            raise RankMismatchError(f"ranks disagree on the root of {what}: "
+                                    + "; ".join(f"rank {r}: root {root}" for r, root in enumerate(roots)))
 
     def shutdown(self) -> None:
         self.coordinator.shutdown()
