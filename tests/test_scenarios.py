@@ -9,7 +9,7 @@ from tunelab.errors import ScenarioError, TunelabError
 from tunelab.scenarios import Scenario, list_scenarios, load_scenario, scenario_dirs
 
 SHIPPED = {"resnet50", "resnet50-tf", "vgg16", "vgg16-tf", "bert", "bert-tf",
-           "replay-resnet50", "replay-vgg16", "replay-vgg16-2nodes", "resnet50-2nodes"}
+           "replay-resnet50", "replay-vgg16", "replay-vgg16-2nodes", "replay-bert", "resnet50-2nodes"}
 HEADER = 'workload = "train"\nmodel = "resnet50"\n'
 MiB = 1 << 20
 

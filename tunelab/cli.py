@@ -207,7 +207,7 @@ def _cmd_bench_allreduce(args: argparse.Namespace) -> int:
     from .launch import run_job
 
     if args.link_gbps is not None and args.ranks_per_node is None:
-        raise TunelabError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
+        raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms,
               "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us, "device": args.device}
     result = run_job("bench-allreduce", params, args.np)
