@@ -71,6 +71,17 @@ def test_gpu_training_without_a_gpu_is_one_clear_error():
     assert proc.returncode == 2 and "trains torch models" in proc.stderr
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize(("name", "value"), [("TUNELAB_DEVICE_ORDERING", "bogus"), ("TUNELAB_SHARED_GPU", "sideways")])
+def test_a_bad_device_setting_is_one_line_on_every_rank_not_a_hang(name, value):
+    proc = tunelab("bench", "allreduce", "--device", "cuda", "--np", "2", "--sizes", "4KiB", "--iters", "1",
+                   "--warmup", "0", "--algorithms", "ring", "--no-report", timeout=120,
+                   env={"NUMBA_ENABLE_CUDASIM": "1", name: value})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{name} must be one of" in lines[0] and repr(value) in lines[0], proc.stderr
+
+
 def test_bench_allreduce_on_cuda_without_a_device_is_one_clear_error():
     from tunelab.kernels import get_backend
 

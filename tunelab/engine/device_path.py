@@ -155,6 +155,20 @@ def _leader_mode(device_ids: list[str], topology: Topology) -> bool:
     return possible and mode == "leader"
 
 
+def _vote(local: Any, decide: Any, *args: Any) -> list[Any]:
+    """Every rank's verdict of ``decide(*args)``; a setting one rank rejects fails on every rank alike
+    (a rank raising alone would leave its peers waiting in the exchange)."""
+    try:
+        verdict, error = decide(*args), ""
+    except ValueError as exc:
+        verdict, error = None, str(exc)
+    votes = local.allgather((verdict, error))
+    errors = [e for _, e in votes if e]
+    if errors:
+        raise TunelabError(errors[0])
+    return [v for v, _ in votes]
+
+
 def choose_ordering(configured: str, device_ids: list[str], backend: str) -> str:
     """``ipc-events`` when every rank of the node has a GPU of its own (and the back end can share
     events), ``stream-sync`` when some share one; a configured choice wins."""
@@ -201,14 +215,14 @@ class DevicePath:
         self._producers: dict[int, Any] = {}
         self._producer: Any = None
         device_ids = topology.local.allgather(kernels.device_id())
-        leader = topology.local.allgather(_leader_mode(device_ids, topology))
+        leader = _vote(topology.local, _leader_mode, device_ids, topology)
         self.shared: SharedGpu | None = None
         if all(leader):  # ranks sharing one GPU: the node's first rank does the device work
             self.shared = SharedGpu(self, topology.local)
         configured = os.environ.get(ENV_ORDERING, "auto").strip() or "auto"
-        verdicts = topology.local.allgather(
-            "stream-sync" if self.shared is not None and configured == "auto"
-            else choose_ordering(configured, device_ids, kernels.name))
+        if self.shared is not None and configured == "auto":
+            configured = "stream-sync"  # for calls the leader cannot take: waiting on a shared GPU's events is slow
+        verdicts = _vote(topology.local, choose_ordering, configured, device_ids, kernels.name)
         name = verdicts[0] if len(set(verdicts)) == 1 else "stream-sync"  # all ranks alike
         self.ordering = IpcEventOrdering(self, topology.local) if name == "ipc-events" else StreamSyncOrdering(self)
 
