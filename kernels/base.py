@@ -112,10 +112,6 @@ class DeviceTable:
     max_count: int
 
 
-def table_rows(table: Any) -> int:
-    return table.rows if isinstance(table, DeviceTable) else int(np.shape(table)[0])
-
-
 class DeviceArrayOps:
     """What the GPU back ends share: grid sizing, table handling, and array-level ``scale`` and
     ``cast`` that resolve arrays to addresses (``_device_address``) and call the pointer-level

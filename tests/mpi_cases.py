@@ -458,8 +458,9 @@ def case_shared_gpu(comm: MPI.Comm, seed: int = 5) -> dict:
     """Ranks sharing one GPU (simulated): the first rank reads every rank's tensors and writes every
     rank's outputs in one launch per dtype; the others launch nothing.  Against numpy, with the
     launches counted; memory that cannot be shared takes the staged algorithms, still exact."""
-    from tunelab.engine.device_share import sim_device_array
     from tunelab.kernels import get_backend, register_backend
+
+    from tunelab.engine.device_share import sim_device_array
 
     counting = CountingBackend(get_backend("numba-cuda"))
     register_backend("numba-cuda", counting)

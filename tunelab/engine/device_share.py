@@ -131,12 +131,10 @@ class Importer:
         return self._opened[(rank, key)][0]
 
     def close(self) -> None:
-        for ptr, keep in self._opened.values():
-            if self._driver is not None:
+        if self._driver is not None:
+            for ptr, _ in self._opened.values():
                 self._driver.close(ptr)
-            elif keep is not None:
-                del keep  # the mapping goes with the last reference
-        self._opened.clear()
+        self._opened.clear()  # simulated mappings go with their last reference
 
 
 class Mailbox:
@@ -227,6 +225,9 @@ class SharedGpu:
         key = b"|".join(parts)
         found = self._tables.get(key)
         if found is None:
+            if len(self._tables) >= 256:
+                self.path.synchronize()  # no queued launch still reads a table being dropped
+                self._tables.clear()
             found = self._tables[key] = self._build(ins, outs, parts[1:])
         return found
 
@@ -247,9 +248,6 @@ class SharedGpu:
             if rows:
                 table = np.concatenate([counts[rows, None], srcs[rows], dsts[rows]], axis=1)
                 tables.append((self.path.kernels.upload_table(table), int(counts[rows].max()), dtype))
-        if len(self._tables) >= 256:
-            self.path.synchronize()
-            self._tables.clear()
         return tables
 
     def free(self) -> None:
