@@ -1,9 +1,12 @@
 """The tunelab command: bad input gets one line and exit 2; real runs write the documented JSON."""
 
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +39,79 @@ def test_bad_cli_input_is_one_line_and_exit_2(args, fragment):
     assert len(lines) == 1, proc.stderr
     assert fragment in lines[0] and lines[0].startswith("tunelab")
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("command", [["tune"], ["bench", "landscape"]])
+@pytest.mark.parametrize("how,fragment", [
+    ("unknown-name", "no scenario named 'nosuch'"),
+    ("missing-file", "missing.toml: no such scenario file"),
+    ("bad-toml", "bad.toml: invalid TOML"),
+    ("bad-key", "bad.toml: [run].np must be a positive integer"),
+])
+def test_a_scenario_that_cannot_be_loaded_is_a_usage_error(tmp_path, command, how, fragment):
+    (tmp_path / "bad.toml").write_text('workload = "train"\nmodel = "resnet50"\n' +
+                                       ("[run]\nnp = 0\n" if how == "bad-key" else "[run\n"))
+    which = {"unknown-name": ["--model", "nosuch"], "missing-file": ["--scenario", str(tmp_path / "missing.toml")]}
+    proc = tunelab(*command, *which.get(how, ["--scenario", str(tmp_path / "bad.toml")]), timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tunelab: error:") and fragment in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["bench", "landscape", "--dtype", "float16"], "--dtype applies to replay scenarios"),
+    (["report"], "nothing to report"),
+])
+def test_other_usage_errors_found_after_parsing_exit_2(args, fragment):
+    proc = tunelab(*args, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+
+
+def _help_paths():
+    from tunelab.cli import build_parser
+
+    def walk(parser, path):
+        yield path
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, [*path, name])
+    return list(walk(build_parser(), []))
+
+
+def test_every_command_has_help():
+    paths = _help_paths()
+    assert ["bench", "allreduce"] in paths and ["profiles", "delete"] in paths and ["hw"] in paths
+    for path in paths:
+        proc = tunelab(*path, "--help", timeout=60)
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: tunelab"), (path, proc.stderr)
+
+
+def test_the_registry_is_one_module_per_command():
+    import importlib
+
+    import tunelab.cli
+
+    commands = {}
+    for name in tunelab.cli.COMMANDS:
+        module = importlib.import_module(f"tunelab.cli.{name}")
+        assert callable(module.register), name
+        commands[name] = module
+    top = next(a for a in tunelab.cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(top.choices) == list(commands) == ["bench", "tune", "hw", "report", "profiles"]
+
+
+def test_argument_types_are_public_and_free_of_the_bench_package():
+    code = ("import sys, tunelab.cli.types as t, tunelab.cli.finish;"
+            "assert all(callable(getattr(t, n)) for n in t.__all__);"
+            "print(sorted(m for m in sys.modules if m.startswith('tunelab.bench')))")
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+    sources = (Path(__file__).resolve().parents[1] / "tunelab").rglob("*.py")
+    private = [str(p) for p in sources if re.search(r"from \.+cli import _|tunelab\.cli import _", p.read_text())]
+    assert private == []
 
 
 @pytest.mark.parametrize("command", [["bench", "allreduce"], ["tune"], ["bench", "landscape"]])

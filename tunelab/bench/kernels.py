@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..cli.finish import add_output_flags, finish
+from ..cli.types import non_negative_int, positive_int, size_list
 from ..errors import TunelabError
-from ..report.auto import add_report_flag, write_outputs
 from ..units import format_size
 
 KERNELS = ("pack", "unpack", "reduce", "cast")
@@ -204,16 +204,13 @@ def run(params: dict) -> dict:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench kernels`` under the ``bench`` sub-command parsers."""
-    from ..cli import _non_negative_int, _positive_int, _size_list
-
     p = subparsers.add_parser("kernels", help="kernel GB/s (pack, unpack, reduce, cast) next to a plain copy")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernel back end (default auto)")
-    p.add_argument("--sizes", type=_size_list, default=None,
+    p.add_argument("--sizes", type=size_list, default=None,
                    help="comma-separated sizes (default 1MiB..1GiB on a GPU, 1MiB..256MiB on the CPU)")
-    p.add_argument("--iters", type=_positive_int, default=10)
-    p.add_argument("--warmup", type=_non_negative_int, default=2)
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results as JSON")
-    add_report_flag(p)
+    p.add_argument("--iters", type=positive_int, default=10)
+    p.add_argument("--warmup", type=non_negative_int, default=2)
+    add_output_flags(p)
     p.set_defaults(func=_cmd)
     return p
 
@@ -228,5 +225,4 @@ def _cmd(args: argparse.Namespace) -> int:
     print(format_table(rows, [("kernel", "kernel", ""), ("size_h", "size", ""), ("time_us", "time_us", ".1f"),
                               ("gbps", "GB/s", ".2f"), ("copy_gbps", "copy_GB/s", ".2f"),
                               ("vs_copy", "vs_copy", ".2f"), ("vs_bound", "vs_bound", ".2f")]))
-    write_outputs(result, args.json, "kernels", "bench" if args.report else None)
-    return 0
+    return finish(args, result, "kernels", "bench")

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import random
 import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import TunelabError
+from ..cli.finish import add_output_flags, finish
+from ..cli.types import non_negative_int, positive_int
+from ..errors import UsageError
 from ..knobs import Knobs, parse_bool
 from ..units import format_size
 
@@ -162,23 +163,22 @@ def describe(knobs: Knobs) -> str:
 # ---- command line -----------------------------------------------------------------------------------
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench landscape`` under the ``bench`` sub-command parsers."""
-    from ..cli import _non_negative_int, _positive_int
     from ..engine.link import add_link_flags
 
     p = subparsers.add_parser("landscape", help="samples/s of a grid of knob settings in one training run")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
     which.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
-    p.add_argument("--np", type=_positive_int, default=None, help="ranks to launch (default: the scenario's)")
-    p.add_argument("--ranks-per-node", type=_positive_int, default=None)
+    p.add_argument("--np", type=positive_int, default=None, help="ranks to launch (default: the scenario's)")
+    p.add_argument("--ranks-per-node", type=positive_int, default=None)
     add_link_flags(p)
     p.add_argument("--grid", type=_grid_arg, nargs="+", default=None, metavar="NAME=V1,V2",
                    help=f"knob values to combine (default: {' '.join(DEFAULT_GRID)})")
-    p.add_argument("--repeats", type=_positive_int, default=2, help="visits per grid point (default 2)")
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="shuffles the visiting order")
+    p.add_argument("--repeats", type=positive_int, default=2, help="visits per grid point (default 2)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="shuffles the visiting order")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="gradient dtype of a replay scenario (default float32)")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the landscape as JSON")
+    add_output_flags(p, report=False, what="the landscape")
     p.set_defaults(func=_cmd)
     return p
 
@@ -198,27 +198,23 @@ def _cmd(args: argparse.Namespace) -> int:
     scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
     scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
                                        link_latency_us=args.link_latency_us)
+    if args.dtype is not None and scenario.workload != "replay":
+        raise UsageError(f"--dtype applies to replay scenarios; {scenario.name} trains {scenario.model}")
     try:
         grid = parse_grid(args.grid or DEFAULT_GRID)
     except ValueError as exc:
-        raise TunelabError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     count = len(grid_points(grid, Knobs()))
     print(f"# landscape {scenario.name}: {scenario.model} "
           f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {scenario.np} ranks, "
           f"{count} grid points x {args.repeats} visits x {scenario.discard_steps}+{scenario.measure_steps} steps",
           flush=True)
-    if args.dtype is not None and scenario.workload != "replay":
-        raise TunelabError(f"--dtype applies to replay scenarios; {scenario.name} trains {scenario.model}")
     params = {**scenario.as_params(), "grid": grid, "repeats": args.repeats, "seed": args.seed,
               "replay_dtype": args.dtype or "float32"}
     result = run_job("bench-landscape", params, scenario.np)
     result["scenario"] = scenario.name
     _print_table(result)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"# wrote {args.json}")
-    return 0
+    return finish(args, result, "landscape")
 
 
 def _print_table(result: dict) -> None:

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ..cli.finish import add_output_flags, finish
+from ..cli.types import choice_list, positive_int
 from ..errors import TunelabError
-from ..report.auto import add_report_flag, write_outputs
 from ..tuning.driver import Driver, Plan
 from ..tuning.replay import Drift, Landscape, Objective, simulate
 from ..tuning.strategies import STRATEGIES, make_strategy
@@ -113,21 +114,18 @@ def _median_curve(curves: list[list[float]]) -> list[float]:
 # ---- command line -------------------------------------------------------------------------------------
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench tuner`` under the ``bench`` sub-command parsers."""
-    from ..cli import _choice_list, _positive_int
-
     p = subparsers.add_parser("tuner", help="search strategies replayed on recorded landscapes (no training)")
     p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
                    help="a landscape JSON from bench landscape (repeatable; default: the shipped ones)")
-    p.add_argument("--seeds", type=_positive_int, default=20, help="runs per strategy and landscape (default 20)")
-    p.add_argument("--budget", type=_positive_int, default=None, metavar="SAMPLES",
+    p.add_argument("--seeds", type=positive_int, default=20, help="runs per strategy and landscape (default 20)")
+    p.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                    help="exploration blocks per run (default: the landscape's scenario budget, as tunelab tune "
                         f"runs it; {Plan().budget_samples} without one)")
     p.add_argument("--drift", type=_fraction, default=0.05,
                    help="host drift amplitude as a fraction of step time (default 0.05)")
-    p.add_argument("--strategies", type=_choice_list(tuple(STRATEGIES)), default=list(STRATEGIES),
+    p.add_argument("--strategies", type=choice_list(tuple(STRATEGIES)), default=list(STRATEGIES),
                    help=f"comma-separated, from {','.join(STRATEGIES)}")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results as JSON")
-    add_report_flag(p)
+    add_output_flags(p)
     p.set_defaults(func=_cmd)
     return p
 
@@ -160,5 +158,4 @@ def _cmd(args: argparse.Namespace) -> int:
         ("median_samples_to_lock", "samples", "g"), ("median_steps_to_lock", "steps", "g"),
         ("locked_within_3pct_frac", "within3%", ".2f"), ("locked_worse_than_default_frac", "worse>1%", ".2f"),
         ("adopted_frac", "adopted", ".2f"), ("median_locked_vs_best", "locked/best", ".3f")]))
-    write_outputs(result, args.json, "tuner", "bench" if args.report else None)
-    return 0
+    return finish(args, result, "tuner", "bench")

@@ -11,12 +11,12 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import TunelabError
-from .knobs import Knobs
-from .units import format_size
+from ..errors import TunelabError
+from ..knobs import Knobs
+from ..units import format_size
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``profiles`` with its subcommands; they use the same parser class (one-line errors)."""
     profiles = subparsers.add_parser("profiles", help="tuning profiles stored on this host")
     psub = profiles.add_subparsers(dest="profiles_command", required=True, parser_class=type(profiles))
@@ -49,7 +49,7 @@ def _profile_id(text: str) -> int:
 
 
 def _store():
-    from .profiles import ProfileStore
+    from ..profiles import ProfileStore
 
     return ProfileStore()
 
@@ -62,7 +62,7 @@ def _existing(store, profile_id: int):
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .bench.common import format_table
+    from ..bench.common import format_table
 
     store = _store()
     rows = store.profiles()
@@ -87,7 +87,7 @@ def _left_aligned(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .bench.common import format_table
+    from ..bench.common import format_table
 
     store = _store()
     s = _existing(store, args.id)
@@ -146,7 +146,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from .profiles import InvalidExport
+    from ..profiles import InvalidExport
 
     try:
         data = json.loads(args.file.read_text(encoding="utf-8"))

@@ -1,0 +1,60 @@
+"""The ``tunelab`` command line: one registry of commands, one module each.
+
+Errors are one line on stderr: bad usage exits 2, a failed run exits 1.
+
+Adding a command: write ``tunelab/cli/NAME.py`` with ``register(subparsers)`` (add the command's parser,
+``set_defaults(func=...)``; the function takes the parsed args and returns the exit status, usually
+through :func:`tunelab.cli.finish.finish`), then add ``"NAME"`` to :data:`COMMANDS`.  Argument types
+are in :mod:`tunelab.cli.types`.  Modules are imported when the parser is built, and import anything
+heavy inside their functions, so that ``import tunelab.cli`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import TunelabError, UsageError
+from .types import Parser
+
+# The registry, in --help order: modules of this package, each with register(subparsers).
+COMMANDS: tuple[str, ...] = (
+    "bench",
+    "tune",
+    "hw",
+    "report",
+    "profiles",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = Parser(prog="tunelab", description="Bayesian autotuning lab for data-parallel communication.")
+    parser.add_argument("--version", action="version", version=f"tunelab {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..launch import inside_mpi_job, job_rank
+
+    if inside_mpi_job() and job_rank() != 0:  # under the user's mpiexec/srun: rank 0 speaks for the job
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        sys.stderr.write(f"tunelab: error: {exc}\n")
+        return 2
+    except TunelabError as exc:
+        sys.stderr.write(f"tunelab: error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("tunelab: interrupted\n")
+        return 130

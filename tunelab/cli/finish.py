@@ -1,0 +1,34 @@
+"""The one way a command ends: its notes, its ``--json`` result, its HTML report, its exit status."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..report.auto import add_report_flag, write_outputs
+
+
+def finish(args: argparse.Namespace, result: dict, name: str, kind: str | None = None,
+           bad: Iterable[str] = (), problem: str = "wrong results from") -> int:
+    """Print ``result``'s notes, write ``--json`` (``args.json``) and, when ``kind`` ("bench" or "tune")
+    is given and ``args.report`` is on, the HTML report named after ``name``.  ``bad`` names what went
+    wrong (e.g. the algorithms with wrong rows): then one error line on stderr and exit status 1."""
+    for note in result.get("notes", []):
+        print(f"# note: {note}")
+    report = kind if getattr(args, "report", False) else None
+    write_outputs(result, getattr(args, "json", None), name, report)
+    names = sorted({str(b) for b in bad})
+    if names:
+        sys.stderr.write(f"tunelab: error: {problem} {', '.join(names)}\n")
+        return 1
+    return 0
+
+
+def add_output_flags(p: argparse.ArgumentParser, report: bool = True, what: str = "results") -> None:
+    """``--json PATH`` and (with ``report``) ``--report/--no-report``: what :func:`finish` reads."""
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help=f"also write {what} as JSON")
+    if report:
+        add_report_flag(p)
+

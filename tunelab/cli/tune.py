@@ -1,0 +1,57 @@
+"""``tunelab tune``: tune the engine's knobs live, inside one training run of a scenario."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .finish import add_output_flags, finish
+from .types import knob, non_negative_int, positive_float, positive_int
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..engine.link import add_link_flags
+
+    tune = subparsers.add_parser("tune", help="tune the engine's knobs live, inside one training run")
+    tune.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
+    tune.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
+    tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None)
+    tune.add_argument("--np", type=positive_int, default=None, help="ranks to launch")
+    tune.add_argument("--ranks-per-node", type=positive_int, default=None)
+    add_link_flags(tune)
+    tune.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                      help="where each rank trains (cuda: its GPU, torch models); default: the scenario's")
+    tune.add_argument("--image-size", type=positive_int, default=None)
+    tune.add_argument("--batch-size", type=positive_int, default=None, help="per rank")
+    budget = tune.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES")
+    budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS")
+    tune.add_argument("--seed", type=non_negative_int, default=0)
+    tune.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
+                      help="pin a knob (excluded from the search); repeatable")
+    tune.add_argument("--no-store", action="store_true", help="do not write the profile store")
+    tune.add_argument("--retune", type=positive_int, nargs="?", const=200, default=0, metavar="STEPS",
+                      help="after the lock, train STEPS more steps (default 200) and tune again if step time "
+                           "leaves the locked configuration's interval")
+    add_output_flags(tune)
+    tune.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..launch import run_job
+    from ..scenarios import load_scenario
+    from ..tuning.report_text import print_tune_summary
+
+    scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
+    scenario = scenario.with_overrides(
+        framework=args.framework, np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
+        link_latency_us=args.link_latency_us, image_size=args.image_size, device=args.device,
+        batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
+        knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
+    params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store, "retune_steps": args.retune}
+    print(f"# tuning {scenario.name}: {scenario.model} ({scenario.framework if scenario.workload == 'train' else 'replay'})"
+          f" on {scenario.np} ranks, budget {scenario.budget_samples} samples"
+          + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
+    result = run_job("tune", params, scenario.np)
+    print_tune_summary(result)
+    return finish(args, result, "tune", "tune")
