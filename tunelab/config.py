@@ -23,6 +23,9 @@ ENV_TIMELINE = "TUNELAB_TIMELINE"
 ENV_HOME = "TUNELAB_HOME"
 ENV_LINK_GBPS = "TUNELAB_LINK_GBPS"
 ENV_LINK_LATENCY_US = "TUNELAB_LINK_LATENCY_US"
+ENV_RETUNE = "TUNELAB_RETUNE"        # 1: a job that auto-loads its profile keeps watching it (retunes)
+ENV_LAB_DIR = "TUNELAB_LAB_DIR"      # where `tunelab lab up` keeps its state (default /run/tunelab-lab)
+ENV_LAB_STATE = "TUNELAB_LAB_STATE"  # set by the launcher in lab ranks: the state file of their lab
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class EngineConfig:
     timeline: str | None = None        # Chrome-trace path (``{rank}`` expands per rank)
     link_gbps: float | None = None     # emulated link between emulated nodes (None: not slowed)
     link_latency_us: float = 0.0
+    retune: bool = False               # after auto-loading a profile, watch step time and retune when it moves
 
 
 def env_knobs(environ: Mapping[str, str]) -> dict[str, str]:
@@ -56,7 +60,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     knob_values = {k: v for k, v in merged.items() if k in SPECS}
     other = {k: v for k, v in merged.items() if k not in SPECS}
     unknown = set(other) - {"ranks_per_node", "timeout_s", "backend", "timeline", "link_gbps",
-                            "link_latency_us"}
+                            "link_latency_us", "retune"}
     if unknown:
         raise ValueError(f"unknown engine setting {sorted(unknown)[0]!r}")
     rpn = other.get("ranks_per_node")
@@ -74,7 +78,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
                         backend=_backend(other.get("backend", "auto")), pinned=frozenset(knob_values),
                         timeline=str(other["timeline"]) if other.get("timeline") else None,
-                        link_gbps=gbps, link_latency_us=latency)
+                        link_gbps=gbps, link_latency_us=latency, retune=_flag("retune", other.get("retune", False)))
 
 
 def tunelab_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -91,6 +95,19 @@ def tunelab_home(environ: Mapping[str, str] | None = None) -> Path:
     return home / ".local" / "share" / "tunelab"
 
 
+def lab_directory(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the lab's state, hostfiles and launcher live: ``TUNELAB_LAB_DIR``, else /run/tunelab-lab
+    (/run is cleared at boot, as the lab's namespaces are)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get(ENV_LAB_DIR) or "/run/tunelab-lab")
+
+
+def lab_state_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """In a rank launched into a lab: its lab's state file (None elsewhere)."""
+    env = os.environ if environ is None else environ
+    return Path(env[ENV_LAB_STATE]) if env.get(ENV_LAB_STATE) else None
+
+
 def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
     layer: dict[str, object] = dict(env_knobs(environ))
     if ENV_RANKS_PER_NODE in environ:
@@ -103,9 +120,23 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
         layer["link_gbps"] = environ[ENV_LINK_GBPS]
     if environ.get(ENV_LINK_LATENCY_US):
         layer["link_latency_us"] = environ[ENV_LINK_LATENCY_US]
+    if environ.get(ENV_RETUNE):
+        layer["retune"] = environ[ENV_RETUNE]
     if environ.get(ENV_TIMELINE):
         layer["timeline"] = environ[ENV_TIMELINE]
     return layer
+
+
+def _flag(name: str, value: object) -> bool:
+    """A switch: a bool, or 1/0, true/false, yes/no, on/off in any case."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 
 def _positive_int(name: str, value: object) -> int:

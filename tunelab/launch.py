@@ -17,7 +17,12 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import TunelabError
+from typing import TYPE_CHECKING
+
+from .errors import TunelabError, UsageError
+
+if TYPE_CHECKING:
+    from .lab.spec import LabState
 
 
 def inside_mpi_job() -> bool:
@@ -63,21 +68,30 @@ def _launch_env() -> dict[str, str]:
     return env
 
 
-def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | None = None) -> dict:
+def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | None = None,
+            lab: LabState | None = None) -> dict:
     """Run ``job`` on ``np_`` ranks and return rank 0's result.  TunelabError on failure, carrying the
-    first error line a rank printed."""
+    first error line a rank printed.  With ``lab``, the ranks run on the lab's hosts, spread evenly."""
     if inside_mpi_job():
+        if lab is not None:
+            raise UsageError("--lab launches its own ranks: run it outside mpiexec/srun")
         from .rankmain import run_in_process
 
         return run_in_process(job, params)
     with tempfile.TemporaryDirectory(prefix="tunelab-") as tmp:
         result_path = Path(tmp) / "result.json"
         err_path = Path(tmp) / "stderr.txt"
-        cmd = [*mpiexec_command(), "-n", str(np_), sys.executable, "-m", "tunelab.rankmain", job,
-               json.dumps(params), str(result_path)]
+        rank_cmd = [sys.executable, "-m", "tunelab.rankmain", job, json.dumps(params), str(result_path)]
+        env = _launch_env()
+        if lab is None:
+            cmd = [*mpiexec_command(), "-n", str(np_), *rank_cmd]
+        else:
+            from .lab.launch import lab_env, mpiexec_args
+
+            cmd, env = [*mpiexec_args(lab, np_, mpiexec_command()[0]), *rank_cmd], lab_env(env)
         with open(err_path, "w") as err:
             try:
-                proc = subprocess.run(cmd, stderr=err, env=_launch_env(), timeout=timeout_s)
+                proc = subprocess.run(cmd, stderr=err, env=env, timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 raise TunelabError(f"{job} did not finish within {timeout_s:g} s") from None
         stderr = err_path.read_text(errors="replace")

@@ -115,7 +115,9 @@ def run_rank(p: dict) -> dict:
                      + (" under the CUDA simulator: results are checked, timings mean nothing" if simulated() else ""))
     hardware = {**host_info(), "world_size": comm.size,
                 "nodes": topo.num_nodes if topo else None,
-                "ranks_per_node": list(topo.node_sizes) if topo else None}
+                "ranks_per_node": list(topo.node_sizes) if topo else None,
+                "link_gbps": p.get("link_gbps"), "link_latency_us": p.get("link_latency_us") or 0.0,
+                **lab_facts(comm)}
     for e in engines.values():
         e.close()
     if gloo is not None:
@@ -156,6 +158,53 @@ def _row(algo: str, count: int, dtype: np.dtype, times: np.ndarray, wrong: int |
             "time_us_p90": float(np.percentile(times, 90)) * 1e6,
             "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (world - 1) / world,
             "wrong": None if wrong is None else int(wrong), "iters": int(times.size)}
+
+
+def lab_facts(comm) -> dict:
+    """``{"lab": {...}}`` when this job runs on a lab's hosts (how many, their link), else ``{}``."""
+    from mpi4py import MPI
+
+    from ..lab.launch import current_lab
+
+    state = current_lab()
+    if state is None:
+        return {}
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    hosts = comm.allreduce(1 if host.rank == 0 else 0, op=MPI.SUM)
+    per_host = host.size
+    host.Free()
+    return {"lab": {"hosts": hosts, "ranks_per_host": per_host, "link_gbps": state.spec.link_gbps,
+                    "link_latency_us": state.spec.link_latency_us if state.netem else 0.0,
+                    "sustained_gbps": state.sustained_gbps, "transport": "tcp over shaped veth links"}}
+
+
+def link_bound_s(size: int, hosts: int, gbps: float) -> float:
+    """The least time any allreduce of ``size`` bytes over ``hosts`` hosts needs behind full-duplex
+    links of ``gbps``: each host must send (and receive) 2 (H-1)/H of the data, as a ring does."""
+    return 2 * (hosts - 1) / hosts * size * 8 / (gbps * 1e9)
+
+
+def add_link_bound(rows: list[dict], hardware: dict) -> None:
+    """On a lab (or behind an emulated link): a computed ``link-bound`` row per size and
+    ``time_vs_link`` on every row, the time over what the link's bandwidth allows."""
+    lab = hardware.get("lab")
+    if lab:
+        hosts, gbps = int(lab["hosts"]), float(lab["link_gbps"])
+    elif hardware.get("link_gbps") and (hardware.get("nodes") or 1) > 1:
+        hosts, gbps = int(hardware["nodes"]), float(hardware["link_gbps"])
+    else:
+        return
+    sizes = sorted({r["size"] for r in rows})
+    for size in sizes:
+        proto = next(r for r in rows if r["size"] == size)
+        t = link_bound_s(size, hosts, gbps)
+        rows.append({"algorithm": "link-bound", "size": size, "count": proto["count"], "dtype": proto["dtype"],
+                     "time_us": t * 1e6, "time_us_p10": t * 1e6, "time_us_p90": t * 1e6,
+                     "algbw_gbps": size / t / 1e9, "busbw_gbps": size / t / 1e9 * 2 * (hosts - 1) / hosts,
+                     "wrong": None, "iters": 0, "computed": True})
+    rows.sort(key=lambda r: (r["size"], r["algorithm"] == "link-bound"))
+    for r in rows:
+        r["time_vs_link"] = r["time_us"] / (link_bound_s(r["size"], hosts, gbps) * 1e6)
 
 
 def add_ratios(rows: list[dict], baseline: str = "mpi") -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,8 +30,9 @@ class GlooGroup:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
         port = comm.bcast(port, root=0)
+        # a peer that cannot reach rank 0 (or a collective that stalls) fails the run instead of hanging it
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=comm.rank,
-                                world_size=comm.size)
+                                world_size=comm.size, timeout=timedelta(seconds=120))
 
     def allreduce_(self, array: np.ndarray) -> None:
         import torch

@@ -240,8 +240,10 @@ def _tf_bench(p: dict) -> dict:
 
 
 def _mwms_strategy(comm: Any, systems: list[str], notes: list[str]) -> Any:
-    """MultiWorkerMirroredStrategy with one worker per rank on 127.0.0.1 (ports picked by rank 0).
-    Ranks on several hosts would need each host's address, so there the system is skipped."""
+    """MultiWorkerMirroredStrategy with one worker per rank.  On one host the workers listen on
+    127.0.0.1; across hosts (a lab, or real hosts) each listens on the address its hostname resolves
+    to, so its traffic takes the same links as every other system's.  A hostname that does not
+    resolve skips the system, with a note."""
     import json
     import socket
 
@@ -251,20 +253,19 @@ def _mwms_strategy(comm: Any, systems: list[str], notes: list[str]) -> Any:
     host = comm.Split_type(MPI.COMM_TYPE_SHARED)
     one_host = comm.allreduce(host.size, op=MPI.MIN) == comm.size
     host.Free()
-    if not one_host:
+    try:
+        addr = "127.0.0.1" if one_host else socket.gethostbyname(socket.gethostname())
+    except OSError:
+        addr = None
+    if not comm.allreduce(addr is not None, op=MPI.LAND):
         systems.remove("mwms")
-        notes.append("mwms: skipped, the ranks span several hosts (the baseline runs on one host only)")
+        notes.append("mwms: skipped, a rank's hostname does not resolve to an address its peers can reach")
         return None
-    ports = None
-    if comm.rank == 0:
-        socks = [socket.socket() for _ in range(comm.size)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        ports = [sock.getsockname()[1] for sock in socks]
-        for sock in socks:
-            sock.close()
-    ports = comm.bcast(ports, root=0)
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+    with socket.socket() as sock:  # this rank's port, picked on its own address
+        sock.bind((addr, 0))
+        port = sock.getsockname()[1]
+    workers = comm.allgather(f"{addr}:{port}")
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                           "task": {"type": "worker", "index": comm.rank}})
     return tf.distribute.MultiWorkerMirroredStrategy()
 

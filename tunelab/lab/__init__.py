@@ -1,0 +1,87 @@
+"""A multi-host lab on one machine.
+
+``up`` makes H "hosts": Linux network namespaces, each with its own hostname (a UTS namespace per
+launch), one veth link to a bridge, shaped with ``tc``.  MPICH's ``mpiexec`` starts ranks inside
+them (``launch.py``), so ``MPI.COMM_TYPE_SHARED`` splits per host and every byte between hosts —
+tunelab's rings, the coordinator, MPI_Allreduce, gloo, torch DDP, TensorFlow's workers — crosses
+the shaped links over TCP.  Addresses come from a private subnet used only inside the lab.
+
+Needs root and iproute2; ``require_privileges`` says which is missing (a usage error, exit 2).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+from ..errors import UsageError
+from .spec import LabHost, LabSpec, LabState, lab_dir, load_state, save_state
+
+__all__ = ["LabHost", "LabSpec", "LabState", "down", "load_state", "status", "up"]
+
+
+def up(spec: LabSpec, probe: bool = True) -> LabState:
+    """Build the lab (removing whatever an earlier lab left) and return its state."""
+    from . import net
+    from .launch import write_launcher
+    from .probe import measure_link
+
+    net.require_privileges()
+    removed = net.remove_all()
+    notes = [f"removed a lab left behind: {', '.join(removed)}"] if removed else []
+    shutil.rmtree(lab_dir(), ignore_errors=True)
+    net._check_subnet_free(spec)
+    netem = net.has_netem()
+    if spec.link_latency_us > 0 and not netem:
+        raise UsageError("this kernel has no netem qdisc, so tc cannot add link latency: leave out "
+                         "--link-latency-us (the engine's emulated link, --ranks-per-node with "
+                         "--link-latency-us outside the lab, still models latency)")
+    if not netem:
+        notes.append("no netem in this kernel: the links add no latency (bandwidth is shaped by tbf)")
+    try:
+        hosts = net.build(spec, netem)
+        state = LabState(spec=spec, hosts=hosts, netem=netem, created=time.time(), notes=tuple(notes))
+        write_launcher(lab_dir())
+        save_state(state)
+        if probe:
+            state = LabState(spec=spec, hosts=hosts, netem=netem, created=state.created, notes=state.notes,
+                             sustained_gbps=measure_link(state))
+            save_state(state)
+    except BaseException:
+        net.remove_all()
+        shutil.rmtree(lab_dir(), ignore_errors=True)
+        raise
+    return state
+
+
+def down() -> list[str]:
+    """Remove the lab and anything a killed run left; returns what was removed (may be empty)."""
+    from . import net
+
+    net.require_privileges()
+    removed = net.remove_all()
+    shutil.rmtree(lab_dir(), ignore_errors=True)
+    return removed
+
+
+def status() -> tuple[LabState | None, dict[str, list[str]]]:
+    """The saved lab (None if none) and the lab objects that exist now."""
+    from . import net
+
+    net.require_privileges()
+    return load_state(), net.leftovers()
+
+
+def require_lab() -> LabState:
+    """The lab that is up, checked against the system: UsageError when there is none or it is broken."""
+    from . import net
+
+    net.require_privileges()
+    state = load_state()
+    if state is None:
+        raise UsageError("no lab is up: run 'tunelab lab up --hosts H --link-gbps G' first")
+    present = set(net.leftovers()["namespaces"])
+    missing = [h.name for h in state.hosts if h.name not in present]
+    if missing:
+        raise UsageError(f"the lab is broken (missing {', '.join(missing)}): run 'tunelab lab up' again")
+    return state

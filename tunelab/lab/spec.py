@@ -1,0 +1,141 @@
+"""What a lab is: its shape (hosts, link speed, ranks per host) and the state ``lab up`` leaves behind.
+
+Every name a lab creates starts with ``tlab-`` so that a later ``lab up`` or ``lab down`` can find
+and remove whatever a killed run left: namespaces ``tlab-h0``.. (each also the host's hostname), the
+bridge ``tlab-br`` in the root namespace, the root side of each veth pair ``tlab-v0``.., and the
+files under ``/etc/netns/tlab-h*`` that give each host an ``/etc/hosts`` naming all lab hosts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import TunelabError, UsageError
+
+PREFIX = "tlab-"
+BRIDGE = PREFIX + "br"
+HOST_IFACE = "eth0"   # the host's end of its veth pair, inside its namespace
+DEFAULT_SUBNET = "10.213.0.0/24"
+MAX_HOSTS = 64
+
+
+def host_name(index: int) -> str:
+    """Namespace name and hostname of lab host ``index``."""
+    return f"{PREFIX}h{index}"
+
+
+def veth_name(index: int) -> str:
+    """The root-namespace end of host ``index``'s veth pair (attached to the bridge)."""
+    return f"{PREFIX}v{index}"
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """The lab a user asks for."""
+
+    hosts: int
+    link_gbps: float
+    ranks_per_host: int = 1
+    link_latency_us: float = 0.0
+    subnet: str = DEFAULT_SUBNET
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.hosts <= MAX_HOSTS:
+            raise UsageError(f"a lab needs 2 to {MAX_HOSTS} hosts, got {self.hosts}")
+        if not self.link_gbps > 0:
+            raise UsageError(f"--link-gbps must be > 0, got {self.link_gbps!r}")
+        if self.ranks_per_host < 1:
+            raise UsageError(f"--ranks-per-host must be >= 1, got {self.ranks_per_host}")
+        if not self.link_latency_us >= 0:
+            raise UsageError(f"--link-latency-us must be >= 0, got {self.link_latency_us!r}")
+        net = self.network()
+        if net.num_addresses < self.hosts + 16:
+            raise UsageError(f"subnet {self.subnet} is too small for {self.hosts} hosts")
+        if not net.is_private:
+            raise UsageError(f"subnet {self.subnet} is not a private range: the lab keeps to private addresses")
+
+    def network(self) -> ipaddress.IPv4Network:
+        try:
+            return ipaddress.IPv4Network(self.subnet, strict=True)
+        except ValueError as exc:
+            raise UsageError(f"bad --subnet {self.subnet!r}: {exc}") from None
+
+    def bridge_address(self) -> str:
+        return str(self.network().network_address + 1)
+
+    def host_address(self, index: int) -> str:
+        return str(self.network().network_address + 11 + index)
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str       # namespace and hostname
+    address: str    # IPv4 on its eth0
+    veth: str       # root-namespace end of its link
+
+
+@dataclass(frozen=True)
+class LabState:
+    """What ``lab up`` built, saved as JSON in the lab directory for later commands."""
+
+    spec: LabSpec
+    hosts: tuple[LabHost, ...]
+    netem: bool                        # whether this kernel has the netem qdisc (latency by tc)
+    sustained_gbps: float | None = None  # one TCP stream between two lab hosts, measured at ``up``
+    created: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def bridge(self) -> str:
+        return BRIDGE
+
+    def describe(self) -> str:
+        s = self.spec
+        latency = f", {s.link_latency_us:g} us latency" if s.link_latency_us else ""
+        return (f"{s.hosts} hosts x {s.ranks_per_host} rank{'s' if s.ranks_per_host != 1 else ''}, "
+                f"{s.link_gbps:g} Gb/s links{latency}")
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> LabState:
+        data = json.loads(text)
+        spec = LabSpec(**data["spec"])
+        hosts = tuple(LabHost(**h) for h in data["hosts"])
+        return LabState(spec=spec, hosts=hosts, netem=bool(data["netem"]),
+                        sustained_gbps=data.get("sustained_gbps"), created=float(data.get("created", 0.0)),
+                        notes=tuple(data.get("notes", ())))
+
+
+def lab_dir() -> Path:
+    """Where the lab's state, hostfiles and launcher live (see ``config.lab_directory``)."""
+    from ..config import lab_directory
+
+    return lab_directory()
+
+
+def load_state(directory: Path | None = None) -> LabState | None:
+    """The lab that is up, or None.  A state file that does not parse is an error, not a silent None."""
+    path = (directory or lab_dir()) / "lab.json"
+    if not path.exists():
+        return None
+    try:
+        return LabState.from_json(path.read_text())
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TunelabError(f"lab state {path} is unreadable ({exc}): run 'tunelab lab down' to clear it") from None
+
+
+def save_state(state: LabState, directory: Path | None = None) -> Path:
+    d = directory or lab_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "lab.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(state.to_json())
+    os.replace(tmp, path)
+    return path
