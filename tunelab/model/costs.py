@@ -1,0 +1,155 @@
+"""Cost formulas of every allreduce path, written as coefficients of the model's parameters.
+
+Every formula is linear in the parameters, so a predicted time is ``sum(coeff[name] * value[name])``
+and fitting is a (non-negative, weighted) linear least-squares problem.  The parameters:
+
+* ``shm.alpha`` (s per ordering point of a node's ranks), ``shm.beta`` (s per byte copied through
+  shared memory), ``gamma`` (s per byte of every source a reduction reads);
+* ``link:<name>.alpha`` (s per message crossing the link between hosts, MPI's own cost included) and
+  ``link:<name>.beta`` (s per byte through one host's link, which all its ranks share);
+* ``<baseline>.alpha/.beta`` for MPI_Allreduce or gloo, each fitted as its own algorithm (its
+  reduction is proportional to the same bytes as its transfers, so it is part of its beta).
+
+Each parameter has a contention partner ``<name>~over`` whose coefficient is the same term times
+``over = max(0, ranks per machine / cores - 1)``: on an oversubscribed machine (the lab and emulated
+nodes run every rank on one machine) waits and copies cost more.  Predictions for real hosts with a
+core per rank have ``over = 0``, so the partners drop out.
+
+The engine's paths (:mod:`tunelab.engine.algorithms`, hosts ``N``, ranks per host ``K``, ``P = N K``,
+size ``S``, pieces of ``segment_bytes``):
+
+* one host, ``S <= oneshot_max_bytes``: copy in, one ordering point, reduce K sources:
+  ``shm.alpha + S shm.beta + K S gamma``;
+* one host, larger: two-shot, per piece of ``m`` bytes: ``2 shm.alpha + 2 m shm.beta + m gamma``;
+* hierarchical (``N > 1``): two-shot, and each piece's shard goes round a ring of N hosts (K rings
+  share a host's link): ``+ 2 (N-1) link.alpha + 2 (N-1)/N m link.beta + 2 (N-1) m/(K N) gamma``;
+* flat ring (``N > 1``): pack and unpack ``2 S shm.beta``, then 2 (P-1) steps of chunks ``c = S/P``,
+  the reduce-scatter sending ``ceil(c / segment)`` messages a step:
+  ``(P-1) (ceil(c/seg) + 1) link.alpha + 2 (P-1) c link.beta + 2 (P-1) c gamma``;
+* baselines (recursive halving and doubling, MPICH's large-message allreduce):
+  ``2 ceil(log2 P) alpha + 2 (P-1)/P S beta``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..knobs import Knobs
+
+ENGINE_ALGORITHMS = ("flat", "hierarchical")
+BASELINES = ("mpi", "gloo")
+OVER = "~over"
+
+Coeffs = dict[str, float]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where the ranks are: ``hosts`` x ``ranks_per_host``, the link between hosts (a name such as
+    ``"1gbps"``), and how oversubscribed the machine is (ranks per machine / cores; <= 1: a core each)."""
+
+    hosts: int
+    ranks_per_host: int
+    link: str = "link"
+    oversubscription: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.ranks_per_host < 1:
+            raise ValueError(f"hosts and ranks_per_host must be >= 1, got {self.hosts} x {self.ranks_per_host}")
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    @property
+    def over(self) -> float:
+        return max(0.0, float(self.oversubscription) - 1.0)
+
+    def describe(self) -> str:
+        text = f"{self.hosts} host{'s' if self.hosts > 1 else ''} x {self.ranks_per_host} = {self.ranks} ranks"
+        if self.hosts > 1:
+            text += f", link {self.link}"
+        return text + (f", {self.oversubscription:g}x oversubscribed" if self.over > 0 else "")
+
+
+def link_name(gbps: float | None) -> str:
+    """The name a link of ``gbps`` is fitted under (``"link"`` when the speed is not known)."""
+    return "link" if gbps is None else f"{float(gbps):g}gbps"
+
+
+def path_of(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> str:
+    """The engine path a bucket takes: ``alone``, ``oneshot``, ``twoshot``, ``hierarchical``, ``flat``."""
+    if topo.ranks == 1:
+        return "alone"
+    if topo.hosts == 1:
+        return "oneshot" if size <= knobs.oneshot_max_bytes else "twoshot"
+    return algorithm
+
+
+def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
+    """Coefficients of every parameter in the time of one allreduce of ``size`` bytes (with the
+    contention partners).  ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one host both
+    are the same path) or a baseline name."""
+    if algorithm in BASELINES:
+        base = _baseline(algorithm, topo.ranks, size)
+    elif algorithm in ENGINE_ALGORITHMS:
+        base = _engine(path_of(algorithm, topo, size, knobs), topo, size, knobs)
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ENGINE_ALGORITHMS + BASELINES)}")
+    over = topo.over
+    out = {k: v for k, v in base.items() if v}
+    if over > 0:
+        out.update({k + OVER: v * over for k, v in base.items() if v})
+    return out
+
+
+def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
+    n, k = topo.hosts, topo.ranks_per_host
+    c: Coeffs = {}
+    if path == "alone":
+        _add(c, "shm.beta", size)
+    elif path == "oneshot":
+        _add(c, "shm.alpha", 1.0)
+        _add(c, "shm.beta", size)
+        _add(c, "gamma", k * size)
+    elif path in ("twoshot", "hierarchical"):
+        pieces = -(-size // max(1, knobs.segment_bytes))  # every term is linear in a piece's bytes
+        _add(c, "shm.alpha", 2.0 * pieces if k > 1 else 0.0)
+        _add(c, "shm.beta", 2.0 * size)
+        _add(c, "gamma", size)
+        if path == "hierarchical":
+            link = f"link:{topo.link}"
+            _add(c, f"{link}.alpha", 2.0 * (n - 1) * pieces)
+            _add(c, f"{link}.beta", 2.0 * (n - 1) / n * size)
+            _add(c, "gamma", 2.0 * (n - 1) * size / (k * n))
+    elif path == "flat":
+        p, link = topo.ranks, f"link:{topo.link}"
+        chunk = size / p
+        _add(c, "shm.beta", 2.0 * size)
+        _add(c, f"{link}.alpha", (p - 1) * (math.ceil(chunk / knobs.segment_bytes) + 1))
+        _add(c, f"{link}.beta", 2.0 * (p - 1) * chunk)
+        _add(c, "gamma", 2.0 * (p - 1) * chunk)
+    else:
+        raise ValueError(f"unknown engine path {path!r}")
+    return c
+
+
+def _baseline(name: str, p: int, size: int) -> Coeffs:
+    if p == 1:
+        return {f"{name}.beta": float(size)}
+    return {f"{name}.alpha": 2.0 * math.ceil(math.log2(p)), f"{name}.beta": 2.0 * (p - 1) / p * size}
+
+
+def _add(c: Coeffs, name: str, value: float) -> None:
+    c[name] = c.get(name, 0.0) + float(value)
+
+
+def evaluate(coeffs: Coeffs, values: dict[str, float]) -> float:
+    """``sum(coeff * value)``; KeyError naming the first parameter the values lack."""
+    return float(sum(v * values[k] for k, v in coeffs.items()))
+
+
+def parameter_kind(name: str) -> str:
+    """``alpha``, ``beta`` or ``gamma``: the unit of a parameter (s, s/B, s/B)."""
+    return name.split(OVER)[0].rsplit(".", 1)[-1]

@@ -1,0 +1,112 @@
+"""Measured allreduce times from ``tunelab bench allreduce --json`` files, as model observations.
+
+A bench file holds ``rows`` (algorithm, size, time_us, ...) and a ``hardware`` dict (world_size,
+nodes, ranks_per_node, cpu_cores, and from lab or emulated runs ``link_gbps`` and the engine
+``knobs``).  Rows map onto the model's algorithms: on several hosts ``ring`` is the flat ring and
+``hierarchical`` the hierarchical path; on one host both are the engine's one-host path (one-shot
+or two-shot by size); ``mpi`` and ``gloo`` are baselines; ``bound`` (a plain copy) is not modelled.
+
+Every rank of a bench file is taken to run on one machine (the lab and emulated nodes do), so
+the machine's oversubscription is ``world_size / cpu_cores`` unless the hardware dict says
+``ranks_per_machine``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..knobs import Knobs
+from .costs import Topology, link_name
+
+ALGORITHM_OF_ROW = {"ring": "flat", "hierarchical": "hierarchical", "mpi": "mpi", "gloo": "gloo"}
+
+
+class ModelInputError(UsageError):
+    """A file the model cannot use (missing, not JSON, not bench allreduce output), or too few
+    points to fit: a usage error, exit 2."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured allreduce: ``algorithm`` (model name) of ``size`` bytes on ``topo`` took ``time_s``."""
+
+    algorithm: str
+    size: int
+    time_s: float
+    topo: Topology
+    knobs: Knobs = field(default_factory=Knobs)
+    source: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}:{self.algorithm}@{self.size}"
+
+
+def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
+    """Observations in one bench allreduce file.  ``link_gbps``: the link speed of files that do not
+    record theirs.  ModelInputError for anything that is not bench allreduce output."""
+    doc = _read(path)
+    hw = doc.get("hardware")
+    rows = doc.get("rows")
+    if not isinstance(hw, dict) or not isinstance(rows, list) or not rows \
+            or not all(isinstance(r, dict) and "algorithm" in r for r in rows):
+        raise ModelInputError(f"{path}: not a tunelab bench allreduce --json result (no allreduce rows)")
+    topo, knobs = _topology(path, hw, link_gbps)
+    out = []
+    for r in rows:
+        algo = ALGORITHM_OF_ROW.get(str(r["algorithm"]))
+        if algo is None:
+            continue
+        try:
+            size, t = int(r["size"]), float(r["time_us"]) * 1e-6
+        except (KeyError, TypeError, ValueError):
+            raise ModelInputError(f"{path}: a row without a numeric size and time_us: {r}") from None
+        if r.get("wrong"):
+            continue  # wrong results are not timings of an allreduce
+        if not (size > 0 and t > 0):
+            raise ModelInputError(f"{path}: size and time must be positive, got {size} B in {t} s")
+        out.append(Observation(algo, size, t, topo, knobs, Path(path).stem))
+    return out
+
+
+def load_many(paths: list[Path], link_gbps: float | None = None) -> list[Observation]:
+    obs: list[Observation] = []
+    for p in paths:
+        obs += load_bench(Path(p), link_gbps)
+    return obs
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ModelInputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ModelInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ModelInputError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ModelInputError(f"{path}: not a tunelab bench allreduce --json result")
+    return doc
+
+
+def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[Topology, Knobs]:
+    try:
+        world = int(hw["world_size"])
+        nodes = int(hw.get("nodes") or 1)
+        per_node = hw.get("ranks_per_node") or [world]
+        sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
+        cores = int(hw.get("cpu_cores") or 0)
+        knobs = Knobs(**(hw.get("knobs") or {}))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelInputError(f"{path}: hardware facts unusable ({type(exc).__name__}: {exc})") from None
+    if len(set(sizes)) != 1 or sum(sizes) != world:
+        raise ModelInputError(f"{path}: the model needs the same ranks on every host, got {sizes}")
+    gbps = hw.get("link_gbps") if hw.get("link_gbps") is not None else link_gbps  # None: the anonymous link
+    per_machine = int(hw.get("ranks_per_machine") or world)
+    over = per_machine / cores if cores else 1.0
+    return Topology(nodes, sizes[0], link_name(gbps) if nodes > 1 else "none", max(1.0, over)), knobs

@@ -1,0 +1,165 @@
+"""Fitting the α-β-γ scale model, and the fitted model itself (saved as JSON).
+
+Every cost formula is linear in the parameters (:mod:`tunelab.model.costs`), so the fit is a
+non-negative least-squares problem on **relative** error: each observation's row of coefficients is
+divided by its measured time, and the target is 1.  It is made robust by iteratively reweighting
+(Huber weights on the relative residual): a point the model cannot explain (a preempted run on a
+shared machine) loses its pull instead of bending every parameter.  Parameters no observation
+touches are not fitted (predictions that need them say so).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ..knobs import Knobs
+from .costs import OVER, Topology, coefficients, evaluate
+from .data import ModelInputError, Observation
+
+FORMAT = "tunelab-scale-model/1"
+HUBER_REL = 0.10       # residuals beyond 10 % count linearly, not quadratically
+MIN_EXTRA_POINTS = 2   # points beyond the number of fitted parameters
+
+
+class ModelError(UsageError):
+    """A prediction the model cannot make (a link or algorithm it was not fitted for)."""
+
+
+@dataclass
+class ScaleModel:
+    """Fitted parameter values (seconds, seconds per byte) and what they were fitted on."""
+
+    values: dict[str, float]
+    points: int = 0
+    sources: list[str] = field(default_factory=list)
+    rel_errors: dict[str, float] = field(default_factory=dict)  # training: median / p90 / max |error|
+
+    @property
+    def links(self) -> list[str]:
+        return sorted({k.split(".")[0][5:] for k in self.values if k.startswith("link:")})
+
+    @property
+    def baselines(self) -> list[str]:
+        return sorted({k.split(".")[0] for k in self.values if not k.startswith(("link:", "shm", "gamma"))})
+
+    def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None) -> float:
+        """Predicted seconds of one allreduce.  ModelError when a parameter it needs was not fitted."""
+        coeffs = coefficients(algorithm, topo, size, knobs or Knobs())
+        missing = [k for k in coeffs if k not in self.values and not k.endswith(OVER)]
+        if missing:
+            raise ModelError(f"the model has no fitted {missing[0]} (needed by {algorithm} on {topo.describe()}); "
+                             f"fit it with bench runs of that kind (fitted links: {', '.join(self.links) or 'none'})")
+        return evaluate(coeffs, {k: self.values.get(k, 0.0) for k in coeffs})
+
+    def can_predict(self, algorithm: str, topo: Topology) -> bool:
+        try:
+            self.time_s(algorithm, topo, 1 << 20)
+        except ModelError:
+            return False
+        return True
+
+    def with_link(self, name: str, gbps: float) -> ScaleModel:
+        """A copy that also knows a link of ``gbps`` not measured: its latency is the fitted link's,
+        its inverse bandwidth the fitted link's scaled by their nominal speeds (the same efficiency)."""
+        if name in self.links:
+            return self
+        ref = _nearest_link(self.links, gbps)
+        if ref is None:
+            raise ModelError("the model has no fitted link between hosts to derive another from")
+        values = dict(self.values)
+        src = f"link:{ref[0]}"
+        for key in [k for k in self.values if k.startswith(src + ".")]:
+            new = key.replace(src, f"link:{name}", 1)
+            values[new] = values[key] * (ref[1] / gbps if ".beta" in key else 1.0)
+        return ScaleModel(values, self.points, self.sources, self.rel_errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "values": self.values, "points": self.points, "sources": self.sources,
+                "rel_errors": self.rel_errors}
+
+    def save(self, path: Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> ScaleModel:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ModelInputError(f"{path}: no such model file") from None
+        except (OSError, ValueError) as exc:
+            raise ModelInputError(f"{path}: not a model file ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("values"), dict):
+            raise ModelInputError(f"{path}: not a tunelab model file (expected format {FORMAT})")
+        values = {str(k): float(v) for k, v in doc["values"].items()}
+        return cls(values, int(doc.get("points", 0)), list(doc.get("sources", [])), dict(doc.get("rel_errors", {})))
+
+
+def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
+    speeds = []
+    for name in links:
+        try:
+            speeds.append((name, float(name.removesuffix("gbps"))))
+        except ValueError:
+            continue
+    return min(speeds, key=lambda s: abs(math.log(s[1] / gbps)), default=None)
+
+
+def fit_model(observations: Sequence[Observation], robust: bool = True) -> ScaleModel:
+    """Fit every parameter the observations touch.  ModelInputError with too few points."""
+    obs = list(observations)
+    rows = [coefficients(o.algorithm, o.topo, o.size, o.knobs) for o in obs]
+    names = sorted({k for r in rows for k, v in r.items() if v})
+    if not obs or len(obs) < len(names) + MIN_EXTRA_POINTS:
+        raise ModelInputError(f"too few points to fit: {len(obs)} measured allreduces for {len(names)} "
+                              f"parameters (need at least {len(names) + MIN_EXTRA_POINTS}); add sizes or runs")
+    a = np.array([[r.get(n, 0.0) for n in names] for r in rows]) / np.array([o.time_s for o in obs])[:, None]
+    x = _robust_nnls(a, robust)
+    values = {n: float(v) for n, v in zip(names, x)}
+    rel = a @ x - 1.0
+    errs = np.abs(rel)
+    model = ScaleModel(values, len(obs), sorted({o.source for o in obs}),
+                       {"median": float(np.median(errs)), "p90": float(np.percentile(errs, 90)),
+                        "max": float(errs.max())})
+    return model
+
+
+def _robust_nnls(a: np.ndarray, robust: bool, iterations: int = 30) -> np.ndarray:
+    """min sum w (a x - 1)^2 over x >= 0, reweighted with Huber weights on the residual."""
+    from scipy.optimize import nnls
+
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    an = a / scale
+    w = np.ones(a.shape[0])
+    x = np.zeros(a.shape[1])
+    for _ in range(iterations if robust else 1):
+        sw = np.sqrt(w)
+        xn, _ = nnls(an * sw[:, None], sw, maxiter=50 * a.shape[1])
+        r = np.abs(an @ xn - 1.0)
+        new = np.where(r <= HUBER_REL, 1.0, HUBER_REL / np.maximum(r, 1e-12))
+        x = xn
+        if np.allclose(new, w, rtol=1e-4, atol=1e-6):
+            break
+        w = new
+    return x / scale
+
+
+def relative_errors(model: ScaleModel, observations: Sequence[Observation]) -> list[dict[str, Any]]:
+    """Per observation: measured, predicted, (predicted - measured) / measured."""
+    out = []
+    for o in observations:
+        pred = model.time_s(o.algorithm, o.topo, o.size, o.knobs)
+        out.append({"source": o.source, "algorithm": o.algorithm, "size": o.size, "hosts": o.topo.hosts,
+                    "ranks_per_host": o.topo.ranks_per_host, "link": o.topo.link,
+                    "segment_bytes": o.knobs.segment_bytes, "measured_s": o.time_s, "predicted_s": pred,
+                    "rel_error": (pred - o.time_s) / o.time_s})
+    return out

@@ -1,0 +1,107 @@
+"""Predictions from a fitted model: allreduce times per size and algorithm, the flat vs hierarchical
+crossover, and step time over a grid of knob settings."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..knobs import Knobs
+from .costs import BASELINES, Topology
+from .fit import ScaleModel
+from .step import Workload, simulate_step
+
+DEFAULT_SIZES = tuple(1 << e for e in range(12, 31, 2))  # 4 KiB .. 1 GiB
+# The grid ``bench landscape`` measures by default, and hierarchical on several hosts.
+DEFAULT_GRID: dict[str, tuple] = {
+    "fusion_threshold_bytes": (0, 1 << 20, 8 << 20, 64 << 20),
+    "cycle_time_ms": (0.5, 2.0, 8.0, 32.0),
+    "segment_bytes": (256 << 10, 4 << 20),
+    "hierarchical": (False, True),
+}
+
+
+def algorithms_for(model: ScaleModel, topo: Topology) -> list[str]:
+    """What the model can predict on ``topo``: the engine's paths, then fitted baselines."""
+    engine = ["flat", "hierarchical"] if topo.hosts > 1 else ["flat"]
+    return [a for a in engine + list(BASELINES) if model.can_predict(a, topo)]
+
+
+def allreduce_table(model: ScaleModel, topo: Topology, sizes: Sequence[int],
+                    knobs: Knobs | None = None) -> list[dict]:
+    """One row per size and algorithm: predicted time, algbw and busbw (nccl-tests' definitions)."""
+    knobs = knobs or Knobs()
+    rows = []
+    for size in sizes:
+        for algo in algorithms_for(model, topo):
+            t = model.time_s(algo, topo, size, knobs)
+            algbw = size / t / 1e9
+            rows.append({"algorithm": algo if topo.hosts > 1 or algo != "flat" else "engine", "size": size,
+                         "time_us": t * 1e6, "algbw_gbps": algbw,
+                         "busbw_gbps": algbw * 2 * (topo.ranks - 1) / topo.ranks})
+    return rows
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where flat ring and hierarchical trade places, between ``low`` and ``high`` bytes."""
+
+    sizes: tuple[float, ...]     # sizes (bytes, geometric interpolation) where the faster one changes
+    faster_below: str            # the faster algorithm at the smallest size searched
+    faster_above: str            # ... and at the largest
+
+    def describe(self) -> str:
+        if not self.sizes:
+            return f"no crossover: {self.faster_below} is faster at every size searched"
+        where = ", ".join(_fmt_bytes(s) for s in self.sizes)
+        return f"crossover at {where}: {self.faster_below} below, {self.faster_above} above"
+
+
+def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
+              low: int = 1 << 10, high: int = 1 << 32, points_per_octave: int = 4) -> Crossover | None:
+    """The crossover on ``topo`` (None on one host, where both are the same path)."""
+    if topo.hosts < 2:
+        return None
+    knobs = knobs or Knobs()
+    steps = int(round(math.log2(high / low) * points_per_octave))
+    sizes = [low * 2 ** (s / points_per_octave) for s in range(steps + 1)]
+    diff = [math.log(model.time_s("flat", topo, int(s), knobs) / model.time_s("hierarchical", topo, int(s), knobs))
+            for s in sizes]
+    found = []
+    for (s0, d0), (s1, d1) in zip(zip(sizes, diff), zip(sizes[1:], diff[1:])):
+        if (d0 < 0) != (d1 < 0) and d0 != d1:
+            f = d0 / (d0 - d1)
+            found.append(s0 * (s1 / s0) ** f)
+    name = {True: "flat", False: "hierarchical"}
+    return Crossover(tuple(found), name[diff[0] < 0], name[diff[-1] < 0])
+
+
+def grid_knobs(grid: dict[str, Sequence] | None, topo: Topology, base: Knobs | None = None) -> list[Knobs]:
+    """Every combination of ``grid`` on top of ``base`` (hierarchical only on several hosts)."""
+    grid = dict(grid or DEFAULT_GRID)
+    if topo.hosts < 2:
+        grid.pop("hierarchical", None)
+    names = list(grid)
+    base = base or Knobs()
+    return [base.replace(**dict(zip(names, combo))) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def step_table(model: ScaleModel, workload: Workload, topo: Topology,
+               knobs_list: Sequence[Knobs]) -> list[dict]:
+    """Predicted step time per knob setting, fastest first."""
+    rows = []
+    for k in knobs_list:
+        p = simulate_step(model, workload, topo, k)
+        rows.append({"knobs": k, "step_ms": p.step_s * 1e3, "compute_ms": p.compute_s * 1e3,
+                     "exposed_comm_ms": p.exposed_comm_s * 1e3, "cycles": p.cycles, "buckets": p.buckets})
+    rows.sort(key=lambda r: r["step_ms"])
+    return rows
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult:
+            return f"{n / mult:.3g} {unit}"
+    return f"{n:.0f} B"

@@ -1,0 +1,144 @@
+"""Step time of a workload under given knobs, simulated on the fitted allreduce model.
+
+The workload is what a replay scenario holds (:mod:`tunelab.workloads.replay`): a model's gradient
+tensors in backward order, a forward pass of ``forward_ms`` and a backward pass of ``backward_ms``
+that makes each gradient ready after its share (proportional to its elements) of the backward time.
+
+The coordinator (:mod:`tunelab.engine.coordinator`) is simulated as it runs:
+
+* it sleeps while nothing is pending and wakes at once on the first submission of a step;
+* a cycle negotiates (``negotiation_s``), takes every gradient ready at the cycle's start, plans
+  fusion buckets of at most ``fusion_threshold_bytes`` (:func:`tunelab.engine.fusion.plan_buckets`),
+  and runs them one after another on the single communication channel (each bucket's time from the
+  model: flat ring or hierarchical by the knob, pieces of ``segment_bytes``);
+* if gradients arrived meanwhile, the next cycle starts ``cycle_time_ms`` after this one started
+  (or when this one ends, if later); otherwise the coordinator sleeps until the next submission.
+
+Communication overlaps the remaining backward compute (another thread; the compute is assumed not
+to slow down).  The step ends when the last bucket is reduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..knobs import Knobs
+from .costs import Topology
+from .fit import ScaleModel
+
+NEGOTIATION_BYTES = 64  # the coordinator's per-cycle bit-set allreduce, a few words
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Gradient sizes in bytes (backward order) and the compute that produces them."""
+
+    name: str
+    gradient_bytes: tuple[int, ...]
+    forward_ms: float
+    backward_ms: float
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.gradient_bytes)
+
+    def ready_times_s(self) -> list[float]:
+        """When each gradient is submitted, from the start of the step (seconds)."""
+        total = max(1, self.total_bytes)
+        out, acc = [], 0
+        for b in self.gradient_bytes:
+            acc += b
+            out.append((self.forward_ms + self.backward_ms * acc / total) / 1000.0)
+        return out
+
+    @classmethod
+    def from_scenario(cls, name_or_path: str) -> Workload:
+        """The workload of a scenario (shipped name or file; ScenarioError, exit 2, when bad)."""
+        from ..scenarios import load_scenario
+        from ..workloads.shapes import gradient_shapes
+
+        sc = load_scenario(name_or_path)
+        sizes = tuple(4 * _elements(s) for s in gradient_shapes(sc.model))  # float32 gradients
+        return cls(sc.name, sizes, sc.replay_forward_ms, sc.replay_backward_ms)
+
+
+def _elements(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+@dataclass
+class StepPrediction:
+    """One simulated step: its time, the compute alone, and how the communication went."""
+
+    step_s: float
+    compute_s: float
+    cycles: int
+    buckets: int
+    comm_s: float  # time the channel was busy (negotiations included)
+    bucket_log: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, bytes)
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return self.step_s - self.compute_s
+
+
+def algorithm_for(knobs: Knobs, topo: Topology) -> str:
+    return "hierarchical" if knobs.hierarchical and topo.hosts > 1 else "flat"
+
+
+def negotiation_s(model: ScaleModel, topo: Topology) -> float:
+    """One negotiation: a tiny allreduce over every rank (MPI's, when the model has it)."""
+    if topo.ranks == 1:
+        return 0.0
+    if model.can_predict("mpi", topo):
+        return model.time_s("mpi", topo, NEGOTIATION_BYTES)
+    return model.time_s("flat", topo, NEGOTIATION_BYTES, Knobs(oneshot_max_bytes=1 << 20))
+
+
+def simulate_step(model: ScaleModel, workload: Workload, topo: Topology, knobs: Knobs,
+                  keep_log: bool = False) -> StepPrediction:
+    """Simulate one step (see the module doc)."""
+    from ..engine.fusion import Entry, plan_buckets
+
+    ready = workload.ready_times_s()
+    sizes = workload.gradient_bytes
+    compute_s = (workload.forward_ms + workload.backward_ms) / 1000.0
+    if not sizes:
+        return StepPrediction(compute_s, compute_s, 0, 0, 0.0)
+    algo, neg = algorithm_for(knobs, topo), negotiation_s(model, topo)
+    cache: dict[int, float] = {}
+
+    def bucket_s(nbytes: int) -> float:
+        if nbytes not in cache:
+            cache[nbytes] = model.time_s(algo, topo, nbytes, knobs)
+        return cache[nbytes]
+
+    cycle_s = knobs.cycle_time_ms / 1000.0
+    t, i, n = ready[0], 0, len(sizes)
+    cycles = buckets = 0
+    busy = 0.0
+    log: list[tuple[float, float, int]] = []
+    while i < n:
+        start, cycles = t, cycles + 1
+        j = i
+        while j < n and ready[j] <= start:
+            j += 1
+        end = start + neg
+        plan = plan_buckets([Entry(sizes[q], "float32") for q in range(i, j)], knobs.fusion_threshold_bytes, True)
+        for b in plan:
+            dt = bucket_s(b.nbytes)
+            if keep_log:
+                log.append((end, end + dt, b.nbytes))
+            end += dt
+        buckets += len(plan)
+        busy += end - start
+        i = j
+        if i < n:
+            t = max(end, start + cycle_s) if ready[i] <= end else ready[i]
+        else:
+            t = end
+    return StepPrediction(max(t, compute_s), compute_s, cycles, buckets, busy, log)

@@ -1,0 +1,107 @@
+"""What the tuner can take from the model (library only; the tuning driver wires it in).
+
+* :func:`predicted_best` — the knob settings the model ranks best for a workload on a topology: the
+  first proposals on a topology no profile has tuned yet (each says it came from the model).
+* :class:`ModelObjective` — the model as an objective for the tuning driver, with the interface of
+  the recorded landscapes' :class:`tunelab.tuning.replay.Objective` (``step_s(knobs)``, ``t_s``,
+  ``current()`` and a ``landscape`` with ``space``, ``name``, ``best``, ``true_score``,
+  ``samples_per_step``), so ``bench tuner`` strategies can run at sizes the lab cannot reach.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..knobs import Knobs
+from .costs import Topology
+from .fit import ScaleModel
+from .predict import grid_knobs
+from .step import Workload, simulate_step
+
+
+@dataclass(frozen=True)
+class Proposal:
+    knobs: Knobs
+    predicted_step_s: float
+    source: str = "scale model"
+
+    def describe(self) -> str:
+        k = self.knobs
+        return (f"{self.source}: fusion {k.fusion_threshold_bytes} B, cycle {k.cycle_time_ms:g} ms, segment "
+                f"{k.segment_bytes} B, hierarchical {k.hierarchical} (predicted {self.predicted_step_s * 1e3:.1f} ms/step)")
+
+
+def predicted_best(model: ScaleModel, workload: Workload, topo: Topology, count: int = 3,
+                   grid: dict[str, Sequence] | None = None, base: Knobs | None = None) -> list[Proposal]:
+    """The ``count`` settings of the grid with the lowest predicted step time, best first (distinct
+    settings; ``base`` holds pinned knobs)."""
+    scored = [(simulate_step(model, workload, topo, k).step_s, i, k)
+              for i, k in enumerate(grid_knobs(grid, topo, base))]
+    scored.sort()
+    return [Proposal(k, s) for s, _, k in scored[:count]]
+
+
+@dataclass
+class ModelLandscape:
+    """The model seen as a landscape: what the tuning benchmark asks of a recorded one."""
+
+    name: str
+    space: Any  # tunelab.tuning.space.SearchSpace
+    model: ScaleModel
+    workload: Workload
+    topo: Topology
+    samples_per_step: float = 1.0
+    grid: dict[str, Sequence] | None = None
+    _cache: dict[Knobs, float] = field(default_factory=dict, repr=False)
+
+    def step_s(self, knobs: Knobs) -> float:
+        if knobs not in self._cache:
+            self._cache[knobs] = simulate_step(self.model, self.workload, self.topo, knobs).step_s
+        return self._cache[knobs]
+
+    def true_score(self, knobs: Knobs) -> float:
+        """Samples/s the model predicts for ``knobs``."""
+        return self.samples_per_step / self.step_s(knobs)
+
+    @property
+    def best(self) -> float:
+        """The best predicted samples/s over the grid (the reference a locked result is scored against)."""
+        return max(self.true_score(k) for k in grid_knobs(self.grid, self.topo, self.space.base))
+
+
+class ModelObjective:
+    """Simulated steps for the tuning driver: the model's step time times log-normal noise
+    (``noise``: its sigma) and the seeded host drift of recorded replays."""
+
+    def __init__(self, landscape: ModelLandscape, seed: int, noise: float = 0.03, drift: Any = None) -> None:
+        from ..tuning.replay import Drift
+
+        self.landscape = landscape
+        self.noise = float(noise)
+        self.drift = drift or Drift(0.0)
+        self.rng = np.random.default_rng(seed)
+        self.t_s = 0.0
+
+    def current(self) -> ModelLandscape:
+        return self.landscape
+
+    def step_s(self, knobs: Knobs) -> float:
+        base = self.landscape.step_s(knobs)
+        step = base * math.exp(self.rng.normal(0.0, self.noise)) * self.drift.factor(self.t_s)
+        self.t_s += step
+        return step
+
+
+def model_landscape(model: ScaleModel, workload: Workload, topo: Topology, pinned: dict[str, object] | None = None,
+                    samples_per_step: float = 1.0) -> ModelLandscape:
+    """A :class:`ModelLandscape` over the tuner's own search space for ``topo``."""
+    from ..tuning.space import search_space
+
+    space = search_space(dict(pinned or {}), topo.hosts)
+    return ModelLandscape(f"model:{workload.name}@{topo.hosts}x{topo.ranks_per_host}", space, model, workload,
+                          topo, samples_per_step)
