@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tunelab.knobs import Knobs, MiB
-from tunelab.tuning import stats
+from tunelab.tuning import noise, stats
 from tunelab.tuning.driver import Driver, Plan
 from tunelab.tuning.replay import Drift, Objective, simulate, synthetic
 from tunelab.tuning.session import TuningSession
@@ -45,17 +45,26 @@ def test_a_bracketed_ratio_cancels_a_linear_drift_exactly():
     assert stats.paired(5.0, 1.0, refs, bracket=True).weight2 == 1.0  # after the last reference: nearest one
 
 
-def test_block_sigma_reads_noise_not_slow_drift():
+def test_noise_reads_step_noise_inside_blocks_and_only_the_excess_between_references():
     rng = np.random.default_rng(0)
-    trend = np.linspace(0.0, 0.3, 40)                       # a 30 % slide over the run
-    sigma, df = stats.block_sigma(list(trend + rng.normal(0.0, 0.02, 40)))
-    assert 0.015 < sigma < 0.03 and df == 39
-    assert stats.block_sigma([])[0] == stats.PRIOR_SIGMA
+    quiet, loud = "quiet", "loud"
+    blocks = [(quiet, list(rng.normal(0.0, 0.01, 3))) for _ in range(30)]
+    blocks += [(loud, list(rng.normal(0.0, 0.05, 3))) for _ in range(30)]
+    trend = np.linspace(0.0, 0.05, 30)  # a slow slide of the host between reference blocks
+    refs = [list(t + rng.normal(0.0, 0.01, 3)) for t in trend]
+    model = noise.estimate(blocks + [(quiet, r) for r in refs], quiet, refs)
+    assert 0.007 < math.sqrt(model.step_var[quiet]) < 0.013 and 0.04 < math.sqrt(model.step_var[loud]) < 0.06
+    assert model.tau2 < 0.005 ** 2 and model.df_steps > 100  # the slide is not noise
+    jumpy = [list(rng.normal(0.0, 0.01, 3) + rng.normal(0.0, 0.04)) for _ in range(30)]  # a busy host
+    model = noise.estimate([(quiet, r) for r in jumpy], quiet, jumpy)
+    assert 0.025 < math.sqrt(model.tau2) < 0.06 and model.df(1e-6, model.tau2) < 40
 
 
 def test_interval_is_a_t_interval_in_ratio_units():
-    iv = stats.interval([stats.Paired(0.1, 1.0)] * 4, sigma=0.02, df=10, confidence=0.9)
+    iv = stats.interval([0.1] * 4, [0.02 ** 2] * 4, df=10, confidence=0.9)
     assert iv.gain == pytest.approx(math.exp(0.1)) and iv.low < iv.gain < iv.high and iv.n == 4
+    half = math.log(iv.high / iv.gain)
+    assert half == pytest.approx(1.8125 * 0.02 / 2, rel=1e-3)  # t(0.95, 10) x sigma / sqrt(4)
     assert "x [" in iv.text()
 
 
@@ -70,10 +79,15 @@ def test_replay_is_bit_exact_for_a_seed():
 def test_driver_finds_a_planted_optimum_through_noise_and_drift():
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     assert land.knobs[int(np.argmax(land.means))] == PEAK
+    near = 0
     for seed in range(4):
-        d = run(land, seed).decisions[0]
-        assert d.adopted and land.true_score(d.knobs) >= 0.97 * land.best, seed
-        assert d.interval.low >= 1.01 and d.samples == len([s for s in run(land, seed).samples])
+        driver = run(land, seed)
+        d = driver.decisions[0]
+        # the protocol stops at "good enough and safe": within 5 % always, within 3 % on most seeds
+        assert d.adopted and land.true_score(d.knobs) >= 0.95 * land.best, seed
+        near += land.true_score(d.knobs) >= 0.97 * land.best
+        assert d.interval.low >= 1.01 and d.samples == len(driver.samples)
+    assert near >= 3
 
 
 def test_driver_measures_the_reference_first_and_between_candidates():
@@ -238,7 +252,8 @@ def test_a_disturbed_reference_block_is_set_aside():
     from dataclasses import replace
 
     i = next(k for k, s in enumerate(driver.samples) if s.role == "reference" and k > 3)
-    driver.samples[i] = replace(driver.samples[i], score=driver.samples[i].score * 0.6)
+    slow = tuple(x + math.log(0.6) for x in driver.samples[i].logs)
+    driver.samples[i] = replace(driver.samples[i], score=driver.samples[i].score * 0.6, logs=slow)
     assert driver.disturbed_references() == 1 and float(i) not in [p for p, _ in driver._refs()]
 
 
@@ -253,3 +268,42 @@ def test_the_one_shot_switch_is_searched_only_for_gpu_jobs():
     high = space.from_unit([1.0] * len(space.names))
     assert high.oneshot_max_bytes == 16 << 20
     assert "oneshot_max_bytes" not in search_space({"oneshot_max_bytes": 4096}, 1, device=True).names
+
+
+# ---- retune for a job that loaded its profile ---------------------------------------------------------
+def watch_run(land, later, switch_s, seed, steps=1500):
+    from tunelab.tuning.watch import ProfileWatch
+
+    coord, now, lines = FakeCoordinator(), [0.0], []
+    obj = Objective(land, seed, Drift(0.03, 60.0, seed), later, switch_s)
+    coord.knobs = PEAK
+    watch = ProfileWatch(coord, SPACE, PEAK, clock=lambda: now[0], say=lines.append, seed=seed)
+    for _ in range(steps):
+        now[0] += obj.step_s(coord.knobs)
+        watch.step_done()
+    return watch, coord, lines
+
+
+def test_a_loaded_profile_is_watched_and_retuned_when_the_optimum_moves():
+    first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.02, seed=7)
+    moved = PEAK.replace(fusion_threshold_bytes=0, cycle_time_ms=64.0)
+    later = synthetic("after", SPACE, GRID, lambda k: peaked(moved, 0.4)(k) * (2.0 - peaked(PEAK)(k)),
+                      noise=0.02, seed=8)
+    for seed in range(2):
+        watch, coord, lines = watch_run(first, later, 60.0, seed)
+        d = watch.driver
+        assert d.decisions[0].knobs == PEAK and d.epoch >= 1 and len(d.decisions) >= 2, seed
+        assert later.true_score(d.decisions[-1].knobs) > later.true_score(PEAK), seed
+        assert coord.knobs == d.decisions[-1].knobs and any("re-opening" in line for line in lines)
+    steady, coord, lines = watch_run(first, None, math.inf, 0)
+    assert steady.driver.epoch == 0 and coord.changes == [] and not lines  # nothing moved: nothing changes
+
+
+def test_the_retune_setting_is_read_from_the_environment_and_arguments():
+    from tunelab.config import load_engine_config
+
+    assert not load_engine_config({}).retune
+    assert load_engine_config({"TUNELAB_RETUNE": "1"}).retune
+    assert load_engine_config({"TUNELAB_RETUNE": "on"}, retune=False).retune is False  # explicit wins
+    with pytest.raises(ValueError, match="retune"):
+        load_engine_config({"TUNELAB_RETUNE": "maybe"})

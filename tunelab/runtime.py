@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,7 @@ class Runtime:
         self.sync_comm = self.engine.topology.world.Dup()
         self._names = itertools.count()
         self._profiles_loaded: dict[tuple[str, str], str] = {}
+        self._watch: Any = None  # rank 0, with the retune setting, once a profile was loaded
 
     @property
     def topology(self):
@@ -158,8 +159,30 @@ class Runtime:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
         if self.sync_comm.rank == 0 and line:
             print(line, flush=True)
+        if knobs and self.config.retune and self.sync_comm.rank == 0 and self._watch is None:
+            self._watch = self._watch_profile(self.engine.knobs.replace(**knobs), signature, framework)
         self._profiles_loaded[(signature, framework)] = line
         return line
+
+    def step_done(self) -> None:
+        """A training step finished (the framework adapters call it every step): with the retune
+        setting, the watch of a loaded profile (:mod:`tunelab.tuning.watch`) times it; else nothing."""
+        if self._watch is not None:
+            self._watch.step_done()
+
+    def _watch_profile(self, loaded: Any, signature: str, framework: str) -> Any:
+        from .profiles import ProfileStore
+        from .tuning.driver import Plan
+        from .tuning.result import stored_observations
+        from .tuning.space import search_space
+        from .tuning.watch import ProfileWatch
+
+        pinned = {k: getattr(self.engine.knobs, k) for k in self.config.pinned}
+        space = search_space(pinned, self.topology.num_nodes, base=self.config.knobs)
+        best = ProfileStore().best(self.profile_key(signature, framework))
+        stored = stored_observations(ProfileStore().trials(best.profile_id), Plan().warm_start_noise) if best else []
+        print("tunelab: retune on: watching the loaded configuration's step time", flush=True)
+        return ProfileWatch(self.coordinator, space, loaded, stored)
 
     def fingerprint(self) -> Fingerprint:
         """This job's hardware fingerprint: the host, the node layout and any emulated link."""

@@ -142,7 +142,9 @@ class _DistributedMixin:
         if not self._tl_synchronized and not self._tl_skip:
             self.synchronize()
         self._tl_synchronized = False
-        return super(self.__class__, self).step(closure)
+        result = super(self.__class__, self).step(closure)
+        _rt.current().step_done()  # the retune watch of a loaded profile times steps (else a no-op)
+        return result
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         if self._tl_handles:

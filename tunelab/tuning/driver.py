@@ -9,13 +9,20 @@ Phases (``Driver.phase``):
 2. ``explore``: blocks of ``discard_steps`` (only after a knob change) + ``measure_steps`` steps.  The
    first block is the default configuration, the *reference*; after every ``reference_every``
    candidate blocks the reference is measured again.  A candidate's score is its paired ratio to the
-   reference (:mod:`.stats`), told to the strategy with its variance;
-3. ``remeasure``: the strategy's recommendation and its best measured configurations are measured again
-   (the recommendation may be new: a GP's best guess near its best samples), in rounds, each between
-   blocks of the reference.  Their gains and confidence intervals rest on these fresh blocks only (not
-   on the exploration that picked them, which favours the lucky).  The best finalist is adopted as soon
-   as its interval's low end clears ``1 + min_gain``; finalists whose high end cannot are dropped; after
-   ``max_rounds`` the default is kept;
+   reference (:mod:`.stats`), told to the strategy with its own variance (:mod:`.noise`: the step noise
+   of that configuration and of the reference, and what the host adds between blocks).  Once
+   ``explore_first`` candidates are measured, exploration stops early, at a reference block, when the
+   strategy's best configuration is *promising* (its estimated gain less ``confirm_z`` standard
+   deviations clears the minimum gain) or when nothing can be (no configuration's estimate plus
+   ``confirm_z`` deviations reaches it: the default is kept without re-measuring); else at the budget;
+3. ``remeasure``: the strategy's recommendation and its best measured configurations (at most
+   ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
+   round, each round closed by a block of the reference.  Their gains and confidence intervals rest on
+   these fresh blocks only (not on the exploration that picked them, which favours the lucky).  The
+   best finalist is adopted as soon as its interval's low end clears ``1 + min_gain``; finalists whose
+   high end cannot, or that are clearly behind the leader, are dropped.  When every finalist is dropped
+   and exploration budget is left, exploration resumes (the re-measured blocks told to the strategy
+   too); else, or after ``max_rounds``, the default is kept;
 4. ``locked``: the decision is applied.  With ``retune``, blocks of the locked configuration go on being
    measured; when ``watch_sustain`` blocks in a row leave its interval, the search re-opens (a fresh
    strategy warm-started with this run's trials) and locks again.
@@ -23,6 +30,7 @@ Phases (``Driver.phase``):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..knobs import Knobs
-from . import stats
+from . import noise, stats
 from .space import SearchSpace
 from .strategies import Observation, Told
 
@@ -40,20 +48,26 @@ class Plan:
     warmup_steps: int = 2
     discard_steps: int = 1
     measure_steps: int = 3
-    budget_samples: int = 14        # blocks measured in exploration, the reference's included
+    budget_samples: int = 14        # most blocks measured in exploration, the reference's included
     time_budget_s: float | None = None
-    reference_every: int = 2        # candidate blocks between two blocks of the reference
-    finalists: int = 2
-    remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: 2 x measure_steps)
-    max_rounds: int = 5
+    reference_every: int = 3        # candidate blocks between two blocks of the reference
+    explore_first: int | None = None  # candidates before exploration may stop early (None: searched knobs + 2)
+    explore_more: int = 2           # candidates after a failed re-measurement before it may stop again
+    confirm_z: float = 1.0          # promising: estimate - z sd clears the goal, and nothing else is expected
+    near_best: float | None = 0.02  # ... to beat it by more than this (estimate + z sd; None: not asked)
+    futile_z: float = 2.0           # futile: no configuration's estimate + z sd reaches the goal
+    finalists: int = 1
+    remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: measure_steps)
+    max_rounds: int = 4
     futility_after: int = 2         # from this round on, finalists whose gain estimate is below the goal drop
-    min_rounds: int = 2             # rounds before a finalist may be adopted: one slow reference block must not decide
+    min_rounds: int = 1             # rounds before a finalist may be adopted
     finalist_distance: float = 0.1  # finalists at least this far apart (unit coordinates)
     min_gain: float = 0.01          # a gain smaller than this is not worth changing a user's job for
     confidence: float = 0.9         # two-sided: the low end is a 95 % one-sided bound
     retune: bool = False
     watch_sustain: int = 4          # locked blocks in a row outside the interval that re-open the search
     watch_z: float = 3.0            # the watched interval: locked mean +- watch_z block sigmas
+    watch_baseline: int = 4         # a profile loaded, not tuned here: its first locked blocks set the interval
     warm_start_noise: float = 0.10  # extra sigma (log units) of earlier trials (a retune, a stored profile)
 
 
@@ -63,13 +77,18 @@ class Sample:
     phase: str            # explore | remeasure | locked
     role: str             # reference | candidate | locked
     knobs: Knobs
-    score: float          # samples/s: median over the block's measured steps
+    score: float          # samples/s: geometric mean over the block's measured steps
     spread: float         # (p90 - p10) / median of those steps' samples/s
     steps: int
     seconds: float
     at_s: float           # end of the block, seconds of measured training since the driver started
     epoch: int = 0        # 0 for the first search, +1 per retune
-    told: float | None = None  # the paired log ratio told to the strategy (candidates in exploration)
+    told: float | None = None  # the paired log ratio told to the strategy (candidates)
+    logs: tuple[float, ...] = ()  # log samples/s of each measured step (what the statistics read)
+
+    @property
+    def log_score(self) -> float:
+        return sum(self.logs) / len(self.logs) if self.logs else math.log(self.score)
 
 
 @dataclass(frozen=True)
@@ -118,11 +137,26 @@ class Driver:
         self._queue: list[tuple[Knobs, str, str]] = []
         self._block: _Block | None = None
         self._since_ref = 0
-        self._explored = 0
+        self._explored = 0      # exploration blocks of this epoch, references included
+        self._stint = 0         # candidates explored since exploration (re)started
+        self._stint_goal = plan.explore_first if plan.explore_first is not None else len(space.names) + 2
         self._epoch_start = (0.0, 0)
         self._finalists: list[Knobs] = []
         self._round = 0
         self._outside = 0
+        self._noise: tuple[int, noise.Noise] | None = None
+
+    @classmethod
+    def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
+                 reason: str = "loaded from the profile store") -> Driver:
+        """A driver that starts locked on ``loaded`` (a stored profile) and watches it (``plan.retune``):
+        its first ``watch_baseline`` blocks (after the warm-up steps) set the interval watched."""
+        driver = cls(space, make_strategy, dataclasses.replace(plan, retune=True))
+        driver.decisions.append(Decision(0, loaded, loaded != space.base, loaded, None, reason,
+                                         "loaded, not searched here", False, 0, 0, 0.0))
+        driver.phase, driver.knobs = "locked", loaded
+        driver._block = _Block(loaded, "locked", "locked", plan.warmup_steps)
+        return driver
 
     # ---- the step loop --------------------------------------------------------------------------------
     @property
@@ -167,22 +201,23 @@ class Driver:
         return knobs if changed else None
 
     def _steps_of(self, block: _Block) -> int:
-        """Measured steps of a block: re-measurements are longer (their precision decides the lock)."""
         if block.phase == "remeasure":
-            return self.plan.remeasure_steps or 2 * self.plan.measure_steps
+            return self.plan.remeasure_steps or self.plan.measure_steps
         return self.plan.measure_steps
 
     def _finish(self, block: _Block) -> None:
         rates = self.samples_per_step / np.asarray(block.times)
-        score = float(np.median(rates))
-        spread = float((np.percentile(rates, 90) - np.percentile(rates, 10)) / score)
-        told = None
-        if block.phase == "explore" and block.role == "candidate":
-            told = self._tell(block.knobs, math.log(score))
-        sample = Sample(len(self.samples), block.phase, block.role, block.knobs, score, spread,
-                        len(block.times), float(np.sum(block.times)), self.elapsed_s, self.epoch, told)
+        logs = tuple(float(x) for x in np.log(rates))
+        median = float(np.median(rates))
+        spread = float((np.percentile(rates, 90) - np.percentile(rates, 10)) / median)
+        sample = Sample(len(self.samples), block.phase, block.role, block.knobs, math.exp(float(np.mean(logs))),
+                        spread, len(block.times), float(np.sum(block.times)), self.elapsed_s, self.epoch, None, logs)
+        if block.role == "candidate":
+            told = self._tell(sample)
+            sample = dataclasses.replace(sample, told=told)
         self.samples.append(sample)
         self._explored += block.phase == "explore"
+        self._stint += block.phase == "explore" and block.role == "candidate"
         if block.role == "candidate":
             self._since_ref += 1
         elif block.role == "reference":
@@ -192,15 +227,15 @@ class Driver:
         if block.role == "locked":
             self._watch(sample)
 
-    def _tell(self, knobs: Knobs, log_score: float) -> float | None:
+    def _tell(self, sample: Sample) -> float | None:
         """Provisional paired ratio against the reference blocks so far (the strategy learns now; the
-        lock decision later uses bracketed ratios)."""
-        pair = stats.paired(len(self.samples), log_score, self._refs(), bracket=False)
+        lock decision later uses bracketed ratios), with its own variance."""
+        pair = self._pair(sample, bracket=False)
         if pair is None:
             return None
-        sigma, _ = self.sigma()
-        self.strategy.tell(knobs, pair.log_ratio, sigma ** 2 * (1.0 + pair.weight2))
-        return pair.log_ratio
+        ratio, steps_part, block_part = pair
+        self.strategy.tell(sample.knobs, ratio, steps_part + block_part)
+        return ratio
 
     # ---- what to measure next -------------------------------------------------------------------------
     def _next_block(self) -> tuple[Knobs, str, str] | None:
@@ -233,20 +268,34 @@ class Driver:
             return f"time budget of {self.plan.time_budget_s:g} s spent"
         if self.strategy.converged():
             return "converged (no meaningful expected improvement)"
+        if self._stint >= self._stint_goal and self._since_ref == 0:
+            goal, z = math.log1p(self.plan.min_gain), self.plan.confirm_z
+            pick = self.strategy.recommend()
+            top = self.strategy.upper_bound(z) if self.plan.near_best is not None else -math.inf
+            if pick is not None and pick != self.default:
+                mean, sd = self.strategy.estimate(pick)
+                if mean - z * sd >= goal and top - mean <= math.log1p(self.plan.near_best or 0.0):
+                    return f"converged (a promising configuration: {math.exp(mean):.3f}x estimated)"
+            if self.strategy.upper_bound(self.plan.futile_z) < goal:
+                return "converged (nothing is expected to reach the minimum gain)"
         return ""
 
     def _begin_remeasure(self) -> tuple[Knobs, str, str] | None:
+        goal, z = math.log1p(self.plan.min_gain), self.plan.futile_z
         pick = self.strategy.recommend()
-        ranked = [pick] if pick is not None else []
         self._finalists = []
-        for k in [*ranked, *self.strategy.ranked()]:  # distinct regions: near-twins would tell nothing new
-            if k != self.default and all(self._distance(k, f) >= self.plan.finalist_distance for f in self._finalists):
+        for k in [*([pick] if pick is not None else []), *self.strategy.ranked()]:
+            if k == self.default or any(self._distance(k, f) < self.plan.finalist_distance for f in self._finalists):
+                continue  # distinct regions: near-twins would tell nothing new
+            mean, sd = self.strategy.estimate(k)
+            if mean + z * sd >= goal:
                 self._finalists.append(k)
             if len(self._finalists) == self.plan.finalists:
                 break
         self._round = 0
         if not self._finalists:
-            return self._lock(None, None, "no configuration measured beside the default")
+            return self._lock(None, None, "no configuration is expected to reach the minimum gain "
+                                          f"({1 + self.plan.min_gain:.2f}x)")
         return self._queue_round()
 
     def _queue_round(self) -> tuple[Knobs, str, str] | None:
@@ -267,13 +316,22 @@ class Driver:
         if best_iv.low >= goal and self._round >= min(self.plan.min_rounds, self.plan.max_rounds):
             return self._lock(best_k, best_iv, f"its interval clears the minimum gain ({goal:.2f}x)")
         futile = self._round >= self.plan.futility_after  # by then a point estimate below the goal is a no
-        self._finalists = [k for k, iv in scored if iv.high >= goal and not (futile and iv.gain < goal)]
+        self._finalists = [k for k, iv in scored if iv.high >= goal and iv.high >= best_iv.low
+                           and not (futile and iv.gain < goal)]
         if not self._finalists:
+            if self._explored < self.plan.budget_samples and not self.stop_reason.startswith(("budget", "time")):
+                return self._resume_explore()
             return self._lock(None, (best_k, best_iv), f"no finalist can reach the minimum gain ({goal:.2f}x)")
         if self._round >= self.plan.max_rounds:
             return self._lock(None, (best_k, best_iv),
                               f"no finalist cleared the minimum gain ({goal:.2f}x) in {self._round} rounds")
         return self._queue_round()
+
+    def _resume_explore(self) -> tuple[Knobs, str, str] | None:
+        """Every finalist dropped with budget left: explore again (what was re-measured is told)."""
+        self.phase, self.stop_reason = "explore", ""
+        self._stint, self._stint_goal = 0, self.plan.explore_more
+        return self._next_block()
 
     def _distance(self, a: Knobs, b: Knobs) -> float:
         ua, ub = np.asarray(self.space.unit_point(a)), np.asarray(self.space.unit_point(b))
@@ -299,14 +357,17 @@ class Driver:
     def _watch(self, sample: Sample) -> None:
         """Retune: count locked blocks outside the locked configuration's interval."""
         locked = self.decisions[-1].knobs
-        mine = [math.log(s.score) for s in self.samples if s.epoch == self.epoch and s.knobs == locked
+        mine = [s for s in self.samples if s.epoch == self.epoch and s.knobs == locked
                 and s.role in ("reference", "candidate")]
-        sigma, _ = self.sigma()
-        if not mine:
-            return
-        centre = float(np.mean(mine))
+        if not mine:  # loaded, not searched here: the first locked blocks are the baseline
+            mine = [s for s in self.samples if s.epoch == self.epoch and s.role == "locked"]
+            if len(mine) <= self.plan.watch_baseline:
+                return
+            mine = mine[:self.plan.watch_baseline]
+        centre = float(np.mean([s.log_score for s in mine]))
+        sigma = noise.sigma_of(self.noise(), locked, self.plan.measure_steps)
         half = self.plan.watch_z * sigma * math.sqrt(1.0 + 1.0 / len(mine))
-        self._outside = self._outside + 1 if abs(math.log(sample.score) - centre) > half else 0
+        self._outside = self._outside + 1 if abs(sample.log_score - centre) > half else 0
         if self._outside >= self.plan.watch_sustain:
             self._reopen()
 
@@ -317,6 +378,7 @@ class Driver:
         self.strategy = self.make_strategy(self.epoch)
         self.strategy.warm_start(earlier)
         self.stop_reason, self._explored, self._since_ref = "", 0, 0
+        self._stint, self._stint_goal = 0, self.plan.explore_more
         self._epoch_start = (self.elapsed_s, self.steps)
         self.phase = "explore"
         self._queue = [(self.decisions[-1].knobs, "explore", "candidate")] \
@@ -324,12 +386,14 @@ class Driver:
         self._queue.insert(0, (self.default, "explore", "reference"))
 
     # ---- statistics -----------------------------------------------------------------------------------
+    def _epoch_refs(self) -> list[Sample]:
+        return [s for s in self.samples if s.role == "reference" and s.epoch == self.epoch]
+
     def _refs(self) -> list[tuple[float, float]]:
         """This epoch's reference blocks as (position, log score), disturbed ones set aside: with four or
         more, a block further than 3.5 robust sigmas (MAD) from their median, e.g. the host busy with
         something else for seconds, pairs with nothing (a slow trend moves the median with it)."""
-        refs = [(float(s.index), math.log(s.score)) for s in self.samples
-                if s.role == "reference" and s.epoch == self.epoch]
+        refs = [(float(s.index), s.log_score) for s in self._epoch_refs()]
         if len(refs) < 4:
             return refs
         logs = np.asarray([y for _, y in refs])
@@ -339,16 +403,40 @@ class Driver:
 
     def disturbed_references(self) -> int:
         """Reference blocks of this epoch set aside as disturbed (see :meth:`_refs`)."""
-        return sum(1 for s in self.samples if s.role == "reference" and s.epoch == self.epoch) - len(self._refs())
+        return len(self._epoch_refs()) - len(self._refs())
 
-    def sigma(self) -> tuple[float, int]:
-        """One block's noise (log units) and its degrees of freedom, from this epoch's reference blocks."""
-        return stats.block_sigma([y for _, y in self._refs()])
+    def noise(self) -> noise.Noise:
+        """This epoch's noise model (:mod:`.noise`), refreshed when a block is added."""
+        if self._noise is None or self._noise[0] != len(self.samples):
+            kept = {p for p, _ in self._refs()}
+            epoch = [s for s in self.samples if s.epoch == self.epoch]
+            refs = [s.logs for s in self._epoch_refs() if float(s.index) in kept]
+            self._noise = (len(self.samples), noise.estimate([(s.knobs, s.logs) for s in epoch], self.default, refs))
+        return self._noise[1]
+
+    def sigma(self) -> tuple[float, float]:
+        """One reference block's noise (log units) and its degrees of freedom."""
+        model = self.noise()
+        var = model.block_var(self.default, self.plan.measure_steps)
+        return noise.sigma_of(model, self.default, self.plan.measure_steps), model.df(var, model.tau2)
+
+    def _pair(self, sample: Sample, bracket: bool = True) -> tuple[float, float, float] | None:
+        """(paired log ratio, its step-noise variance, its block-noise variance) of a candidate block."""
+        pair = stats.paired(float(sample.index), sample.log_score, self._refs(), bracket)
+        if pair is None:
+            return None
+        ref_steps = self.plan.measure_steps
+        steps_part, block_part = self.noise().pair_var(sample.knobs, sample.steps, self.default, ref_steps,
+                                                       pair.weight2)
+        return pair.log_ratio, steps_part, block_part
 
     def interval_of(self, knobs: Knobs) -> stats.Interval | None:
         """Gain of ``knobs`` over the reference from this epoch's re-measured blocks, bracketed."""
-        refs = self._refs()
-        pairs = [stats.paired(float(s.index), math.log(s.score), refs) for s in self.samples
+        pairs = [self._pair(s) for s in self.samples
                  if s.knobs == knobs and s.phase == "remeasure" and s.role == "candidate" and s.epoch == self.epoch]
-        sigma, df = self.sigma()
-        return stats.interval([p for p in pairs if p is not None], sigma, df, self.plan.confidence)
+        pairs = [p for p in pairs if p is not None]
+        if not pairs:
+            return None
+        steps_part, block_part = sum(p[1] for p in pairs), sum(p[2] for p in pairs)
+        df = self.noise().df(steps_part, block_part)
+        return stats.interval([p[0] for p in pairs], [p[1] + p[2] for p in pairs], df, self.plan.confidence)

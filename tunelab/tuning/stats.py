@@ -5,24 +5,20 @@ its log score minus the reference's log score interpolated at the candidate's po
 two reference blocks around it (or the last one before it while the next is not measured yet).  A
 linear drift of the host cancels out of a bracketed ratio.
 
-The noise of one block, drift between neighbouring blocks included, is estimated from the reference
-blocks alone by the mean square successive difference (von Neumann): ``sigma^2 = mean(diff^2) / 2``,
-which a slow drift barely inflates, unlike the plain variance.
+How noisy each ratio is comes from :mod:`.noise` (step noise inside blocks, per configuration, and
+what the reference blocks add between them).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
-
-PRIOR_SIGMA = 0.03  # block noise assumed before two reference blocks exist (3 %)
 
 
 @dataclass(frozen=True)
 class Paired:
     log_ratio: float
-    weight2: float  # sum of squared interpolation weights of the references: var = sigma^2 (1 + weight2)
+    weight2: float  # sum of the references' squared interpolation weights (see :meth:`.noise.Noise.pair_var`)
 
 
 @dataclass(frozen=True)
@@ -41,15 +37,6 @@ class Interval:
         return {"gain": self.gain, "low": self.low, "high": self.high, "n": self.n}
 
 
-def block_sigma(ref_logs: list[float]) -> tuple[float, int]:
-    """(sigma of one block's log score, degrees of freedom) from successive reference blocks; the
-    prior (with 1 degree of freedom) blended in while there are few."""
-    diffs = [b - a for a, b in itertools.pairwise(ref_logs)]
-    prior_weight = 2.0
-    total = PRIOR_SIGMA ** 2 * prior_weight + sum(d * d / 2.0 for d in diffs)
-    return math.sqrt(total / (prior_weight + len(diffs))), max(1, len(diffs))
-
-
 def paired(position: float, log_score: float, refs: list[tuple[float, float]],
            bracket: bool = True) -> Paired | None:
     """``log_score`` at ``position`` against ``refs`` ((position, log score), in order): the two around
@@ -66,14 +53,15 @@ def paired(position: float, log_score: float, refs: list[tuple[float, float]],
     return Paired(log_score - nearest[1], 1.0)
 
 
-def interval(pairs: list[Paired], sigma: float, df: int, confidence: float) -> Interval | None:
-    """Mean paired log ratio and its t-interval, back in ratio units; None without pairs."""
-    if not pairs:
+def interval(log_ratios: list[float], variances: list[float], df: float, confidence: float) -> Interval | None:
+    """Mean paired log ratio and its t-interval (``df`` degrees of freedom), back in ratio units; each
+    ratio with its own variance.  None without ratios."""
+    if not log_ratios:
         return None
-    from scipy.stats import t as student_t
+    from .noise import t_quantile
 
-    n = len(pairs)
-    mean = sum(p.log_ratio for p in pairs) / n
-    se = sigma * math.sqrt(sum(1.0 + p.weight2 for p in pairs)) / n
-    half = float(student_t.ppf(0.5 + confidence / 2.0, df)) * se
+    n = len(log_ratios)
+    mean = sum(log_ratios) / n
+    se = math.sqrt(sum(variances)) / n
+    half = t_quantile(confidence, df) * se
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)

@@ -2,7 +2,8 @@
 
 A strategy proposes knobs (``ask``), learns a measured value (``tell(knobs, value, variance)``: the
 paired log ratio to the reference and its variance), says when it has nothing left worth trying
-(``converged``) and ranks what it measured (``ranked``).  ``warm_start`` hands it earlier trials.
+(``converged``), ranks what it measured (``ranked``), and says what it believes of a configuration
+(``estimate``) and of the whole space (``upper_bound``).  ``warm_start`` hands it earlier trials.
 
 * ``tunelab``: a Gaussian process over the joint space (:class:`tunelab.tuning.tuner.Tuner`);
 * ``random``: uniform draws of the same space (log scales included);
@@ -16,6 +17,7 @@ paired log ratio to the reference and its variance), says when it has nothing le
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,6 +64,21 @@ class Told:
 
     def converged(self) -> bool:
         return False
+
+    def estimate(self, knobs: Knobs) -> tuple[float, float]:
+        """(value, standard deviation) believed for ``knobs``: here the inverse-variance mean of its own
+        observations ((0, inf) if it has none)."""
+        mine = [o for o in self.observations if o.knobs == knobs]
+        if not mine:
+            return 0.0, math.inf
+        weights = [1.0 / max(o.variance, 1e-12) for o in mine]
+        mean = sum(w * o.value for w, o in zip(weights, mine)) / sum(weights)
+        return mean, math.sqrt(1.0 / sum(weights))
+
+    def upper_bound(self, z: float) -> float:
+        """The highest value any configuration may still have (estimate + ``z`` sd); without a model
+        of the unmeasured space, unbounded."""
+        return math.inf
 
 
 class RandomSearch(Told):

@@ -97,6 +97,20 @@ class Tuner(Told):
         mu, sd = model.predict(pool)
         return self.space.from_unit(pool[int(np.argmax(mu - 0.5 * sd))].tolist())
 
+    def estimate(self, knobs: Knobs) -> tuple[float, float]:
+        """The posterior mean and standard deviation at ``knobs`` (neighbours inform it too)."""
+        if len(self.observations) < 2 or not self.space.names:
+            return super().estimate(knobs)
+        mu, sd = self.fit().predict(np.asarray([self.space.unit_point(knobs)]))
+        return float(mu[0]), float(sd[0])
+
+    def upper_bound(self, z: float) -> float:
+        """The highest posterior mean + ``z`` sd over the measured points and a random pool."""
+        if len(self.observations) < 2 or not self.space.names:
+            return super().upper_bound(z)
+        mu, sd = self.fit().predict(np.concatenate([self._x(), self._candidate_pool()]))
+        return float(np.max(mu + z * sd))
+
     def fit(self) -> _Model:
         if self._model is None or self._model.n != len(self.observations):
             self._model = _Model.fit(self._x(), np.asarray([o.value for o in self.observations]),

@@ -1,0 +1,96 @@
+"""How noisy a block is: per-configuration step noise from inside the blocks, plus what the host adds
+between blocks, read from the reference blocks.
+
+A block's statistic is the mean of its measured steps' log samples/s.  Two things make it wander:
+
+* **step noise** inside a block (scheduling, stragglers, the step's own variance).  Every block with two
+  or more steps estimates it, so it is known with many degrees of freedom after a few blocks.  It
+  differs between configurations (a tiny cycle time or an unfused gradient set jitters more), so each
+  configuration's estimate is its own pooled within-block variance shrunk toward the pool of all blocks
+  (``SHRINK_DF`` pseudo degrees of freedom);
+* **block-level noise** ``tau^2``: what successive reference blocks differ by beyond their step noise
+  (a host busy for seconds, a drift that bends between two references).  It is the reference blocks'
+  mean square successive difference / 2 less their step noise, blended with a small prior.
+
+A paired ratio's variance is the candidate block's variance plus the interpolated reference's (its
+squared weights), each with ``tau^2``.  The t-quantile of an interval uses Welch-Satterthwaite degrees
+of freedom of the two parts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+STEP_PRIOR_SIGMA = 0.03  # one step's log noise assumed before any block is measured (3 %)
+STEP_PRIOR_DF = 2
+SHRINK_DF = 4            # a configuration's own step noise weighs as much as this many pooled df
+TAU_PRIOR_SIGMA = 0.01   # block-level noise assumed before references tell (1 %)
+TAU_PRIOR_DF = 2
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Step variances per configuration (log units), the pooled one, and the block-level ``tau2``."""
+
+    step_var: dict[Hashable, float]
+    pooled_var: float
+    df_steps: int
+    tau2: float
+    df_tau: int
+
+    def block_var(self, config: Hashable, steps: int) -> float:
+        """Variance of one block's mean log rate from its step noise alone."""
+        return self.step_var.get(config, self.pooled_var) / max(1, steps)
+
+    def pair_var(self, config: Hashable, steps: int, ref: Hashable, ref_steps: int, weight2: float) -> tuple[float, float]:
+        """(step part, block part) of a paired ratio's variance: ``weight2`` is the sum of the
+        reference blocks' squared interpolation weights."""
+        steps_part = self.block_var(config, steps) + weight2 * self.block_var(ref, ref_steps)
+        return steps_part, self.tau2 * (1.0 + weight2)
+
+    def df(self, steps_part: float, block_part: float) -> float:
+        """Welch-Satterthwaite degrees of freedom of a sum of the two parts."""
+        total = steps_part + block_part
+        if total <= 0:
+            return float(self.df_steps)
+        return total ** 2 / (steps_part ** 2 / self.df_steps + block_part ** 2 / self.df_tau)
+
+
+def estimate(blocks: Sequence[tuple[Hashable, Sequence[float]]], ref: Hashable,
+             ref_blocks: Sequence[Sequence[float]]) -> Noise:
+    """``blocks``: (configuration, the steps' log rates) of every block so far; ``ref``: the reference
+    configuration; ``ref_blocks``: its blocks in order (disturbed ones already set aside)."""
+    ss: dict[Hashable, float] = {}
+    dfs: dict[Hashable, int] = {}
+    for config, logs in blocks:
+        if len(logs) < 2:
+            continue
+        mean = sum(logs) / len(logs)
+        ss[config] = ss.get(config, 0.0) + sum((x - mean) ** 2 for x in logs)
+        dfs[config] = dfs.get(config, 0) + len(logs) - 1
+    df_all = sum(dfs.values())
+    pooled = (STEP_PRIOR_DF * STEP_PRIOR_SIGMA ** 2 + sum(ss.values())) / (STEP_PRIOR_DF + df_all)
+    per_config = {c: (SHRINK_DF * pooled + ss[c]) / (SHRINK_DF + dfs[c]) for c in ss}
+    means = [sum(b) / len(b) for b in ref_blocks if b]
+    diffs = [b - a for a, b in itertools.pairwise(means)]
+    tau2 = TAU_PRIOR_SIGMA ** 2
+    if diffs:
+        step_var = per_config.get(ref, pooled) if any(len(b) > 1 for b in ref_blocks) else 0.0
+        expected = sum(step_var / len(b) for b in ref_blocks if b) / len(means)
+        excess = max(0.0, sum(d * d / 2.0 for d in diffs) / len(diffs) - expected)
+        tau2 = (TAU_PRIOR_DF * TAU_PRIOR_SIGMA ** 2 + len(diffs) * excess) / (TAU_PRIOR_DF + len(diffs))
+    return Noise(per_config, pooled, STEP_PRIOR_DF + df_all, tau2, TAU_PRIOR_DF + len(diffs))
+
+
+def t_quantile(confidence: float, df: float) -> float:
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(0.5 + confidence / 2.0, max(1.0, df)))
+
+
+def sigma_of(noise: Noise, config: Hashable, steps: int) -> float:
+    """One block's total sigma (log units) for ``config``."""
+    return math.sqrt(noise.block_var(config, steps) + noise.tau2)
