@@ -92,6 +92,46 @@ def test_best_and_gain(store):
         store.set_best(pid, KNOBS, 1.0, 0.0, 0.0, "r3")
 
 
+def test_best_keeps_the_gain_interval_steps_and_outcome(store, tmp_path):
+    pid = new_profile(store)
+    store.set_best(pid, KNOBS, 112.0, 100.0, 0.02, "r1", gain_interval=(1.07, 1.18), steps=64, outcome="converged")
+    best = store.best(KEY)
+    assert (best.gain_low, best.gain_high, best.steps, best.outcome) == (1.07, 1.18, 64, "converged")
+    assert best.interval_text() == "1.120x [1.070, 1.180]"
+    store.set_best(pid, KNOBS, 100.0, 100.0, 0.02, "r2", steps=80, outcome="budget exhausted")  # default kept
+    best = store.best(KEY)
+    assert best.gain_low is None and best.steps == 80 and best.interval_text() == "1.000x"
+    data = json.loads(json.dumps(store.export()))
+    assert data["profiles"][0]["best"]["outcome"] == "budget exhausted"
+    data["profiles"][0]["best"]["steps"] = "many"
+    with pytest.raises(InvalidExport, match="steps"):
+        ProfileStore(tmp_path / "other" / FILE_NAME).merge(data)
+
+
+def test_a_schema_1_store_is_upgraded_in_place_keeping_its_best(tmp_path):
+    path = tmp_path / FILE_NAME
+    a, _ = populated(ProfileStore(path))
+    conn = sqlite3.connect(path)
+    with conn:  # back to what tunelab wrote before schema 2
+        conn.execute("CREATE TABLE best1 (profile_id INTEGER PRIMARY KEY REFERENCES profiles(id) ON DELETE"
+                     " CASCADE, knobs TEXT NOT NULL, score REAL NOT NULL, default_score REAL NOT NULL,"
+                     " spread REAL NOT NULL, run_id TEXT NOT NULL, updated TEXT NOT NULL)")
+        conn.execute("INSERT INTO best1 SELECT profile_id, knobs, score, default_score, spread, run_id, updated"
+                     " FROM best")
+        conn.execute("DROP TABLE best")
+        conn.execute("ALTER TABLE best1 RENAME TO best")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    conn.close()
+    store = ProfileStore(path)
+    best = store.best_of(a)
+    assert best.score == 102.0 and best.gain_low is None and best.steps is None
+    store.set_best(a, KNOBS, 110.0, 100.0, 0.01, "r9", gain_interval=(1.02, 1.2), steps=9, outcome="converged")
+    assert ProfileStore(path).best_of(a).gain_high == 1.2
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    conn.close()
+
+
 def test_nearest_prefers_same_world_size_then_most_equal_facts(store):
     def make(hw, world, facts, model="resnet50:25.6M:161", framework="torch"):
         return new_profile(store, ProfileKey(hw, model, framework, world), facts)
@@ -129,7 +169,8 @@ def populated(store):
     for i in range(3):
         trial(store, a, 100.0 + i, segment_bytes=(1 << 20) * (i + 1))
     trial(store, b, 50.0, phase="default")
-    store.set_best(a, {**KNOBS, "segment_bytes": 3 << 20}, 102.0, 100.0, 0.01, "r1")
+    store.set_best(a, {**KNOBS, "segment_bytes": 3 << 20}, 102.0, 100.0, 0.01, "r1",
+                   gain_interval=(1.011, 1.030), steps=57, outcome="converged")
     return a, b
 
 
@@ -331,6 +372,7 @@ def test_cli_list_show_export_import_delete(tmp_path):
     assert show.returncode == 0, show.stderr
     assert "cpu_model: AMD EPYC" in show.stdout and "segment_bytes: 3MiB" in show.stdout
     assert "trials: 3" in show.stdout and "segment_bytes=2MiB" in show.stdout
+    assert "tuning: gain 1.020x [1.011, 1.030] (90 % interval), 57 steps to lock, converged" in show.stdout
     export = cli(home, "export", "--out", str(tmp_path / "x.json"))
     assert export.returncode == 0 and "2 profiles (4 trials)" in export.stdout
     assert json.loads(cli(home, "export", str(b)).stdout)["profiles"][0]["framework"] == "tensorflow"

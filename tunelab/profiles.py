@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .errors import StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the best config carries its gain interval, steps to lock and outcome
 EXPORT_FORMAT = "tunelab-profiles"
 EXPORT_VERSION = 1
 FILE_NAME = "profiles.sqlite"
@@ -47,8 +47,13 @@ CREATE INDEX IF NOT EXISTS trials_by_profile ON trials (profile_id, id);
 CREATE TABLE IF NOT EXISTS best (
     profile_id INTEGER PRIMARY KEY REFERENCES profiles(id) ON DELETE CASCADE,
     knobs TEXT NOT NULL, score REAL NOT NULL, default_score REAL NOT NULL, spread REAL NOT NULL,
-    run_id TEXT NOT NULL, updated TEXT NOT NULL)
+    run_id TEXT NOT NULL, updated TEXT NOT NULL,
+    gain_low REAL, gain_high REAL, steps INTEGER, outcome TEXT)
 """
+# What version 2 added to a version 1 file (upgraded in place when opened: nothing is lost).
+_UPGRADE_1_TO_2 = ("ALTER TABLE best ADD COLUMN gain_low REAL", "ALTER TABLE best ADD COLUMN gain_high REAL",
+                   "ALTER TABLE best ADD COLUMN steps INTEGER", "ALTER TABLE best ADD COLUMN outcome TEXT")
+_BEST_COLUMNS = "profile_id, knobs, score, default_score, spread, run_id, updated, gain_low, gain_high, steps, outcome"
 
 _SUMMARY_SQL = """
 SELECT p.*, (SELECT COUNT(*) FROM trials t WHERE t.profile_id = p.id) AS n_trials,
@@ -128,6 +133,16 @@ class Best:
     spread: float
     run_id: str
     updated: str
+    gain_low: float | None = None   # the tuner's confidence interval of the gain (None: default kept,
+    gain_high: float | None = None  # or stored by a tunelab before schema 2)
+    steps: int | None = None        # training steps the search took until it locked
+    outcome: str | None = None      # "converged" or "budget exhausted"
+
+    def interval_text(self) -> str:
+        """'1.120x [1.070, 1.180]', or the plain ratio when no interval was stored."""
+        if self.gain_low is None or self.gain_high is None:
+            return f"{self.gain:.3f}x"
+        return f"{self.gain:.3f}x [{self.gain_low:.3f}, {self.gain_high:.3f}]"
 
 
 @dataclass(frozen=True)
@@ -183,18 +198,22 @@ class ProfileStore:
             return int(cur.lastrowid)
 
     def set_best(self, profile_id: int, knobs: dict, score: float, default_score: float, spread: float,
-                 run_id: str) -> None:
-        """Replace the profile's best config (what the next run of this key starts from)."""
+                 run_id: str, gain_interval: tuple[float, float] | None = None, steps: int | None = None,
+                 outcome: str | None = None) -> None:
+        """Replace the profile's best config (what the next run of this key starts from), with the
+        tuner's gain interval (low, high), the steps it took and its outcome when known."""
         default = _number("default_score", default_score)
         if default <= 0:
             raise ValueError(f"default_score must be > 0, got {default_score!r}")
+        low, high = (None, None) if gain_interval is None else (_number("gain_low", gain_interval[0]),
+                                                               _number("gain_high", gain_interval[1]))
         now = _now()
         row = (int(profile_id), _to_json(knobs), _number("score", score), default,
-               _number("spread", spread), str(run_id), now)
+               _number("spread", spread), str(run_id), now, low, high,
+               None if steps is None else _count("steps", steps), None if outcome is None else str(outcome))
         with self._write() as conn:
             self._touch(conn, row[0], now)
-            conn.execute("INSERT OR REPLACE INTO best (profile_id, knobs, score, default_score, spread,"
-                         " run_id, updated) VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+            conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def delete(self, profile_id: int) -> bool:
         """Remove a profile with its trials and best; False if there was no such profile."""
@@ -307,6 +326,8 @@ class ProfileStore:
             if version is not None and version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} has schema version {version}, newer than this tunelab "
                                  f"supports ({SCHEMA_VERSION}); upgrade tunelab to use it")
+            if version == 1:
+                self._upgrade(conn)
             if version is None:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("BEGIN IMMEDIATE")
@@ -315,6 +336,16 @@ class ProfileStore:
                 conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
                 conn.execute("COMMIT")
+
+    def _upgrade(self, conn: sqlite3.Connection) -> None:
+        """A version 1 store gains version 2's columns (empty for the bests it already holds)."""
+        conn.execute("BEGIN IMMEDIATE")
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(best)")}
+        for statement in _UPGRADE_1_TO_2:
+            if statement.split()[5] not in columns:  # another process may have upgraded it meanwhile
+                conn.execute(statement)
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
 
     def _schema_version(self, conn: sqlite3.Connection, existing: bool) -> int | None:
         """The file's schema version; None for an empty database (to be created)."""
@@ -401,10 +432,10 @@ class ProfileStore:
         here = conn.execute("SELECT score FROM best WHERE profile_id = ?", (profile_id,)).fetchone()
         if here is not None and here[0] >= b["score"]:
             return
-        conn.execute("INSERT OR REPLACE INTO best (profile_id, knobs, score, default_score, spread, run_id,"
-                     " updated) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                      (profile_id, _to_json(b["knobs"]), float(b["score"]), float(b["default_score"]),
-                      float(b["spread"]), b["run_id"], b["updated"]))
+                      float(b["spread"]), b["run_id"], b["updated"], b.get("gain_low"), b.get("gain_high"),
+                      b.get("steps"), b.get("outcome")))
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -417,6 +448,7 @@ _TRIAL_FIELDS = {"uid": _STR, "knobs": _OBJ, "score": _NUM, "spread": _NUM, "ste
                  "seconds": _NUM, "run_id": _STR, "phase": _STR, "created": _STR}
 _BEST_FIELDS = {"knobs": _OBJ, "score": _NUM, "default_score": _NUM, "spread": _NUM, "run_id": _STR,
                 "updated": _STR}
+_BEST_OPTIONAL = {"gain_low": _NUM, "gain_high": _NUM, "steps": _INT, "outcome": _STR}  # schema 2
 
 
 def _validate_export(data: object) -> list[dict]:
@@ -441,6 +473,8 @@ def _validate_export(data: object) -> list[dict]:
                 raise InvalidExport(f"profiles[{i}].trials[{j}].phase {t['phase']!r} is not one of {PHASES}")
         if p.get("best") is not None:
             _check_fields(p["best"], _BEST_FIELDS, f"profiles[{i}].best")
+            optional = {k: v for k, v in _BEST_OPTIONAL.items() if p["best"].get(k) is not None}
+            _check_fields(p["best"], optional, f"profiles[{i}].best")
             if p["best"]["default_score"] <= 0:
                 raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
     return profiles

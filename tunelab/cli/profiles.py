@@ -102,6 +102,14 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         print(f"best: {best.score:.2f} samples/s, x{best.gain:.3f} vs default {best.default_score:.2f} "
               f"(spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
+        if best.gain_low is not None or best.steps is not None or best.outcome:
+            parts = [f"gain {best.interval_text()} (90 % interval)" if best.gain_low is not None else
+                     "gain: default kept (no interval cleared the minimum gain)"]
+            if best.steps is not None:
+                parts.append(f"{best.steps} steps to lock")
+            if best.outcome:
+                parts.append(best.outcome)
+            print("tuning: " + ", ".join(parts))
         for name, value in best.knobs.items():
             print(f"  {name}: {_knob_text(name, value)}")
     trials = store.trials(s.id)

@@ -23,7 +23,7 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
     result: dict[str, Any] = {
         "model": workload.name, "signature": workload.signature, "world_size": topo.size,
         "nodes": topo.num_nodes, "seconds": seconds, "searched": list(space.names),
-        "stop_reason": decision.stop_reason, "converged": decision.converged,
+        "stop_reason": decision.stop_reason, "converged": decision.converged, "outcome": outcome(decision),
         "adopted": decision.adopted, "decision": decision.reason,
         "default": _config(default, ref_scores),
         "best": _config(decision.knobs, locked_scores),
@@ -40,6 +40,13 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
         up = [s.score for s in epoch if s.knobs == decision.best and s.phase == "remeasure"]
         result["runner_up"] = {**_config(decision.best, up), "interval": decision.interval.as_dict()}
     return result
+
+
+def outcome(decision: Decision) -> str:
+    """How the search ended, in two words where it can: "converged" or "budget exhausted"."""
+    if decision.converged:
+        return "converged"
+    return "budget exhausted" if "budget" in decision.stop_reason else decision.stop_reason
 
 
 def gain_text(result: dict) -> str:

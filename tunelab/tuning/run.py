@@ -266,8 +266,11 @@ class _Recorder:
     def finish(self, result: dict) -> None:
         if not self.write:
             return
+        iv = result.get("gain_interval")
         self.store.set_best(self.profile_id, result["best"]["knobs"], result["best"]["score"],
-                            result["default"]["score"], _mean_spread(result), self.run_id)
+                            result["default"]["score"], _mean_spread(result), self.run_id,
+                            gain_interval=(iv["low"], iv["high"]) if iv else None,
+                            steps=result["steps_to_lock"], outcome=result["outcome"])
 
 
 def _profile_id(store: Any, key: Any) -> int | None:
