@@ -47,12 +47,15 @@ Coeffs = dict[str, float]
 @dataclass(frozen=True)
 class Topology:
     """Where the ranks are: ``hosts`` x ``ranks_per_host``, the link between hosts (a name such as
-    ``"1gbps"``), and how oversubscribed the machine is (ranks per machine / cores; <= 1: a core each)."""
+    ``"1gbps"``), how oversubscribed the machine is (ranks per machine / cores; <= 1: a core each), and
+    whether the baselines' bytes cross that link too (real hosts and the lab: yes; emulated nodes: no,
+    so their MPI and gloo are fitted apart, as ``mpi`` rather than ``mpi@<link>``)."""
 
     hosts: int
     ranks_per_host: int
     link: str = "link"
     oversubscription: float = 1.0
+    baselines_on_link: bool = True
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.ranks_per_host < 1:
@@ -92,7 +95,8 @@ def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> Coe
     contention partners).  ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one host both
     are the same path) or a baseline name."""
     if algorithm in BASELINES:
-        base = _baseline(algorithm, topo.ranks, size)
+        name = f"{algorithm}@{topo.link}" if topo.baselines_on_link and topo.hosts > 1 else algorithm
+        base = _baseline(name, topo.ranks, size)
     elif algorithm in ENGINE_ALGORITHMS:
         base = _engine(path_of(algorithm, topo, size, knobs), topo, size, knobs)
     else:

@@ -41,14 +41,16 @@ class ScaleModel:
     points: int = 0
     sources: list[str] = field(default_factory=list)
     rel_errors: dict[str, float] = field(default_factory=dict)  # training: median / p90 / max |error|
+    fit_points: list[dict[str, Any]] = field(default_factory=list)  # training: measured vs predicted
 
     @property
     def links(self) -> list[str]:
-        return sorted({k.split(".")[0][5:] for k in self.values if k.startswith("link:")})
+        return sorted({_owner(k)[5:] for k in self.values if k.startswith("link:")})
 
     @property
     def baselines(self) -> list[str]:
-        return sorted({k.split(".")[0] for k in self.values if not k.startswith(("link:", "shm", "gamma"))})
+        """Fitted baselines: ``mpi`` (not behind a link) or ``mpi@<link>`` (through it), and gloo's."""
+        return sorted({_owner(k) for k in self.values if not k.startswith(("link:", "shm.", "gamma"))})
 
     def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None) -> float:
         """Predicted seconds of one allreduce.  ModelError when a parameter it needs was not fitted."""
@@ -79,11 +81,11 @@ class ScaleModel:
         for key in [k for k in self.values if k.startswith(src + ".")]:
             new = key.replace(src, f"link:{name}", 1)
             values[new] = values[key] * (ref[1] / gbps if ".beta" in key else 1.0)
-        return ScaleModel(values, self.points, self.sources, self.rel_errors)
+        return ScaleModel(values, self.points, self.sources, self.rel_errors, self.fit_points)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "values": self.values, "points": self.points, "sources": self.sources,
-                "rel_errors": self.rel_errors}
+                "rel_errors": self.rel_errors, "fit_points": self.fit_points}
 
     def save(self, path: Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +102,13 @@ class ScaleModel:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("values"), dict):
             raise ModelInputError(f"{path}: not a tunelab model file (expected format {FORMAT})")
         values = {str(k): float(v) for k, v in doc["values"].items()}
-        return cls(values, int(doc.get("points", 0)), list(doc.get("sources", [])), dict(doc.get("rel_errors", {})))
+        return cls(values, int(doc.get("points", 0)), list(doc.get("sources", [])), dict(doc.get("rel_errors", {})),
+                   list(doc.get("fit_points", [])))
+
+
+def _owner(key: str) -> str:
+    """``link:1gbps`` of ``link:1gbps.beta~over``."""
+    return key.split(OVER)[0].rsplit(".", 1)[0]
 
 
 def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
@@ -129,6 +137,7 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
     model = ScaleModel(values, len(obs), sorted({o.source for o in obs}),
                        {"median": float(np.median(errs)), "p90": float(np.percentile(errs, 90)),
                         "max": float(errs.max())})
+    model.fit_points = relative_errors(model, obs)
     return model
 
 

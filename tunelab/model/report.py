@@ -15,7 +15,7 @@ from ..knobs import Knobs
 from ..units import format_size
 from .costs import Topology
 from .fit import ScaleModel
-from .predict import algorithms_for
+from .predict import algorithms_for, time_s
 
 EXTRAPOLATION_RANKS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 BAND = 0.15  # the accuracy goal drawn around the diagonal
@@ -59,15 +59,13 @@ def extrapolation_figure(model: ScaleModel, ranks_per_host: int, link: str, size
     fig, ax = new_figure(7.0, 4.5)
     styles = ["-", "--", ":", "-."]
     for j, size in enumerate(sizes):
-        for algo in ("flat", "hierarchical", "mpi", "gloo"):
+        for algo in algorithms_for(model, Topology(2, ranks_per_host, link)):
             xs, ys = [], []
             for p in EXTRAPOLATION_RANKS:
                 if p % ranks_per_host or p // ranks_per_host < 2:
                     continue
-                topo = Topology(p // ranks_per_host, ranks_per_host, link)
-                if algo in algorithms_for(model, topo):
-                    xs.append(p)
-                    ys.append(model.time_s(algo, topo, size, knobs))
+                xs.append(p)
+                ys.append(time_s(model, algo, Topology(p // ranks_per_host, ranks_per_host, link), size, knobs))
             if xs:
                 ax.plot(xs, ys, linestyle=styles[j % len(styles)], label=f"{algo} {format_size(size)}")
         pts = [m for m in measured if m["size"] == size and m["ranks_per_host"] == ranks_per_host]
@@ -92,9 +90,12 @@ def model_section(model: ScaleModel, errors: Sequence[dict[str, Any]], ranks_per
     if errors:
         blocks.append({"kind": "figure", "id": "fig-model-fit", "uri": measured_vs_predicted_figure(errors),
                        "caption": "scale model: measured vs predicted allreduce time (open: fitted on, filled: held out)"})
-    blocks.append({"kind": "figure", "id": "fig-model-extrapolation",
-                   "uri": extrapolation_figure(model, ranks_per_host, link, sizes, measured=errors),
-                   "caption": f"scale model: allreduce time extrapolated to {EXTRAPOLATION_RANKS[-1]} ranks"})
+    link = link if link != "none" else next(iter(model.links), None)
+    if link is not None:
+        blocks.append({"kind": "figure", "id": "fig-model-extrapolation",
+                       "uri": extrapolation_figure(model, ranks_per_host, link, sizes, measured=errors),
+                       "caption": f"scale model: allreduce time extrapolated to {EXTRAPOLATION_RANKS[-1]} ranks "
+                                  f"({ranks_per_host} per host, link {link}; crosses: measured)"})
     params = [{"parameter": k, "value": v} for k, v in sorted(model.values.items())]
     blocks.append(table_block("fitted parameters (s, s/byte; ~over: per unit of oversubscription)", params))
     for caption, rows in tables:

@@ -1,0 +1,230 @@
+"""``tunelab model fit`` and ``tunelab model predict``: the scale model (:mod:`tunelab.model`).
+
+``fit`` reads ``tunelab bench allreduce --json`` files and writes the fitted α-β-γ model;
+``predict`` prints, for a topology up to 1024 ranks and beyond, the predicted allreduce time per size
+and algorithm, the flat vs hierarchical crossover, and a scenario's step time per knob setting (the
+best first).  ``--check FILES`` compares the prediction with measured bench files (held out from the
+fit).  A missing or foreign file, or too few points to fit, is a usage error: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..units import format_size
+from .finish import add_output_flags, finish
+from .types import Parser, knob, positive_float, positive_int, size_list
+
+DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB,256MiB,1GiB"
+STEP_ROWS = 12
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    model = subparsers.add_parser("model", help="the scale model: fit on bench runs, predict up to 1024 ranks")
+    msub = model.add_subparsers(dest="model_command", required=True, parser_class=Parser)
+    fit = msub.add_parser("fit", help="fit the alpha-beta-gamma model on bench allreduce --json files")
+    fit.add_argument("files", type=Path, nargs="+", metavar="FILE.json")
+    fit.add_argument("--out", type=Path, required=True, metavar="MODEL.json", help="where to write the model")
+    fit.add_argument("--link-gbps", type=positive_float, default=None, metavar="GBPS",
+                     help="link speed of files that do not record theirs")
+    add_output_flags(fit, report=False, what="the fit's summary")
+    fit.set_defaults(func=run_fit)
+
+    pr = msub.add_parser("predict", help="predicted allreduce times, crossover and step time per knob setting")
+    pr.add_argument("--model-file", type=Path, required=True, metavar="MODEL.json")
+    pr.add_argument("--scenario", default=None, metavar="NAME|FILE",
+                    help="a scenario (its model's gradients and backward timing) for the step-time table")
+    pr.add_argument("--hosts", type=positive_int, required=True)
+    pr.add_argument("--ranks-per-host", type=positive_int, required=True)
+    pr.add_argument("--link-gbps", type=positive_float, default=None, metavar="GBPS",
+                    help="the link between hosts (default: the model's only fitted link; an unfitted speed "
+                         "is derived from the nearest fitted one)")
+    pr.add_argument("--oversubscription", type=positive_float, default=1.0, metavar="X",
+                    help="ranks per machine over its cores (default 1: a core per rank)")
+    pr.add_argument("--sizes", type=size_list, default=size_list(DEFAULT_SIZES))
+    pr.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
+                    help="pin a knob for every prediction (repeatable)")
+    pr.add_argument("--check", type=Path, nargs="+", default=[], metavar="FILE.json",
+                    help="bench allreduce files to compare with the model (held-out runs)")
+    add_output_flags(pr, what="the predictions")
+    pr.set_defaults(func=run_predict)
+
+
+# ---- fit ----------------------------------------------------------------------------------------------
+def run_fit(args: argparse.Namespace) -> int:
+    from ..model.data import load_many
+    from ..model.fit import fit_model
+
+    obs = load_many(args.files, args.link_gbps)
+    model = fit_model(obs)
+    model.save(args.out)
+    print(f"# scale model fitted on {model.points} allreduces from {len(args.files)} files "
+          f"(links: {', '.join(model.links) or 'none'}; baselines: {', '.join(model.baselines) or 'none'})")
+    _print_parameters(model.values)
+    _print_errors(model.fit_points, "fit")
+    print(f"# wrote {args.out}")
+    return finish(args, {**model.to_dict(), "command": "model fit"}, "model-fit")
+
+
+def _print_parameters(values: dict[str, float]) -> None:
+    from ..bench.common import format_table
+    from ..model.costs import parameter_kind
+
+    unit = {"alpha": ("us", 1e6), "beta": ("ns/B", 1e9), "gamma": ("ns/B", 1e9)}
+    rows = []
+    for name, v in sorted(values.items()):
+        u, scale = unit[parameter_kind(name)]
+        rows.append({"parameter": name, "value": v * scale, "unit": u})
+    print(format_table(rows, [("parameter", "parameter", ""), ("value", "value", ".4g"), ("unit", "unit", "")]))
+
+
+def _print_errors(errors: list[dict[str, Any]], what: str) -> dict[str, Any]:
+    """The per-point table and a one-line summary; returns the summary."""
+    from ..bench.common import format_table
+    from ..model.validate import summarize
+
+    rows = [{**e, "size_h": format_size(e["size"]), "layout": f"{e['hosts']}x{e['ranks_per_host']}",
+             "measured_ms": e["measured_s"] * 1e3, "predicted_ms": e["predicted_s"] * 1e3,
+             "error_pct": 100 * e["rel_error"]} for e in errors]
+    print(format_table(rows, [("source", "file", ""), ("algorithm", "algorithm", ""), ("layout", "hosts x K", ""),
+                              ("size_h", "size", ""), ("measured_ms", "measured_ms", ".3f"),
+                              ("predicted_ms", "predicted_ms", ".3f"), ("error_pct", "error_%", "+.1f")]))
+    s = summarize(errors)
+    print(f"# {what}: {s['points']} points, |error| median {100 * s['median']:.1f}%, p90 {100 * s['p90']:.1f}%, "
+          f"max {100 * s['max']:.1f}%, within 15%: {s['within_15pct']}/{s['points']}")
+    return s
+
+
+# ---- predict ------------------------------------------------------------------------------------------
+def run_predict(args: argparse.Namespace) -> int:
+    from ..knobs import Knobs
+    from ..model.fit import ScaleModel
+
+    model = ScaleModel.load(args.model_file)
+    try:
+        knobs = Knobs(**dict(args.knob))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    model, topo = _topology(model, args)
+    print(f"# scale model {args.model_file} ({model.points} points); predicting {topo.describe()}")
+    result: dict[str, Any] = {"command": "model predict", "model_file": str(args.model_file),
+                              "topology": vars(topo), "knobs": knobs.as_dict()}
+    result["allreduce"] = _allreduce(model, topo, args.sizes, knobs)
+    result["crossover"] = _crossover(model, topo, knobs)
+    if args.scenario:
+        result["step"] = _steps(model, topo, args.scenario, knobs)
+    if args.check:
+        result["check"] = _check(model, args.check)
+    if getattr(args, "report", False):
+        _report(model, topo, args, result)
+    return finish(args, result, "model")
+
+
+def _topology(model: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    from ..model.costs import Topology, link_name
+
+    link = "none"
+    if args.hosts > 1:
+        if args.link_gbps is not None:
+            link = link_name(args.link_gbps)
+            model = model.with_link(link, args.link_gbps)
+        elif len(model.links) == 1:
+            link = model.links[0]
+        else:
+            raise UsageError(f"give --link-gbps: the model has links {', '.join(model.links) or 'none'}")
+    return model, Topology(args.hosts, args.ranks_per_host, link, args.oversubscription)
+
+
+def _allreduce(model: Any, topo: Any, sizes: list[int], knobs: Any) -> list[dict]:
+    from ..bench.common import format_table
+    from ..model.predict import allreduce_table
+
+    rows = allreduce_table(model, topo, sizes, knobs)
+    print(f"# predicted allreduce (float32; segment {format_size(knobs.segment_bytes)}; "
+          "mpi*: MPI as measured beside emulated nodes, not through the link)")
+    table = [{**r, "size_h": format_size(r["size"]), "time_ms": r["time_us"] / 1e3} for r in rows]
+    print(format_table(table, [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("time_ms", "time_ms", ".3f"),
+                               ("algbw_gbps", "algbw_GB/s", ".3f"), ("busbw_gbps", "busbw_GB/s", ".3f")]))
+    return rows
+
+
+def _crossover(model: Any, topo: Any, knobs: Any) -> dict | None:
+    from ..model.predict import crossover
+
+    c = crossover(model, topo, knobs)
+    if c is None:
+        return None
+    print(f"# flat vs hierarchical: {c.describe()}")
+    return {"sizes": list(c.sizes), "faster_below": c.faster_below, "faster_above": c.faster_above}
+
+
+def _steps(model: Any, topo: Any, scenario: str, base: Any) -> dict:
+    from ..bench.common import format_table
+    from ..model.predict import grid_knobs, step_table
+    from ..model.step import Workload
+
+    work = Workload.from_scenario(scenario)
+    knobs_list = grid_knobs(None, topo, base)
+    rows = step_table(model, work, topo, knobs_list + [base])
+    default = next(r for r in rows if r["knobs"] == base)
+    flat = [{**r["knobs"].as_dict(), **{k: v for k, v in r.items() if k != "knobs"}} for r in rows]
+    for r in flat:
+        r["fusion"], r["segment"] = format_size(r["fusion_threshold_bytes"]), format_size(r["segment_bytes"])
+    print(f"# step time of {work.name}: {len(work.gradient_bytes)} gradients, {format_size(work.total_bytes)}, "
+          f"forward {work.forward_ms:g} ms + backward {work.backward_ms:g} ms; {len(knobs_list)} knob settings, "
+          f"fastest first (first {STEP_ROWS})")
+    print(format_table(flat[:STEP_ROWS], [
+        ("fusion", "fusion", ""), ("cycle_time_ms", "cycle_ms", "g"), ("segment", "segment", ""),
+        ("hierarchical", "hier", ""), ("step_ms", "step_ms", ".1f"), ("exposed_comm_ms", "exposed_ms", ".1f"),
+        ("cycles", "cycles", "d"), ("buckets", "buckets", "d")]))
+    best = rows[0]
+    print(f"# best: {_knobs_text(best['knobs'])}: {best['step_ms']:.1f} ms/step; the given knobs "
+          f"({_knobs_text(base)}): {default['step_ms']:.1f} ms ({default['step_ms'] / best['step_ms']:.2f}x the best)")
+    return {"scenario": work.name, "rows": [{**r, "knobs": r["knobs"].as_dict()} for r in rows],
+            "best": {**best, "knobs": best["knobs"].as_dict()}, "given": {**default, "knobs": base.as_dict()}}
+
+
+def _knobs_text(k: Any) -> str:
+    return (f"fusion {format_size(k.fusion_threshold_bytes)}, cycle {k.cycle_time_ms:g} ms, segment "
+            f"{format_size(k.segment_bytes)}, hierarchical {str(k.hierarchical).lower()}")
+
+
+def _check(model: Any, files: list[Path]) -> dict:
+    from ..model.data import load_many
+    from ..model.fit import relative_errors
+    from ..model.validate import crossover_check
+
+    obs = load_many(files)
+    errors = [{**e, "held_out": True} for e in relative_errors(model, obs)]
+    print("# check: measured (held-out files) vs predicted")
+    summary = _print_errors(errors, "check")
+    crossings = crossover_check(model, obs)
+    for c in crossings:
+        print(f"# crossover {c['source']}: measured {c['measured']}, predicted {c['predicted']}")
+    return {"points": errors, "summary": summary, "crossover": crossings}
+
+
+def _report(model: Any, topo: Any, args: argparse.Namespace, result: dict) -> None:
+    try:
+        import jinja2  # noqa: F401
+        import matplotlib  # noqa: F401
+        import pandas  # noqa: F401
+    except ImportError as exc:
+        print(f"# report skipped: {exc.name} is not installed (pip install 'tunelab[report]')")
+        return
+    from ..model.report import model_section, write_model_report
+
+    errors = [{**e, "held_out": False} for e in model.fit_points] + result.get("check", {}).get("points", [])
+    tables = [("predicted allreduce", [{**r, "size": format_size(r["size"])} for r in result["allreduce"]])]
+    if "step" in result:
+        tables.append(("predicted step time per knob setting (fastest first)",
+                       [{**r.pop("knobs"), **r} for r in [dict(x) for x in result["step"]["rows"][:STEP_ROWS]]]))
+    section = model_section(model, errors, topo.ranks_per_host, topo.link if topo.hosts > 1 else "none",
+                            [1 << 20, 64 << 20], tables)
+    out = Path("reports") / f"model-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    write_model_report(out, section, [str(args.model_file)] + [str(p) for p in args.check])
+    print(f"# report: {out}")
