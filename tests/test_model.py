@@ -82,7 +82,7 @@ def test_fit_recovers_planted_parameters_and_predicts_held_out(tmp_path: Path) -
                             (2, 2, 48 * MiB, MiB), (1, 8, 512 << 10, 4 * MiB)):
         for algo in ("flat", "hierarchical", "mpi"):
             want = truth(algo, h, k, size, seg)
-            got = model.time_s(algo, Topology(h, k, "1gbps"), size, Knobs(segment_bytes=seg))
+            got = model.time_s(algo, Topology(h, k, "1gbps", baselines_on_link=False), size, Knobs(segment_bytes=seg))
             assert got == pytest.approx(want, rel=0.06), (algo, h, k, size, seg)
 
 
@@ -187,3 +187,44 @@ def test_import_stays_light() -> None:
     code = "import sys, tunelab.model; print(any(m in sys.modules for m in ('scipy', 'matplotlib', 'pandas', 'mpi4py')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# ---- the command line ------------------------------------------------------------------------------------
+def _cli(argv: list[str]) -> int:
+    from tunelab.cli import main
+
+    return main(argv)
+
+
+def test_cli_bad_inputs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "m.json")
+    assert _cli(["model", "fit", str(tmp_path / "missing.json"), "--out", out]) == 2
+    other = tmp_path / "tune.json"
+    other.write_text(json.dumps({"samples": [], "best": {}}))
+    assert _cli(["model", "fit", str(other), "--out", out]) == 2
+    few = bench_file(tmp_path / "few.json", 2, 1, 0.0, np.random.default_rng(0), sizes=[MiB])
+    assert _cli(["model", "fit", str(few), "--out", out]) == 2
+    assert _cli(["model", "predict", "--model-file", str(few), "--hosts", "2", "--ranks-per-host", "1"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(errors) == 4 and all(line.startswith("tunelab: error: ") for line in errors)
+
+
+def test_cli_fit_predict_check_and_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(4)
+    files = [str(bench_file(tmp_path / f"n{h}k{k}.json", h, k, 0.01, rng)) for h, k in [(1, 2), (2, 1), (2, 2), (4, 1)]]
+    held = str(bench_file(tmp_path / "n4k2.json", 4, 2, 0.01, rng))
+    model = str(tmp_path / "model.json")
+    assert _cli(["model", "fit", *files, "--out", model]) == 0
+    report = pytest.importorskip("matplotlib") and "--report"
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "pred.json"
+    assert _cli(["model", "predict", "--model-file", model, "--scenario", "replay-resnet50", "--hosts", "256",
+                 "--ranks-per-host", "4", "--check", held, "--json", str(out), report]) == 0
+    text = capsys.readouterr().out
+    assert "crossover" in text and "# best:" in text and "check:" in text
+    doc = json.loads(out.read_text())
+    assert doc["topology"]["hosts"] == 256 and doc["step"]["best"]["step_ms"] > 0
+    assert doc["check"]["summary"]["median"] < 0.05  # the truth the files were made from
+    html = next((tmp_path / "reports").glob("model-*.html")).read_text()
+    assert "fig-model-fit" in html and "fig-model-extrapolation" in html
