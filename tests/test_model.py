@@ -228,3 +228,16 @@ def test_cli_fit_predict_check_and_report(tmp_path: Path, monkeypatch: pytest.Mo
     assert doc["check"]["summary"]["median"] < 0.05  # the truth the files were made from
     html = next((tmp_path / "reports").glob("model-*.html")).read_text()
     assert "fig-model-fit" in html and "fig-model-extrapolation" in html
+
+
+def test_step_check_against_a_landscape() -> None:
+    from tunelab.model.validate import step_check
+
+    model = _hand_model()
+    work = Workload("w", (4 * MiB, MiB, 16 * MiB), 10.0, 30.0)
+    knobs = [Knobs(fusion_threshold_bytes=f) for f in (0, 8 * MiB)]
+    truth_s = [simulate_step(model, work, Topology(2, 2, "1gbps", baselines_on_link=False), k).step_s for k in knobs]
+    doc = {"world_size": 4, "nodes": 2, "hardware": {"cpu_cores": 64},
+           "points": [{"knobs": k.as_dict(), "steps_s": [[t * 0.9, t, t * 1.1]]} for k, t in zip(knobs, truth_s)]}
+    rows = step_check(model, doc, work, "1gbps")
+    assert [r["rel_error"] for r in rows] == pytest.approx([0.0, 0.0], abs=1e-9)

@@ -50,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="pin a knob for every prediction (repeatable)")
     pr.add_argument("--check", type=Path, nargs="+", default=[], metavar="FILE.json",
                     help="bench allreduce files to compare with the model (held-out runs)")
+    pr.add_argument("--check-steps", type=Path, nargs="+", default=[], metavar="LANDSCAPE.json",
+                    help="bench landscape files of --scenario (behind --link-gbps): measured vs predicted step time")
     add_output_flags(pr, what="the predictions")
     pr.set_defaults(func=run_predict)
 
@@ -119,6 +121,10 @@ def run_predict(args: argparse.Namespace) -> int:
         result["step"] = _steps(model, topo, args.scenario, knobs)
     if args.check:
         result["check"] = _check(model, args.check)
+    if args.check_steps:
+        if not args.scenario:
+            raise UsageError("--check-steps needs --scenario (the workload the landscape measured)")
+        result["check_steps"] = _check_steps(model, args.check_steps, args.scenario, topo.link)
     if getattr(args, "report", False):
         _report(model, topo, args, result)
     return finish(args, result, "model")
@@ -206,6 +212,35 @@ def _check(model: Any, files: list[Path]) -> dict:
     for c in crossings:
         print(f"# crossover {c['source']}: measured {c['measured']}, predicted {c['predicted']}")
     return {"points": errors, "summary": summary, "crossover": crossings}
+
+
+def _check_steps(model: Any, files: list[Path], scenario: str, link: str) -> list[dict]:
+    import json
+
+    from ..bench.common import format_table
+    from ..model.step import Workload
+    from ..model.validate import step_check, summarize
+
+    work = Workload.from_scenario(scenario)
+    rows = []
+    for path in files:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{path}: cannot read a landscape ({exc})") from None
+        rows += [{**r, "source": Path(path).stem} for r in step_check(model, doc, work, link)]
+    table = [{"fusion": format_size(r["knobs"]["fusion_threshold_bytes"]), "cycle_ms": r["knobs"]["cycle_time_ms"],
+              "segment": format_size(r["knobs"]["segment_bytes"]), "hier": r["knobs"]["hierarchical"],
+              "measured_ms": 1e3 * r["measured_s"], "predicted_ms": 1e3 * r["predicted_s"],
+              "error_pct": 100 * r["rel_error"]} for r in rows]
+    print(f"# step check: measured (median step of each landscape point) vs predicted, {work.name}")
+    print(format_table(table, [("fusion", "fusion", ""), ("cycle_ms", "cycle_ms", "g"), ("segment", "segment", ""),
+                               ("hier", "hier", ""), ("measured_ms", "measured_ms", ".1f"),
+                               ("predicted_ms", "predicted_ms", ".1f"), ("error_pct", "error_%", "+.1f")]))
+    s = summarize(rows)
+    print(f"# step check: {s['points']} points, |error| median {100 * s['median']:.1f}%, max {100 * s['max']:.1f}%, "
+          f"within 15%: {s['within_15pct']}/{s['points']}")
+    return rows
 
 
 def _report(model: Any, topo: Any, args: argparse.Namespace, result: dict) -> None:

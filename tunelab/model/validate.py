@@ -62,3 +62,33 @@ def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[
             (predicted.faster_below, predicted.faster_above)
         out.append(row)
     return out
+
+
+def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link: str) -> list[dict[str, Any]]:
+    """Per grid point of a ``bench landscape`` file (measured on the workload's scenario): the median
+    measured step time vs the simulated one, on the landscape's layout (its nodes, ranks and cores;
+    ``link``: the link it ran behind)."""
+    from ..errors import UsageError
+    from ..knobs import Knobs
+    from .costs import Topology
+    from .step import simulate_step
+
+    try:
+        world, nodes = int(landscape["world_size"]), int(landscape["nodes"])
+        cores = int((landscape.get("hardware") or {}).get("cpu_cores") or 0)
+        points = [(Knobs(**p["knobs"]), [t for visit in p["steps_s"] for t in visit]) for p in landscape["points"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"not a bench landscape file with step times ({type(exc).__name__}: {exc})") from None
+    if world % nodes:
+        raise UsageError(f"landscape: {world} ranks do not split evenly over {nodes} nodes")
+    topo = Topology(nodes, world // nodes, link if nodes > 1 else "none", max(1.0, world / cores) if cores else 1.0,
+                    baselines_on_link=False)
+    out = []
+    for knobs, steps in points:
+        if not steps:
+            continue
+        measured = float(np.median(steps))
+        predicted = simulate_step(model, workload, topo, knobs).step_s
+        out.append({"knobs": knobs.as_dict(), "measured_s": measured, "predicted_s": predicted,
+                    "rel_error": (predicted - measured) / measured})
+    return out
