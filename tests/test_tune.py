@@ -50,7 +50,10 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
     assert phases[:explored] == ["explore"] * explored and set(phases[explored:]) <= {"remeasure"}
     assert explored in (5, 6) and samples[explored - 1]["role"] == "reference"  # budget 5, then closing the bracket
     refs = [i for i, s in enumerate(samples) if s["role"] == "reference"]
-    assert max(b - a for a, b in itertools.pairwise(refs)) <= 3  # the default between every two candidates
+    from tunelab.tuning.driver import Plan
+
+    gap = Plan().reference_every + 1  # the default between every reference_every candidates
+    assert max(b - a for a, b in itertools.pairwise(refs)) <= gap
     if result["adopted"]:
         iv = result["gain_interval"]
         assert iv["low"] >= 1.01 and result["gain"] == pytest.approx(iv["gain"])
