@@ -9,7 +9,8 @@ from tunelab.errors import ScenarioError, TunelabError
 from tunelab.scenarios import Scenario, list_scenarios, load_scenario, scenario_dirs
 
 SHIPPED = {"resnet50", "resnet50-tf", "vgg16", "vgg16-tf", "bert", "bert-tf",
-           "replay-resnet50", "replay-vgg16", "replay-vgg16-2nodes", "replay-bert", "resnet50-2nodes"}
+           "replay-resnet50", "replay-vgg16", "replay-vgg16-2nodes", "replay-bert", "resnet50-2nodes",
+           "resnet50-lab", "replay-resnet50-lab"}
 HEADER = 'workload = "train"\nmodel = "resnet50"\n'
 MiB = 1 << 20
 
@@ -159,3 +160,24 @@ def test_scenarios_built_in_code_are_validated_too():
     with pytest.raises(ScenarioError, match=r"^scenario 'x': model must be one of"):
         Scenario("x", "train", "lenet")
     assert Scenario("x", "replay", "vgg16", knobs={"segment_bytes": "64KiB"}).knobs == {"segment_bytes": 65536}
+
+
+def test_lab_table_sets_hosts_and_default_ranks(tmp_path):
+    s = load_scenario(write(tmp_path, HEADER + "[lab]\nhosts = 3\nlink_gbps = 10\nranks_per_host = 2\n"))
+    assert (s.lab_hosts, s.lab_link_gbps, s.lab_ranks_per_host, s.np) == (3, 10.0, 2, 6)
+    explicit = load_scenario(write(tmp_path, HEADER + "[run]\nnp = 3\n[lab]\nhosts = 3\nlink_gbps = 1\n", "b.toml"))
+    assert explicit.np == 3 and explicit.lab_ranks_per_host == 1
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[lab]\nhosts = 1\nlink_gbps = 1\n", "[lab].hosts must be an integer of at least 2, got 1"),
+    ("[lab]\nhosts = 2\n", "[lab] needs both hosts and link_gbps"),
+    ("[lab]\nhosts = 2\nlink_gbps = 0\n", "[lab].link_gbps must be a positive number"),
+    ("[lab]\nhosts = 2\nlink_gbps = 1\nrack = 3\n", "[lab].rack is not a known key"),
+    ("[run]\nnp = 3\n[lab]\nhosts = 2\nlink_gbps = 1\n", "does not spread evenly"),
+    ("[run]\nnp = 4\nranks_per_node = 2\n[lab]\nhosts = 2\nlink_gbps = 1\n", "real hosts"),
+])
+def test_lab_table_errors_name_the_key(tmp_path, text, words):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(write(tmp_path, HEADER + text))
+    assert words in str(err.value) and "\n" not in str(err.value)

@@ -86,7 +86,7 @@ class Fingerprint:
 
 def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
                 frameworks: tuple[str, ...] = ("torch", "tensorflow"),
-                emulated_link: str | None = None) -> Fingerprint:
+                emulated_link: str | None = None, lab_link: str | None = None) -> Fingerprint:
     """Fingerprint this host's hardware and software for a job of ``nodes`` nodes.
     ``emulated_link`` (e.g. ``"10 Gb/s"``) names the emulated link between emulated nodes: a
     config tuned behind one is not the best config without it, so it is part of the hash.
@@ -110,6 +110,8 @@ def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
     }
     if emulated_link:
         facts["emulated_link"] = emulated_link
+    if lab_link:  # the shaped link between lab hosts (tunelab.lab): as much a part of the hardware
+        facts["lab_link"] = lab_link
     return fingerprint_from_facts(facts)
 
 
@@ -247,6 +249,8 @@ def _readable_name(facts: dict) -> str:
     parts.append(f"{nodes} node{'s' if nodes != 1 else ''} x {ranks} rank{'s' if ranks != '1' else ''}")
     if facts.get("emulated_link"):
         parts[-1] += f" (emulated link {facts['emulated_link']})"
+    if facts.get("lab_link"):
+        parts[-1] += f" (lab link {facts['lab_link']})"
     parts.append(_short_mpi(str(facts.get("mpi_library", "none"))))
     for framework, version in dict(facts.get("frameworks") or {}).items():
         match = re.match(r"\d+(\.\d+)?", version)

@@ -185,13 +185,17 @@ class Runtime:
         return ProfileWatch(self.coordinator, space, loaded, stored)
 
     def fingerprint(self) -> Fingerprint:
-        """This job's hardware fingerprint: the host, the node layout and any emulated link."""
+        """This job's hardware fingerprint: the host, the node layout and any emulated or lab link."""
         from .engine.link import describe_link
         from .hardware import fingerprint
 
         topo, cfg = self.topology, self.config
+        from .lab.launch import current_lab
+
         link = describe_link(cfg.link_gbps, cfg.link_latency_us) if self.engine.link is not None else None
-        return fingerprint(topo.num_nodes, list(topo.node_sizes), emulated_link=link)
+        lab = current_lab()
+        lab_link = f"{lab.spec.link_gbps:g} Gb/s tc-shaped TCP" if lab is not None else None
+        return fingerprint(topo.num_nodes, list(topo.node_sizes), emulated_link=link, lab_link=lab_link)
 
     def profile_key(self, signature: str, framework: str) -> ProfileKey:
         """The store key of this job: hardware fingerprint (with the node layout), model, framework, size."""

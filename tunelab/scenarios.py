@@ -18,6 +18,8 @@ Layout (all tables optional; ``workload`` and ``model`` required)::
     [tuning]  budget_samples, time_budget_s, warmup_steps, discard_steps, measure_steps
     [knobs]   pinned knob values (sizes may be written "64MiB")
     [replay]  backward_ms, forward_ms
+    [lab]     hosts, link_gbps, ranks_per_host: run on a lab of network namespaces (tunelab.lab), brought
+              up for the run when none is up
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ _LAYOUT: dict[str | None, dict[str, str]] = {
     "tuning": {k: k for k in ("budget_samples", "time_budget_s", "warmup_steps", "discard_steps",
                               "measure_steps")},
     "replay": {"backward_ms": "replay_backward_ms", "forward_ms": "replay_forward_ms"},
+    "lab": {"hosts": "lab_hosts", "link_gbps": "lab_link_gbps", "ranks_per_host": "lab_ranks_per_host"},
 }
 _KEY_OF_FIELD = {f: (k if table is None else f"[{table}].{k}")
                  for table, keys in _LAYOUT.items() for k, f in keys.items()} | {"knobs": "[knobs]"}
@@ -85,6 +88,9 @@ class Scenario:
     knobs: dict[str, Any] = field(default_factory=dict)
     replay_backward_ms: float = 250.0
     replay_forward_ms: float = 100.0
+    lab_hosts: int | None = None        # [lab]: run on this many lab hosts ...
+    lab_link_gbps: float | None = None  # ... linked at this rate
+    lab_ranks_per_host: int = 1
     path: str | None = None
 
     def __post_init__(self) -> None:
@@ -101,6 +107,14 @@ class Scenario:
         if self.device == "cuda" and (self.workload != "train" or self.framework != "torch"):
             raise ScenarioError(f"{where}: [run].device = \"cuda\" trains torch models; this scenario is "
                                 f"{self.workload} with {self.framework}")
+        if (self.lab_hosts is None) != (self.lab_link_gbps is None):
+            raise ScenarioError(f"{where}: [lab] needs both hosts and link_gbps")
+        if self.lab_hosts is not None and (self.ranks_per_node is not None or self.link_gbps is not None):
+            raise ScenarioError(f"{where}: [lab] hosts are real hosts: drop [run].ranks_per_node and "
+                                "[run].link_gbps (the emulated nodes)")
+        if self.lab_hosts is not None and self.np % self.lab_hosts:
+            raise ScenarioError(f"{where}: [run].np = {self.np} does not spread evenly over "
+                                f"[lab].hosts = {self.lab_hosts}")
         if self.model == "bert" and self.seq_len > BERT_MAX_LEN:
             raise ScenarioError(f"{where}: [data].seq_len must be at most {BERT_MAX_LEN} for bert "
                                 f"(its position embeddings), got {self.seq_len}")
@@ -150,13 +164,17 @@ def _check_value(name: str, value: Any) -> Any:
         if value not in _CHOICES[name] or not isinstance(value, str):
             raise ValueError(f"must be one of {', '.join(map(json.dumps, _CHOICES[name]))}, got {_show(value)}")
         return value
-    if name in _POSITIVE_INT or (name == "ranks_per_node" and value is not None):
+    if name == "lab_hosts" and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise ValueError(f"must be an integer of at least 2, got {_show(value)}")
+        return value
+    if name in _POSITIVE_INT or (name in ("ranks_per_node", "lab_ranks_per_host") and value is not None):
         return _integer(value, 1, "a positive")
     if name in _NON_NEGATIVE_INT:
         return _integer(value, 0, "a non-negative")
     if name in _NON_NEGATIVE_MS:
         return _number(value, "a non-negative number of milliseconds", positive=False)
-    if name == "link_gbps" and value is not None:
+    if name in ("link_gbps", "lab_link_gbps") and value is not None:
         return _number(value, "a positive number of Gb/s", positive=True)
     if name == "link_latency_us":
         return _number(value, "a non-negative number of microseconds", positive=False)
@@ -292,6 +310,9 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
             raise ScenarioError(f"{where}: {required} is required "
                                 f"(one of {', '.join(map(json.dumps, _CHOICES[required]))})")
     values.setdefault("name", path.stem)
+    if "lab_hosts" in values and "np" not in values and isinstance(values["lab_hosts"], int):
+        per_host = values.get("lab_ranks_per_host", 1)
+        values["np"] = values["lab_hosts"] * (per_host if isinstance(per_host, int) else 1)
     return Scenario(**values, path=str(path.resolve()))
 
 

@@ -27,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "hw",
     "report",
     "profiles",
+    "lab",
     "model",
 )
 

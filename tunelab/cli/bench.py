@@ -27,13 +27,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser, iters: int, warmup: int) -> None:
-    p.add_argument("--np", type=positive_int, default=2, help="ranks to launch (default 2)")
+    p.add_argument("--np", type=positive_int, default=None,
+                   help="ranks to launch (default 2; with --lab, the lab's hosts x ranks per host)")
+    p.add_argument("--lab", action="store_true",
+                   help="run the ranks on the hosts of 'tunelab lab up' (spread evenly, TCP over shaped links)")
     p.add_argument("--ranks-per-node", type=positive_int, default=None,
                    help="emulate nodes of K ranks on one host")
     p.add_argument("--iters", type=positive_int, default=iters)
     p.add_argument("--warmup", type=non_negative_int, default=warmup)
     p.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
                    help="set an engine knob, e.g. segment_bytes=1MiB (repeatable)")
+
+
+def _check_lab_flags(args: argparse.Namespace) -> None:
+    if args.lab and (args.ranks_per_node is not None or getattr(args, "link_gbps", None) is not None):
+        raise UsageError("--lab hosts are real hosts with real links: drop --ranks-per-node and --link-gbps "
+                         "(the emulated nodes)")
 
 
 def _params(args: argparse.Namespace) -> dict:
@@ -62,25 +71,36 @@ def _add_allreduce(bsub: argparse._SubParsersAction) -> None:
 
 
 def _run_allreduce(args: argparse.Namespace) -> int:
-    from ..bench.allreduce import add_ratios
+    from ..bench.allreduce import add_link_bound, add_ratios
     from ..bench.common import format_table
+    from ..lab import job_ranks
+    from ..lab import session as lab_session
     from ..launch import run_job
 
     if args.link_gbps is not None and args.ranks_per_node is None:
         raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
+    _check_lab_flags(args)
     params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms,
               "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us, "device": args.device}
-    result = run_job("bench-allreduce", params, args.np)
+    with lab_session(args.lab) as lab:
+        result = run_job("bench-allreduce", params, job_ranks(lab, args.np), lab=lab)
+    add_link_bound(result["rows"], result["hardware"])
     add_ratios(result["rows"])
     hw = result["hardware"]
     print(f"# allreduce  np={hw['world_size']}  nodes={hw['nodes']} {hw['ranks_per_node']}  device={args.device}  "
           f"dtype={args.dtype}  iters={args.iters}  warmup={args.warmup}  (time: median of slowest rank)")
+    if lab is not None:
+        print(f"# lab: {lab.describe()}; one TCP stream sustained "
+              + (f"{lab.sustained_gbps:.2f} Gb/s" if lab.sustained_gbps else "(not measured)")
+              + "; link-bound = 2(H-1)/H x size / link rate, computed")
+    columns = [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("count", "count", "d"),
+               ("dtype", "type", ""), ("time_us", "time_us", ".1f"),
+               ("algbw_gbps", "algbw_GB/s", ".2f"), ("busbw_gbps", "busbw_GB/s", ".2f"),
+               ("busbw_vs_mpi", "busbw/mpi", ".2f"), ("time_vs_bound", "time/bound", ".1f")]
+    if any("time_vs_link" in r for r in result["rows"]):
+        columns.append(("time_vs_link", "time/link", ".2f"))
     rows = [{**r, "size_h": format_size(r["size"])} for r in result["rows"]]
-    print(format_table(rows, [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("count", "count", "d"),
-                              ("dtype", "type", ""), ("time_us", "time_us", ".1f"),
-                              ("algbw_gbps", "algbw_GB/s", ".2f"), ("busbw_gbps", "busbw_GB/s", ".2f"),
-                              ("busbw_vs_mpi", "busbw/mpi", ".2f"), ("time_vs_bound", "time/bound", ".1f"),
-                              ("wrong", "#wrong", "d")]))
+    print(format_table(rows, [*columns, ("wrong", "#wrong", "d")]))
     return finish(args, result, "allreduce", "bench", bad=(r["algorithm"] for r in result["rows"] if r["wrong"]))
 
 
@@ -99,8 +119,13 @@ def _run_fusion(args: argparse.Namespace) -> int:
     from ..bench.common import format_table
     from ..launch import run_job
 
+    from ..lab import job_ranks
+    from ..lab import session as lab_session
+
+    _check_lab_flags(args)
     params = {**_params(args), "model": args.model}
-    result = run_job("bench-fusion", params, args.np)
+    with lab_session(args.lab) as lab:
+        result = run_job("bench-fusion", params, job_ranks(lab, args.np), lab=lab)
     knobs = result["knobs"]
     print(f"# fusion  model={result['model']}  np={result['world_size']}  "
           f"fusion_threshold={format_size(knobs['fusion_threshold_bytes'])}  iters={args.iters}")
@@ -139,14 +164,19 @@ def _run_train(args: argparse.Namespace) -> int:
     params = {**_params(args), "model": args.model, "framework": args.framework, "steps": args.iters,
               "image_size": args.image_size, "batch_size": args.batch_size, "rounds": args.rounds,
               "systems": list(SYSTEMS[args.framework]), "device": args.device}
-    result = run_job("bench-train", params, args.np)
+    from ..lab import job_ranks
+    from ..lab import session as lab_session
+
+    _check_lab_flags(args)
+    with lab_session(args.lab) as lab:
+        result = run_job("bench-train", params, job_ranks(lab, args.np), lab=lab)
     rows = result["rows"]
     ref = "vs_" + rows[-1]["system"]
     for r in rows:
         r[ref] = r["samples_per_s"] / rows[-1]["samples_per_s"]
     print(f"# train  model={args.model}  framework={args.framework}  device={args.device}  np={result['world_size']}  "
           f"batch={args.batch_size}/rank  image={args.image_size}  steps={args.iters}x{args.rounds} rounds  "
-          f"threads/rank={result['threads_per_rank']}")
+          f"threads/rank={result['threads_per_rank']}" + (f"  lab: {lab.describe()}" if lab else ""))
     print(format_table(rows, [("system", "system", ""), ("samples_per_s", "samples/s", ".2f"),
                               ("samples_per_s_min", "min", ".2f"), ("samples_per_s_max", "max", ".2f"),
                               ("step_ms", "step_ms", ".0f"), (ref, ref, ".3f"),

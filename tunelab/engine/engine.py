@@ -5,7 +5,7 @@ device memory in :mod:`tunelab.engine.device`).
 * one node, buckets up to ``oneshot_max_bytes``: one-shot (one ordering point);
 * one node, larger buckets, or several nodes with ``hierarchical``: two-shot through the node's
   staging, with a cross-node ring of each shard when there are several nodes;
-* several nodes, ``hierarchical`` off: a flat MPI ring over every rank.
+* several nodes, ``hierarchical`` off (or nodes of one rank each): a flat MPI ring over every rank.
 
 A single small host tensor on one node (the latency-bound case) takes the shortest route: ranks
 agree on the call in the same barrier that publishes their data, so the whole allreduce costs one
@@ -265,7 +265,9 @@ class Engine:
             algorithms.alone(path, layout)
         elif topo.num_nodes == 1 and layout.count * layout.itemsize <= k.oneshot_max_bytes:
             algorithms.oneshot(path, layout, call, topo.local_rank, what)
-        elif topo.num_nodes == 1 or k.hierarchical:
+        elif topo.num_nodes == 1 or (k.hierarchical and topo.local_size > 1):
+            # (on nodes of one rank the hierarchical ring over nodes is the flat ring: take it whole,
+            # pipelined by segments, rather than one segment-sized ring after another)
             cross = self._ring_cross if topo.num_nodes > 1 else None
             algorithms.twoshot(path, layout, call, topo.local_rank, topo.local_size, k.segment_bytes, cross, what)
         else:

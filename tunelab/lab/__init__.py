@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import UsageError
 from .spec import LabHost, LabSpec, LabState, lab_dir, load_state, save_state
 
-__all__ = ["LabHost", "LabSpec", "LabState", "down", "load_state", "status", "up"]
+__all__ = ["LabHost", "LabSpec", "LabState", "down", "job_ranks", "load_state", "require_lab", "session",
+           "status", "up"]
 
 
 def up(spec: LabSpec, probe: bool = True) -> LabState:
@@ -85,3 +88,38 @@ def require_lab() -> LabState:
     if missing:
         raise UsageError(f"the lab is broken (missing {', '.join(missing)}): run 'tunelab lab up' again")
     return state
+
+
+@contextmanager
+def session(use_current: bool, spec: LabSpec | None = None) -> Iterator[LabState | None]:
+    """The lab a command runs on: none (neither asked), the one that is up (``--lab``), or the one a
+    scenario's ``[lab]`` table describes — reused when that lab is up, else brought up for the
+    command and taken down after it, whatever happens."""
+    if spec is None:
+        yield require_lab() if use_current else None
+        return
+    from . import net
+
+    net.require_privileges()
+    current = load_state()
+    if current is not None:
+        if (current.spec.hosts, current.spec.link_gbps) != (spec.hosts, spec.link_gbps):
+            raise UsageError(f"a different lab is up ({current.describe()}) than the scenario's "
+                             f"{spec.hosts} hosts at {spec.link_gbps:g} Gb/s: run 'tunelab lab down' first")
+        yield require_lab()
+        return
+    state = up(spec)
+    try:
+        yield state
+    finally:
+        down()
+
+
+def job_ranks(lab: LabState | None, np_: int | None, default: int = 2) -> int:
+    """Ranks for a job: ``np_`` (checked to spread evenly over the lab's hosts), else the lab's hosts
+    times its ranks per host, else ``default``."""
+    if lab is None:
+        return np_ or default
+    from .launch import ranks_per_host
+
+    return ranks_per_host(lab, np_) * lab.spec.hosts

@@ -108,7 +108,10 @@ def has_netem() -> bool:
 def _shape(prefix: tuple[str, ...], dev: str, gbps: float, latency_us: float) -> None:
     """Token-bucket shaping of ``dev``'s egress at ``gbps``, with netem latency in front if asked."""
     rate_bytes_s = gbps * 1e9 / 8
-    burst = max(int(rate_bytes_s * 0.001), 128 << 10)  # 1 ms of traffic, at least a few GSO packets
+    # The bucket holds 100 us of traffic (at least 16 KiB, a few packets): enough for the kernel's
+    # timers to keep a fast link busy, small enough that a message of tens of KiB cannot slip
+    # through at memory speed on a slow one.
+    burst = max(int(rate_bytes_s * 100e-6), 16 << 10)
     tbf = ["tbf", "rate", f"{gbps * 1000:.0f}mbit", "burst", str(burst), "latency", "50ms"]
     if latency_us > 0:
         _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",

@@ -71,6 +71,8 @@ def hardware_text(facts: dict[str, Any]) -> str:
     parts.append(f"{nodes} node{'s' if nodes != 1 else ''}" + (f" of {', '.join(map(str, layout))} ranks" if layout else ""))
     if facts.get("emulated_link"):
         parts.append(f"emulated link {facts['emulated_link']}")
+    if facts.get("lab_link"):
+        parts.append(f"lab link {facts['lab_link']}")
     if facts.get("mpi_library"):
         parts.append(f"MPI: {str(facts['mpi_library']).strip()}")
     frameworks = facts.get("frameworks") or {}

@@ -1,0 +1,214 @@
+"""The multi-host lab: its spec and usage errors everywhere; as root with iproute2, a real lab whose
+hosts have their own hostnames and whose traffic between hosts crosses the shaped links."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tunelab.bench.allreduce import add_link_bound, link_bound_s
+from tunelab.errors import UsageError
+from tunelab.lab.launch import ranks_per_host
+from tunelab.lab.spec import LabHost, LabSpec, LabState
+
+
+def _root_with_iproute() -> str | None:
+    """Why the real-lab tests cannot run here (None: they can)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root (network namespaces, veth, tc)"
+    missing = [t for t in ("ip", "tc", "unshare") if shutil.which(t) is None]
+    if missing:
+        return f"needs iproute2 and unshare; missing {', '.join(missing)}"
+    if os.path.exists("/run/tunelab-lab/lab.json"):
+        return "a lab is up on this machine; these tests would replace it"
+    return None
+
+
+needs_lab = pytest.mark.skipif(_root_with_iproute() is not None, reason=str(_root_with_iproute()))
+
+
+def _state(hosts: int = 4, gbps: float = 1.0) -> LabState:
+    spec = LabSpec(hosts=hosts, link_gbps=gbps)
+    return LabState(spec=spec, hosts=tuple(LabHost(f"tlab-h{i}", spec.host_address(i), f"tlab-v{i}")
+                                           for i in range(hosts)), netem=False)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"hosts": 1, "link_gbps": 1}, "2 to"),
+    ({"hosts": 2, "link_gbps": 0}, "--link-gbps"),
+    ({"hosts": 2, "link_gbps": 1, "ranks_per_host": 0}, "--ranks-per-host"),
+    ({"hosts": 2, "link_gbps": 1, "subnet": "8.8.8.0/24"}, "private"),
+    ({"hosts": 2, "link_gbps": 1, "subnet": "10.0.0.0/30"}, "too small"),
+    ({"hosts": 2, "link_gbps": 1, "subnet": "nonsense"}, "bad --subnet"),
+])
+def test_spec_refuses_bad_shapes(kwargs, words):
+    with pytest.raises(UsageError, match=words):
+        LabSpec(**kwargs)
+
+
+def test_state_round_trips_through_json():
+    state = _state(3, 10.0)
+    again = LabState.from_json(state.to_json())
+    assert again == state
+    assert [h.address for h in again.hosts] == ["10.213.0.11", "10.213.0.12", "10.213.0.13"]
+
+
+def test_ranks_spread_evenly_or_usage_error():
+    state = _state(4)
+    assert ranks_per_host(state, None) == 1
+    assert ranks_per_host(state, 8) == 2
+    with pytest.raises(UsageError, match="multiple of 4"):
+        ranks_per_host(state, 6)
+
+
+def test_link_bound_is_the_ring_volume_over_the_link():
+    # 4 hosts, 64 MiB, 1 Gb/s: each host sends 2*3/4 of 64 MiB = 96 MiB = 805.3 ms at 1e9 bit/s
+    assert link_bound_s(64 << 20, 4, 1.0) == pytest.approx(96 * (1 << 20) * 8 / 1e9)
+    rows = [{"algorithm": "ring", "size": 1 << 20, "count": 1 << 18, "dtype": "float32", "time_us": 20_000.0}]
+    add_link_bound(rows, {"lab": {"hosts": 2, "link_gbps": 1.0}})
+    bound = [r for r in rows if r["algorithm"] == "link-bound"]
+    assert len(bound) == 1 and bound[0]["time_us"] == pytest.approx((1 << 20) * 8 / 1e9 * 1e6)
+    assert rows[0]["time_vs_link"] == pytest.approx(20_000.0 / bound[0]["time_us"])
+    plain = [{"algorithm": "ring", "size": 1024, "count": 256, "dtype": "float32", "time_us": 5.0}]
+    add_link_bound(plain, {"nodes": 1})
+    assert len(plain) == 1 and "time_vs_link" not in plain[0]
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_lab_without_root_is_a_usage_error(monkeypatch, capsys):
+    from tunelab.cli import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["lab", "up", "--hosts", "2", "--link-gbps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs root" in err[0]
+
+
+def test_lab_without_iproute_is_a_usage_error(monkeypatch, capsys):
+    from tunelab.cli import main
+
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "tc" else real_which(name, *a, **k))
+    assert main(["lab", "status"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "missing: tc" in err[0]
+
+
+def test_lab_bad_flags_exit_2():
+    proc = _cli("lab", "up", "--hosts", "2")
+    assert proc.returncode == 2 and "--link-gbps" in proc.stderr
+
+
+@pytest.fixture
+def lab_dir(tmp_path, monkeypatch):
+    directory = tmp_path / "lab"
+    monkeypatch.setenv("TUNELAB_LAB_DIR", str(directory))
+    yield directory
+    subprocess.run([sys.executable, "-m", "tunelab.cli", "lab", "down"], capture_output=True, timeout=120)
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.startswith("tlab-"))
+
+
+@needs_lab
+def test_lab_up_status_exec_down(lab_dir):
+    subprocess.run(["ip", "netns", "add", "tlab-h7"], check=True)  # what a killed run could leave
+    up = _cli("lab", "up", "--hosts", "2", "--link-gbps", "1", "--no-probe")
+    assert up.returncode == 0, up.stderr
+    assert "removed a lab left behind: tlab-h7" in up.stdout
+    assert _namespaces() == ["tlab-h0", "tlab-h1"]
+    name = _cli("lab", "exec", "tlab-h1", "--", "hostname")
+    assert name.returncode == 0 and name.stdout.strip() == "tlab-h1"
+    resolve = _cli("lab", "exec", "tlab-h1", "--", sys.executable, "-c",
+                   "import socket; print(socket.gethostbyname('tlab-h0'))")
+    assert resolve.stdout.strip() == "10.213.0.11"
+    status = _cli("lab", "status")
+    assert status.returncode == 0 and "tbf" in status.stdout and "rate 1Gbit" in status.stdout
+    bad = _cli("lab", "exec", "tlab-h9", "--", "true")
+    assert bad.returncode == 2 and "unknown lab host" in bad.stderr
+    down = _cli("lab", "down")
+    assert down.returncode == 0 and _namespaces() == []
+    assert not (lab_dir / "lab.json").exists()
+    after = _cli("lab", "status")
+    assert after.returncode == 0 and "no lab is up" in after.stdout
+
+
+@needs_lab
+@pytest.mark.mpi
+def test_every_system_crosses_the_shaped_link(lab_dir):
+    from tunelab.lab import down, up
+    from tunelab.lab.net import link_counters
+    from tunelab.launch import run_job
+
+    state = up(LabSpec(hosts=2, link_gbps=2.0), probe=True)
+    try:
+        assert state.sustained_gbps is not None and 0.5 < state.sustained_gbps < 2.2  # tbf holds the rate
+        before = link_counters(state)
+        size, iters, warmup = 4 << 20, 2, 1
+        algos = ["ring", "mpi", "gloo"]
+        params = {"iters": iters, "warmup": warmup, "ranks_per_node": None, "knobs": {}, "sizes": [size],
+                  "dtype": "float32", "algorithms": algos, "link_gbps": None, "link_latency_us": 0.0,
+                  "device": "cpu"}
+        result = run_job("bench-allreduce", params, 2, timeout_s=240, lab=state)
+        after = link_counters(state)
+    finally:
+        down()
+    hw = result["hardware"]
+    assert hw["hostname"] == "tlab-h0" and hw["lab"]["hosts"] == 2 and hw["nodes"] == 2
+    rows = {r["algorithm"]: r for r in result["rows"]}
+    assert all(rows[a]["wrong"] == 0 for a in algos)
+    # Each host sends at least half the data per allreduce (2 hosts): if one system bypassed the
+    # link (shared memory between namespaces), host 0 would have sent a third less than this.
+    sent = after["tlab-h0"]["sent_bytes"] - before["tlab-h0"]["sent_bytes"]
+    assert sent >= len(algos) * (iters + warmup) * size // 2
+
+
+LAB_SCENARIO = """
+name = "tiny-lab"
+workload = "replay"
+model = "resnet50"
+[lab]
+hosts = 2
+link_gbps = 5
+ranks_per_host = 1
+[tuning]
+budget_samples = 3
+warmup_steps = 1
+discard_steps = 1
+measure_steps = 2
+[replay]
+forward_ms = 10
+backward_ms = 20
+"""
+
+
+@needs_lab
+@pytest.mark.mpi
+def test_tune_brings_a_scenarios_lab_up_and_down(lab_dir, tmp_path):
+    scenario = tmp_path / "tiny-lab.toml"
+    scenario.write_text(LAB_SCENARIO)
+    out = tmp_path / "tune.json"
+    proc = _cli("tune", "--scenario", str(scenario), "--no-store", "--no-report", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "# on the lab: 2 hosts x 1 rank, 5 Gb/s links" in proc.stdout
+    assert _namespaces() == [] and not (lab_dir / "lab.json").exists()  # taken down after the run
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2 and result["nodes"] == 2  # each rank on a host of its own
+
+    other = _cli("lab", "up", "--hosts", "3", "--link-gbps", "1", "--no-probe")
+    assert other.returncode == 0, other.stderr
+    clash = _cli("tune", "--scenario", str(scenario), "--no-store", "--no-report")
+    assert clash.returncode == 2 and "a different lab is up" in clash.stderr
+    assert _namespaces() == ["tlab-h0", "tlab-h1", "tlab-h2"]  # the user's lab is left alone
