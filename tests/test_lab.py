@@ -200,7 +200,7 @@ def test_tune_brings_a_scenarios_lab_up_and_down(lab_dir, tmp_path):
     out = tmp_path / "tune.json"
     proc = _cli("tune", "--scenario", str(scenario), "--no-store", "--no-report", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "# on the lab: 2 hosts x 1 rank, 5 Gb/s links" in proc.stdout
+    assert "# on the lab: 2 hosts x 1 rank, 5 Gb/s links" in proc.stdout and "on 2 ranks" in proc.stdout
     assert _namespaces() == [] and not (lab_dir / "lab.json").exists()  # taken down after the run
     import json
 

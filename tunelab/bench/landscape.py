@@ -171,6 +171,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     which.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
     p.add_argument("--np", type=positive_int, default=None, help="ranks to launch (default: the scenario's)")
     p.add_argument("--ranks-per-node", type=positive_int, default=None)
+    p.add_argument("--lab", action="store_true",
+                   help="run on the hosts of 'tunelab lab up' (or give the scenario a [lab] table)")
     add_link_flags(p)
     p.add_argument("--grid", type=_grid_arg, nargs="+", default=None, metavar="NAME=V1,V2",
                    help=f"knob values to combine (default: {' '.join(DEFAULT_GRID)})")
@@ -192,6 +194,7 @@ def _grid_arg(text: str) -> str:
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    from ..cli.lab import scenario_ranks, scenario_session
     from ..launch import run_job
     from ..scenarios import load_scenario
 
@@ -211,7 +214,8 @@ def _cmd(args: argparse.Namespace) -> int:
           flush=True)
     params = {**scenario.as_params(), "grid": grid, "repeats": args.repeats, "seed": args.seed,
               "replay_dtype": args.dtype or "float32"}
-    result = run_job("bench-landscape", params, scenario.np)
+    with scenario_session(args.lab, scenario) as lab:
+        result = run_job("bench-landscape", params, scenario_ranks(lab, args.np, scenario), lab=lab)
     result["scenario"] = scenario.name
     _print_table(result)
     return finish(args, result, "landscape")

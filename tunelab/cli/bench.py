@@ -90,9 +90,10 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     print(f"# allreduce  np={hw['world_size']}  nodes={hw['nodes']} {hw['ranks_per_node']}  device={args.device}  "
           f"dtype={args.dtype}  iters={args.iters}  warmup={args.warmup}  (time: median of slowest rank)")
     if lab is not None:
-        print(f"# lab: {lab.describe()}; one TCP stream sustained "
+        print(f"# lab: {hw['lab']['hosts']} hosts x {hw['lab']['ranks_per_host']} ranks, "
+              f"{lab.spec.link_gbps:g} Gb/s links; one TCP stream sustained "
               + (f"{lab.sustained_gbps:.2f} Gb/s" if lab.sustained_gbps else "(not measured)")
-              + "; link-bound = 2(H-1)/H x size / link rate, computed")
+              + " at lab up; link-bound = 2(H-1)/H x size / link rate, computed")
     columns = [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("count", "count", "d"),
                ("dtype", "type", ""), ("time_us", "time_us", ".1f"),
                ("algbw_gbps", "algbw_GB/s", ".2f"), ("busbw_gbps", "busbw_GB/s", ".2f"),

@@ -108,6 +108,33 @@ def _exec(args: argparse.Namespace) -> int:
     return 1  # not reached
 
 
+def scenario_session(use_lab: bool, scenario):
+    """The lab session of a scenario run (``tune``, ``bench landscape``): the scenario's ``[lab]``
+    table, or the lab that is up with ``--lab``, or none.  See :func:`tunelab.lab.session`."""
+    from ..errors import UsageError
+    from ..lab import session
+    from ..lab.spec import LabSpec
+
+    spec = None
+    if scenario.lab_hosts is not None:
+        spec = LabSpec(hosts=scenario.lab_hosts, link_gbps=scenario.lab_link_gbps,
+                       ranks_per_host=scenario.lab_ranks_per_host)
+    elif use_lab and (scenario.ranks_per_node is not None or scenario.link_gbps is not None):
+        raise UsageError("--lab hosts are real hosts with real links: this run also emulates nodes "
+                         "(ranks_per_node/link_gbps); drop those")
+    return session(use_lab, spec)
+
+
+def scenario_ranks(lab, np_flag: int | None, scenario) -> int:
+    """Ranks of a scenario run: ``--np``, else the scenario's own count when it has a ``[lab]`` table
+    or runs off the lab, else (``--lab`` on a scenario without one) the lab's hosts x ranks per host."""
+    from ..lab import job_ranks
+
+    if np_flag is None and (lab is None or scenario.lab_hosts is not None):
+        np_flag = scenario.np
+    return job_ranks(lab, np_flag)
+
+
 def _print_state(state) -> None:
     s = state.spec
     print(f"# lab: {state.describe()}, bridge {state.bridge} {s.bridge_address()}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import UsageError
 from .finish import add_output_flags, finish
+from .lab import scenario_ranks, scenario_session
 from .types import knob, non_negative_int, positive_float, positive_int
 
 
@@ -41,8 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..lab import job_ranks
-    from ..lab import session as lab_session
     from ..launch import run_job
     from ..scenarios import load_scenario
     from ..tuning.report_text import print_tune_summary
@@ -53,28 +51,16 @@ def run(args: argparse.Namespace) -> int:
         link_latency_us=args.link_latency_us, image_size=args.image_size, device=args.device,
         batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
         knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
-    lab_spec = _lab_spec(scenario)
-    if args.lab and lab_spec is None and (scenario.ranks_per_node is not None or scenario.link_gbps is not None):
-        raise UsageError("--lab hosts are real hosts with real links: this run also emulates nodes "
-                         "(ranks_per_node/link_gbps); drop those")
     params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store, "retune_steps": args.retune}
-    print(f"# tuning {scenario.name}: {scenario.model} ({scenario.framework if scenario.workload == 'train' else 'replay'})"
-          f" on {scenario.np} ranks, budget {scenario.budget_samples} samples"
-          + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
-    with lab_session(args.lab, lab_spec) as lab:
+    with scenario_session(args.lab, scenario) as lab:
+        np_ = scenario_ranks(lab, args.np, scenario)
+        print(f"# tuning {scenario.name}: {scenario.model} "
+              f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {np_} ranks, "
+              f"budget {scenario.budget_samples} samples"
+              + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
         if lab is not None:
             print(f"# on the lab: {lab.describe()}", flush=True)
-        result = run_job("tune", params, job_ranks(lab, args.np or (scenario.np if lab_spec or not lab else None)),
-                         lab=lab)
+        result = run_job("tune", params, np_, lab=lab)
     print_tune_summary(result)
     return finish(args, result, "tune", "tune")
 
-
-def _lab_spec(scenario):
-    """The lab a scenario's ``[lab]`` table asks for (None without one)."""
-    if scenario.lab_hosts is None:
-        return None
-    from ..lab.spec import LabSpec
-
-    return LabSpec(hosts=scenario.lab_hosts, link_gbps=scenario.lab_link_gbps,
-                   ranks_per_host=scenario.lab_ranks_per_host)
