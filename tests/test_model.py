@@ -21,7 +21,7 @@ from tunelab.model.step import Workload, simulate_step
 
 MiB = 1 << 20
 PLANTED = {"shm.alpha": 20e-6, "shm.beta": 0.15e-9, "gamma": 0.08e-9,
-           "link:1gbps.alpha": 150e-6, "link:1gbps.beta": 8.5e-9,
+           "link.alpha": 150e-6, "link:1gbps.beta": 8.5e-9,
            "mpi.alpha": 12e-6, "mpi.beta": 0.4e-9, "mpi.gamma": 0.1e-9}
 SIZES = [64 << 10, 256 << 10, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 
@@ -31,7 +31,7 @@ def truth(algo: str, hosts: int, per_host: int, size: int, seg: int = 4 * MiB, o
     """Seconds, written out independently of tunelab.model.costs, from how the engine moves bytes."""
     ranks = hosts * per_host
     a_s, b_s, g = p["shm.alpha"], p["shm.beta"], p["gamma"]
-    a_l, b_l = p["link:1gbps.alpha"], p["link:1gbps.beta"]
+    a_l, b_l = p["link.alpha"], p["link:1gbps.beta"]
     if algo == "mpi":
         return (2 * math.ceil(math.log2(ranks)) * p["mpi.alpha"] + 2 * (ranks - 1) / ranks * size * p["mpi.beta"]
                 + (ranks - 1) / ranks * size * p["mpi.gamma"])
@@ -86,6 +86,33 @@ def test_fit_recovers_planted_parameters_and_predicts_held_out(tmp_path: Path) -
             assert got == pytest.approx(want, rel=0.06), (algo, h, k, size, seg)
 
 
+def test_fit_recovers_contention_factors(tmp_path: Path) -> None:
+    """Runs with more ranks than cores: every latency slower by 1 + 6 over, every per-byte cost by
+    1 + 0.5 over (over = ranks / cores - 1); the fit finds both factors and the uncontended values."""
+    kappa_a, kappa_b = 6.0, 0.5
+    alphas = {k: (v if k.endswith("alpha") else 0.0) for k, v in PLANTED.items()}
+    betas = {k: (0.0 if k.endswith("alpha") else v) for k, v in PLANTED.items()}
+    obs = []
+    for h, k, cores in ((1, 2, 64), (1, 4, 2), (2, 1, 64), (2, 2, 2), (4, 1, 2), (2, 2, 64)):
+        over = max(0.0, h * k / cores - 1)
+        path = bench_file(tmp_path / f"n{h}k{k}c{cores}.json", h, k, 0.0, np.random.default_rng(0), cores=cores)
+        doc = json.loads(path.read_text())
+        algos = {"ring": "flat", "hierarchical": "hierarchical"}
+        for row in doc["rows"]:
+            if row["algorithm"] in algos:
+                a = truth(algos[row["algorithm"]], h, k, row["size"], p=alphas)
+                b = truth(algos[row["algorithm"]], h, k, row["size"], p=betas)
+                row["time_us"] = 1e6 * (a * (1 + kappa_a * over) + b * (1 + kappa_b * over))
+        path.write_text(json.dumps(doc))
+        obs += [o for o in load_bench(path) if o.algorithm != "mpi"]
+    model = fit_model(obs)
+    assert model.values["engine~over.alpha"] == pytest.approx(kappa_a, rel=0.15)
+    assert model.values["engine~over.beta"] == pytest.approx(kappa_b, rel=0.15)
+    assert model.values["link:1gbps.beta"] == pytest.approx(PLANTED["link:1gbps.beta"], rel=0.05)
+    got = model.time_s("hierarchical", Topology(8, 4, "1gbps"), 32 * MiB)
+    assert got == pytest.approx(truth("hierarchical", 8, 4, 32 * MiB), rel=0.05)
+
+
 def test_fit_is_robust_to_an_outlier(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     files = [bench_file(tmp_path / f"n{h}k{k}.json", h, k, 0.0, rng) for h, k in [(1, 2), (2, 1), (2, 2), (4, 1)]]
@@ -116,7 +143,7 @@ def test_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
 
 
 def _hand_model() -> ScaleModel:
-    return ScaleModel({"shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10, "link:1gbps.alpha": 1e-4,
+    return ScaleModel({"shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10, "link.alpha": 1e-4,
                        "link:1gbps.beta": 8e-9, "mpi.alpha": 1e-5, "mpi.beta": 1e-9, "mpi.gamma": 0.0})
 
 

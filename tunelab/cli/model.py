@@ -74,12 +74,12 @@ def run_fit(args: argparse.Namespace) -> int:
 
 def _print_parameters(values: dict[str, float]) -> None:
     from ..bench.common import format_table
-    from ..model.costs import parameter_kind
+    from ..model.costs import OVER, parameter_kind
 
     unit = {"alpha": ("us", 1e6), "beta": ("ns/B", 1e9), "gamma": ("ns/B", 1e9)}
     rows = []
     for name, v in sorted(values.items()):
-        u, scale = unit[parameter_kind(name)]
+        u, scale = ("per unit of oversubscription", 1.0) if OVER in name else unit[parameter_kind(name)]
         rows.append({"parameter": name, "value": v * scale, "unit": u})
     print(format_table(rows, [("parameter", "parameter", ""), ("value", "value", ".4g"), ("unit", "unit", "")]))
 
@@ -210,7 +210,9 @@ def _check(model: Any, files: list[Path]) -> dict:
     summary = _print_errors(errors, "check")
     crossings = crossover_check(model, obs)
     for c in crossings:
-        print(f"# crossover {c['source']}: measured {c['measured']}, predicted {c['predicted']}")
+        factor = f"; predicted/measured {c['factor']:.2f}" if "factor" in c else ""
+        print(f"# crossover {c['source']}: measured {c['measured']}; predicted {c['predicted']}; winner agrees at "
+              f"{c['winners_agree']}/{c['sizes']} sizes{factor}")
     return {"points": errors, "summary": summary, "crossover": crossings}
 
 

@@ -5,15 +5,17 @@ and fitting is a (non-negative, weighted) linear least-squares problem.  The par
 
 * ``shm.alpha`` (s per ordering point of a node's ranks), ``shm.beta`` (s per byte copied through
   shared memory), ``gamma`` (s per byte of every source a reduction reads);
-* ``link:<name>.alpha`` (s per message crossing the link between hosts, MPI's own cost included) and
-  ``link:<name>.beta`` (s per byte through one host's link, which all its ranks share);
+* ``link.alpha`` (s per message crossing the link between hosts, MPI's own cost included: one value
+  for the link type, since shaping a link to another speed changes its rate, not its latency) and
+  ``link:<name>.beta`` per link speed (s per byte through one host's link, which all its ranks share);
 * ``<baseline>.alpha/.beta`` for MPI_Allreduce or gloo, each fitted as its own algorithm (its
   reduction is proportional to the same bytes as its transfers, so it is part of its beta).
 
-Each parameter has a contention partner ``<name>~over`` whose coefficient is the same term times
-``over = max(0, ranks per machine / cores - 1)``: on an oversubscribed machine (the lab and emulated
-nodes run every rank on one machine) waits and copies cost more.  Predictions for real hosts with a
-core per rank have ``over = 0``, so the partners drop out.
+Contention: on an oversubscribed machine (the lab and emulated nodes run every rank on one machine)
+waits and copies cost more.  Each family (the engine; each baseline) has two factors, ``~over.alpha``
+and ``~over.beta``: every latency is multiplied by ``1 + kappa_alpha * over`` and every per-byte cost
+by ``1 + kappa_beta * over``, with ``over = max(0, ranks per machine / cores - 1)``.  Predictions for
+real hosts with a core per rank have ``over = 0``: the factors drop out.
 
 The engine's paths (:mod:`tunelab.engine.algorithms`, hosts ``N``, ranks per host ``K``, ``P = N K``,
 size ``S``, pieces of ``segment_bytes``):
@@ -40,6 +42,7 @@ from ..knobs import Knobs
 ENGINE_ALGORITHMS = ("flat", "hierarchical")
 BASELINES = ("mpi", "gloo")
 OVER = "~over"
+LINK_ALPHA = "link.alpha"  # one latency for the link type between hosts; its speeds differ in beta
 
 Coeffs = dict[str, float]
 
@@ -91,21 +94,40 @@ def path_of(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> str:
 
 
 def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
-    """Coefficients of every parameter in the time of one allreduce of ``size`` bytes (with the
-    contention partners).  ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one host both
-    are the same path) or a baseline name."""
+    """Coefficients of every parameter in the time of one allreduce of ``size`` bytes, before
+    contention (see :func:`seconds`).  ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one
+    host both are the same path) or a baseline name."""
     if algorithm in BASELINES:
-        name = f"{algorithm}@{topo.link}" if topo.baselines_on_link and topo.hosts > 1 else algorithm
-        base = _baseline(name, topo.ranks, size)
+        base = _baseline(family(algorithm, topo), topo.ranks, size)
     elif algorithm in ENGINE_ALGORITHMS:
         base = _engine(path_of(algorithm, topo, size, knobs), topo, size, knobs)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ENGINE_ALGORITHMS + BASELINES)}")
-    over = topo.over
-    out = {k: v for k, v in base.items() if v}
-    if over > 0:
-        out.update({k + OVER: v * over for k, v in base.items() if v})
-    return out
+    return {k: v for k, v in base.items() if v}
+
+
+def family(algorithm: str, topo: Topology) -> str:
+    """Whose contention factors apply: ``engine``, or the baseline's parameter owner (``mpi``, or
+    ``mpi@<link>`` when its bytes cross the link)."""
+    if algorithm not in BASELINES:
+        return "engine"
+    return f"{algorithm}@{topo.link}" if topo.baselines_on_link and topo.hosts > 1 else algorithm
+
+
+def contention_keys(fam: str) -> tuple[str, str]:
+    """The value names of a family's latency and per-byte inflation per unit of oversubscription."""
+    return f"{fam}{OVER}.alpha", f"{fam}{OVER}.beta"
+
+
+def seconds(coeffs: Coeffs, values: dict[str, float], fam: str, over: float) -> float:
+    """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for latencies (alpha) or for
+    per-byte costs (beta, gamma); KeyError naming the first parameter the values lack."""
+    ka, kb = (values.get(k, 0.0) for k in contention_keys(fam))
+    total = 0.0
+    for name, c in coeffs.items():
+        kappa = ka if parameter_kind(name) == "alpha" else kb
+        total += c * values[name] * (1.0 + kappa * over)
+    return total
 
 
 def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
@@ -124,14 +146,14 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
         _add(c, "gamma", size)
         if path == "hierarchical":
             link = f"link:{topo.link}"
-            _add(c, f"{link}.alpha", 2.0 * (n - 1) * pieces)
+            _add(c, LINK_ALPHA, 2.0 * (n - 1) * pieces)
             _add(c, f"{link}.beta", 2.0 * (n - 1) / n * size)
             _add(c, "gamma", 2.0 * (n - 1) * size / (k * n))
     elif path == "flat":
         p, link = topo.ranks, f"link:{topo.link}"
         chunk = size / p
         _add(c, "shm.beta", 2.0 * size)
-        _add(c, f"{link}.alpha", (p - 1) * (math.ceil(chunk / knobs.segment_bytes) + 1))
+        _add(c, LINK_ALPHA, (p - 1) * (math.ceil(chunk / knobs.segment_bytes) + 1))
         _add(c, f"{link}.beta", 2.0 * (p - 1) * chunk)
         _add(c, "gamma", 2.0 * (p - 1) * chunk)
     else:
@@ -149,11 +171,7 @@ def _add(c: Coeffs, name: str, value: float) -> None:
     c[name] = c.get(name, 0.0) + float(value)
 
 
-def evaluate(coeffs: Coeffs, values: dict[str, float]) -> float:
-    """``sum(coeff * value)``; KeyError naming the first parameter the values lack."""
-    return float(sum(v * values[k] for k, v in coeffs.items()))
-
-
 def parameter_kind(name: str) -> str:
-    """``alpha``, ``beta`` or ``gamma``: the unit of a parameter (s, s/B, s/B)."""
-    return name.split(OVER)[0].rsplit(".", 1)[-1]
+    """``alpha``, ``beta`` or ``gamma``: the unit of a parameter (s, s/B, s/B; contention factors,
+    ``<family>~over.alpha`` and ``.beta``, have no unit)."""
+    return name.rsplit(".", 1)[-1]

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..knobs import Knobs
-from .costs import OVER, Topology, coefficients, evaluate
+from .costs import OVER, Topology, coefficients, contention_keys, family, parameter_kind, seconds
 from .data import ModelInputError, Observation
 
 FORMAT = "tunelab-scale-model/1"
@@ -50,16 +50,17 @@ class ScaleModel:
     @property
     def baselines(self) -> list[str]:
         """Fitted baselines: ``mpi`` (not behind a link) or ``mpi@<link>`` (through it), and gloo's."""
-        return sorted({_owner(k) for k in self.values if not k.startswith(("link:", "shm.", "gamma"))})
+        return sorted({_owner(k) for k in self.values
+                       if OVER not in k and not k.startswith(("link", "shm.", "gamma"))})
 
     def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None) -> float:
         """Predicted seconds of one allreduce.  ModelError when a parameter it needs was not fitted."""
         coeffs = coefficients(algorithm, topo, size, knobs or Knobs())
-        missing = [k for k in coeffs if k not in self.values and not k.endswith(OVER)]
+        missing = [k for k in coeffs if k not in self.values]
         if missing:
             raise ModelError(f"the model has no fitted {missing[0]} (needed by {algorithm} on {topo.describe()}); "
                              f"fit it with bench runs of that kind (fitted links: {', '.join(self.links) or 'none'})")
-        return evaluate(coeffs, {k: self.values.get(k, 0.0) for k in coeffs})
+        return seconds(coeffs, self.values, family(algorithm, topo), topo.over)
 
     def can_predict(self, algorithm: str, topo: Topology) -> bool:
         try:
@@ -107,8 +108,8 @@ class ScaleModel:
 
 
 def _owner(key: str) -> str:
-    """``link:1gbps`` of ``link:1gbps.beta~over``."""
-    return key.split(OVER)[0].rsplit(".", 1)[0]
+    """``link:1gbps`` of ``link:1gbps.beta``."""
+    return key.rsplit(".", 1)[0]
 
 
 def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
@@ -122,23 +123,61 @@ def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
 
 
 def fit_model(observations: Sequence[Observation], robust: bool = True) -> ScaleModel:
-    """Fit every parameter the observations touch.  ModelInputError with too few points."""
+    """Fit every parameter the observations touch, and each family's contention factors where some
+    observations ran oversubscribed.  ModelInputError with too few points."""
     obs = list(observations)
     rows = [coefficients(o.algorithm, o.topo, o.size, o.knobs) for o in obs]
     names = sorted({k for r in rows for k, v in r.items() if v})
-    if not obs or len(obs) < len(names) + MIN_EXTRA_POINTS:
-        raise ModelInputError(f"too few points to fit: {len(obs)} measured allreduces for {len(names)} "
-                              f"parameters (need at least {len(names) + MIN_EXTRA_POINTS}); add sizes or runs")
-    a = np.array([[r.get(n, 0.0) for n in names] for r in rows]) / np.array([o.time_s for o in obs])[:, None]
-    x = _robust_nnls(a, robust)
-    values = {n: float(v) for n, v in zip(names, x)}
-    rel = a @ x - 1.0
-    errs = np.abs(rel)
-    model = ScaleModel(values, len(obs), sorted({o.source for o in obs}),
-                       {"median": float(np.median(errs)), "p90": float(np.percentile(errs, 90)),
-                        "max": float(errs.max())})
+    fams = [family(o.algorithm, o.topo) for o in obs]
+    n_params = len(names) + 2 * len({f for f, o in zip(fams, obs) if o.topo.over > 0})
+    if not obs or len(obs) < n_params + MIN_EXTRA_POINTS:
+        raise ModelInputError(f"too few points to fit: {len(obs)} measured allreduces for {n_params} "
+                              f"parameters (need at least {n_params + MIN_EXTRA_POINTS}); add sizes or runs")
+    values: dict[str, float] = {}
+    for fam in dict.fromkeys(fams):  # families share no parameter: each is its own problem
+        idx = [i for i, f in enumerate(fams) if f == fam]
+        mine = sorted({k for i in idx for k in rows[i]})
+        a = np.array([[rows[i].get(n, 0.0) for n in mine] for i in idx]) / np.array([obs[i].time_s for i in idx])[:, None]
+        over = np.array([obs[i].topo.over for i in idx])
+        kinds = np.array([parameter_kind(n) == "alpha" for n in mine])
+        x, kappa = _fit_family(a, over, kinds, robust)
+        values.update(zip(mine, map(float, x)))
+        if over.max() > 0:
+            values.update(zip(contention_keys(fam), map(float, kappa)))
+    model = ScaleModel(values, len(obs), sorted({o.source for o in obs}))
     model.fit_points = relative_errors(model, obs)
+    errs = np.abs([e["rel_error"] for e in model.fit_points])
+    model.rel_errors = {"median": float(np.median(errs)), "p90": float(np.percentile(errs, 90)), "max": float(errs.max())}
     return model
+
+
+KAPPA_GRID = np.concatenate([[0.0], np.geomspace(0.05, 200.0, 40)])
+
+
+def _fit_family(a: np.ndarray, over: np.ndarray, alpha_cols: np.ndarray,
+                robust: bool) -> tuple[np.ndarray, tuple[float, float]]:
+    """Parameters and (kappa_alpha, kappa_beta): the contention factors by grid search (each grid
+    point a linear problem), the rest by robust NNLS on relative error."""
+    if over.max() == 0:
+        return _robust_nnls(a, robust), (0.0, 0.0)
+    grid = [(ka, kb) for ka in KAPPA_GRID for kb in KAPPA_GRID[::4]]
+    ka, kb = _best_kappa(a, over, alpha_cols, grid)
+    fine = np.geomspace(0.6, 1.6, 9)  # then refine around the coarse optimum
+    ka, kb = _best_kappa(a, over, alpha_cols, [(ka * f, kb * g) for f in fine for g in fine] + [(ka, kb)])
+    scale = 1.0 + np.where(alpha_cols[None, :], ka, kb) * over[:, None]
+    return _robust_nnls(a * scale, robust), (ka, kb)
+
+
+def _best_kappa(a: np.ndarray, over: np.ndarray, alpha_cols: np.ndarray,
+                candidates: list[tuple[float, float]]) -> tuple[float, float]:
+    best, arg = math.inf, candidates[0]
+    for ka, kb in candidates:
+        scaled = a * (1.0 + np.where(alpha_cols[None, :], ka, kb) * over[:, None])
+        x = _robust_nnls(scaled, True, iterations=8)
+        loss = _huber_loss(scaled @ x - 1.0)
+        if loss < best:
+            best, arg = loss, (float(ka), float(kb))
+    return arg
 
 
 def _robust_nnls(a: np.ndarray, robust: bool, iterations: int = 30) -> np.ndarray:
@@ -152,14 +191,18 @@ def _robust_nnls(a: np.ndarray, robust: bool, iterations: int = 30) -> np.ndarra
     x = np.zeros(a.shape[1])
     for _ in range(iterations if robust else 1):
         sw = np.sqrt(w)
-        xn, _ = nnls(an * sw[:, None], sw, maxiter=50 * a.shape[1])
-        r = np.abs(an @ xn - 1.0)
+        x, _ = nnls(an * sw[:, None], sw, maxiter=50 * a.shape[1])
+        r = np.abs(an @ x - 1.0)
         new = np.where(r <= HUBER_REL, 1.0, HUBER_REL / np.maximum(r, 1e-12))
-        x = xn
         if np.allclose(new, w, rtol=1e-4, atol=1e-6):
             break
         w = new
     return x / scale
+
+
+def _huber_loss(r: np.ndarray) -> float:
+    r = np.abs(r)
+    return float(np.where(r <= HUBER_REL, 0.5 * r ** 2, HUBER_REL * (r - 0.5 * HUBER_REL)).sum())
 
 
 def relative_errors(model: ScaleModel, observations: Sequence[Observation]) -> list[dict[str, Any]]:

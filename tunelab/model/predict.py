@@ -71,6 +71,9 @@ class Crossover:
 
     def describe(self) -> str:
         if not self.sizes:
+            if self.faster_below == "tie" or self.faster_above == "tie":
+                return "no crossover: flat and hierarchical within 10 % at every size with a winner" \
+                    if self.faster_below != self.faster_above else "a tie (within 10 %) at every size"
             return f"no crossover: {self.faster_below} is faster at every size searched"
         where = ", ".join(_fmt_bytes(s) for s in self.sizes)
         return f"crossover at {where}: {self.faster_below} below, {self.faster_above} above"

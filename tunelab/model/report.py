@@ -97,7 +97,7 @@ def model_section(model: ScaleModel, errors: Sequence[dict[str, Any]], ranks_per
                        "caption": f"scale model: allreduce time extrapolated to {EXTRAPOLATION_RANKS[-1]} ranks "
                                   f"({ranks_per_host} per host, link {link}; crosses: measured)"})
     params = [{"parameter": k, "value": v} for k, v in sorted(model.values.items())]
-    blocks.append(table_block("fitted parameters (s, s/byte; ~over: per unit of oversubscription)", params))
+    blocks.append(table_block("fitted parameters (s, s/byte; ~over: inflation per unit of oversubscription)", params))
     for caption, rows in tables:
         if rows:
             blocks.append(table_block(caption, rows))

@@ -14,8 +14,11 @@ The coordinator (:mod:`tunelab.engine.coordinator`) is simulated as it runs:
 * if gradients arrived meanwhile, the next cycle starts ``cycle_time_ms`` after this one started
   (or when this one ends, if later); otherwise the coordinator sleeps until the next submission.
 
-Communication overlaps the remaining backward compute (another thread; the compute is assumed not
-to slow down).  The step ends when the last bucket is reduced.
+Communication overlaps the remaining backward compute (another thread).  With a core per rank the
+compute does not slow down; on an oversubscribed machine (``over = ranks / cores - 1 > 0``, as the lab
+and emulated nodes are) the communication thread takes cores from the compute: a share
+``over / (1 + over)`` of the channel's busy time is added to the compute (processor sharing, a
+heuristic: it is not fitted).  The step ends when the last bucket is reduced.
 """
 
 from __future__ import annotations
@@ -145,4 +148,7 @@ def simulate_step(model: ScaleModel, workload: Workload, topo: Topology, knobs: 
             t = max(end, start + cycle_s) if ready[i] <= end else ready[i]
         else:
             t = end
-    return StepPrediction(max(t, compute_s), compute_s, cycles, buckets, busy, log)
+    # Oversubscribed (more ranks than cores): communication runs on the cores the compute needs, so a
+    # share over / (1 + over) of the channel's busy time delays the compute (processor sharing).
+    shared = busy * topo.over / (1.0 + topo.over)
+    return StepPrediction(max(t, compute_s + shared), compute_s, cycles, buckets, busy, log)

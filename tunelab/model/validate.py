@@ -23,43 +23,47 @@ def summarize(errors: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "max": float(e.max()), "within_15pct": int((e <= GOAL).sum()) if errors else 0}
 
 
-def measured_crossover(obs: Sequence[Observation]) -> Crossover | None:
-    """Where flat and hierarchical trade places in one run's measurements (geometric interpolation
-    between measured sizes where one is faster by more than 10 %: closer is a tie, and noise on a
-    shared machine flips ties), or None without both measured at two sizes or more."""
-    flat = {o.size: o.time_s for o in obs if o.algorithm == "flat"}
-    hier = {o.size: o.time_s for o in obs if o.algorithm == "hierarchical"}
-    sizes = sorted(set(flat) & set(hier))
+def _winner(d: float) -> str:
+    return "tie" if abs(d) < TIE else ("flat" if d < 0 else "hierarchical")
+
+
+def crossover_of(times: dict[int, tuple[float, float]]) -> Crossover | None:
+    """Where flat and hierarchical trade places among ``{size: (flat_s, hierarchical_s)}``: geometric
+    interpolation between sizes where one is faster by more than 10 % (closer is a tie, and on a shared
+    machine noise flips ties).  ``faster_below``/``faster_above`` are ``tie`` when no size has a winner."""
+    sizes = sorted(times)
     if len(sizes) < 2:
         return None
-    pairs = [(s, math.log(flat[s] / hier[s])) for s in sizes]
-    pairs = [(s, d) for s, d in pairs if abs(d) >= TIE] or pairs
-    sizes, diff = [s for s, _ in pairs], [d for _, d in pairs]
-    found = []
-    for (s0, d0), (s1, d1) in zip(zip(sizes, diff), zip(sizes[1:], diff[1:])):
-        if (d0 < 0) != (d1 < 0):
-            found.append(s0 * (s1 / s0) ** (d0 / (d0 - d1)))
-    name = {True: "flat", False: "hierarchical"}
-    return Crossover(tuple(found), name[diff[0] < 0], name[diff[-1] < 0])
+    pairs = [(s, math.log(times[s][0] / times[s][1])) for s in sizes]
+    sig = [(s, d) for s, d in pairs if abs(d) >= TIE]
+    if not sig:
+        return Crossover((), "tie", "tie")
+    found = [s0 * (s1 / s0) ** (d0 / (d0 - d1)) for (s0, d0), (s1, d1) in zip(sig, sig[1:]) if (d0 < 0) != (d1 < 0)]
+    return Crossover(tuple(found), _winner(sig[0][1]), _winner(sig[-1][1]))
 
 
 def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[str, Any]]:
-    """Per multi-host run: the measured and predicted crossover (predicted over the run's own size
-    range), and the factor between them when both have one."""
+    """Per multi-host run: the crossover of its measurements and of the model's predictions at the
+    same sizes (same tie rule), the winner at each size, and the factor between the first crossovers."""
     out = []
     for source in dict.fromkeys(o.source for o in obs):
         mine = [o for o in obs if o.source == source and o.topo.hosts > 1]
-        measured = measured_crossover(mine)
+        flat = {o.size: o for o in mine if o.algorithm == "flat"}
+        hier = {o.size: o for o in mine if o.algorithm == "hierarchical"}
+        both = sorted(set(flat) & set(hier))
+        measured = crossover_of({s: (flat[s].time_s, hier[s].time_s) for s in both})
         if measured is None:
             continue
-        sizes = [o.size for o in mine]
-        predicted = crossover(model, mine[0].topo, mine[0].knobs, low=min(sizes), high=max(sizes))
-        row: dict[str, Any] = {"source": source, "measured": measured.describe(),
-                               "predicted": predicted.describe() if predicted else "n/a"}
-        if measured.sizes and predicted and predicted.sizes:
+        pred = {s: tuple(model.time_s(a, o.topo, s, o.knobs) for a, o in (("flat", flat[s]), ("hierarchical", hier[s])))
+                for s in both}
+        predicted = crossover_of(pred)
+        mw = [_winner(math.log(flat[s].time_s / hier[s].time_s)) for s in both]
+        pw = [_winner(math.log(pred[s][0] / pred[s][1])) for s in both]
+        row: dict[str, Any] = {"source": source, "measured": measured.describe(), "predicted": predicted.describe(),
+                               "winners_agree": sum(a == b or "tie" in (a, b) for a, b in zip(mw, pw)),
+                               "sizes": len(both)}
+        if measured.sizes and predicted.sizes:
             row["factor"] = predicted.sizes[0] / measured.sizes[0]
-        row["same_winners"] = bool(predicted) and (measured.faster_below, measured.faster_above) == \
-            (predicted.faster_below, predicted.faster_above)
         out.append(row)
     return out
 
