@@ -30,8 +30,15 @@ def up(spec: LabSpec, probe: bool = True) -> LabState:
     from .probe import measure_link
 
     net.require_privileges()
+    try:
+        previous = load_state()
+    except Exception:  # an unreadable state file is replaced like the rest
+        previous = None
     removed = net.remove_all()
-    notes = [f"removed a lab left behind: {', '.join(removed)}"] if removed else []
+    if previous is not None:
+        notes = [f"replaced the lab that was up ({previous.describe()})"]
+    else:
+        notes = [f"removed a lab left behind: {', '.join(removed)}"] if removed else []
     shutil.rmtree(lab_dir(), ignore_errors=True)
     net._check_subnet_free(spec)
     netem = net.has_netem()
