@@ -79,7 +79,8 @@ def test_link_bound_is_the_ring_volume_over_the_link():
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], check=False, capture_output=True,
+                          text=True,
                           timeout=300, env=env)
 
 
@@ -112,11 +113,12 @@ def lab_dir(tmp_path, monkeypatch):
     directory = tmp_path / "lab"
     monkeypatch.setenv("TUNELAB_LAB_DIR", str(directory))
     yield directory
-    subprocess.run([sys.executable, "-m", "tunelab.cli", "lab", "down"], capture_output=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "tunelab.cli", "lab", "down"], check=False, capture_output=True,
+                   timeout=120)
 
 
 def _namespaces() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
     return sorted(line.split()[0] for line in out.splitlines() if line.startswith("tlab-"))
 
 

@@ -11,13 +11,12 @@ Needs root and iproute2; ``require_privileges`` says which is missing (a usage e
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import UsageError
-from .spec import LabHost, LabSpec, LabState, lab_dir, load_state, save_state
+from ..errors import TunelabError, UsageError
+from .spec import LabHost, LabSpec, LabState, clear_lab_dir, lab_dir, load_state, save_state
 
 __all__ = ["LabHost", "LabSpec", "LabState", "down", "job_ranks", "load_state", "require_lab", "session",
            "status", "up"]
@@ -32,15 +31,15 @@ def up(spec: LabSpec, probe: bool = True) -> LabState:
     net.require_privileges()
     try:
         previous = load_state()
-    except Exception:  # an unreadable state file is replaced like the rest
+    except TunelabError:  # an unreadable state file is replaced like the rest
         previous = None
     removed = net.remove_all()
+    clear_lab_dir()
     if previous is not None:
         notes = [f"replaced the lab that was up ({previous.describe()})"]
     else:
         notes = [f"removed a lab left behind: {', '.join(removed)}"] if removed else []
-    shutil.rmtree(lab_dir(), ignore_errors=True)
-    net._check_subnet_free(spec)
+    net.check_subnet_free(spec)
     netem = net.has_netem()
     if spec.link_latency_us > 0 and not netem:
         raise UsageError("this kernel has no netem qdisc, so tc cannot add link latency: leave out "
@@ -59,7 +58,7 @@ def up(spec: LabSpec, probe: bool = True) -> LabState:
             save_state(state)
     except BaseException:
         net.remove_all()
-        shutil.rmtree(lab_dir(), ignore_errors=True)
+        clear_lab_dir()
         raise
     return state
 
@@ -70,7 +69,7 @@ def down() -> list[str]:
 
     net.require_privileges()
     removed = net.remove_all()
-    shutil.rmtree(lab_dir(), ignore_errors=True)
+    clear_lab_dir()
     return removed
 
 

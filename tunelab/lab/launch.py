@@ -57,7 +57,7 @@ def ranks_per_host(state: LabState, np_: int | None) -> int:
 
 def _require_hydra(mpiexec: str) -> None:
     try:
-        text = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+        text = subprocess.run([mpiexec, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         text = ""
     if "HYDRA" not in text:

@@ -33,7 +33,7 @@ def require_privileges() -> None:
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(list(args), check=False, capture_output=True, text=True, timeout=60)
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         raise TunelabError(f"'{' '.join(args)}' failed: {detail[-1] if detail else f'exit {proc.returncode}'}")
@@ -77,7 +77,7 @@ def remove_all() -> list[str]:
     return found["namespaces"] + [link for link in found["links"] if link == BRIDGE] + found["etc"]
 
 
-def _check_subnet_free(spec: LabSpec) -> None:
+def check_subnet_free(spec: LabSpec) -> None:
     """Refuse a subnet that the host already routes (the lab must not shadow a real network)."""
     import ipaddress
 

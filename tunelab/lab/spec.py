@@ -120,6 +120,18 @@ def lab_dir() -> Path:
     return lab_directory()
 
 
+def clear_lab_dir(directory: Path | None = None) -> None:
+    """Remove the files a lab keeps in its directory (its state, launcher and hostfiles), and the
+    directory when that leaves it empty; nothing else in it is touched."""
+    d = directory or lab_dir()
+    for path in [d / "lab.json", d / "lab.tmp", d / "enter-host.sh", *d.glob("hosts-*")]:
+        path.unlink(missing_ok=True)
+    try:
+        d.rmdir()
+    except OSError:
+        pass
+
+
 def load_state(directory: Path | None = None) -> LabState | None:
     """The lab that is up, or None.  A state file that does not parse is an error, not a silent None."""
     path = (directory or lab_dir()) / "lab.json"
