@@ -205,7 +205,12 @@ def _check(model: Any, files: list[Path]) -> dict:
     from ..model.validate import crossover_check
 
     obs = load_many(files)
-    errors = [{**e, "held_out": True} for e in relative_errors(model, obs)]
+    skipped: list[str] = []
+    errors = [{**e, "held_out": True} for e in relative_errors(model, obs, skipped)]
+    if skipped:
+        print(f"# check: {len(skipped)} measurements the model cannot predict are left out, e.g. {skipped[0]}")
+    if not errors:
+        raise UsageError("--check: the model predicts none of these measurements")
     print("# check: measured (held-out files) vs predicted")
     summary = _print_errors(errors, "check")
     crossings = crossover_check(model, obs)
