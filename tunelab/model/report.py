@@ -68,10 +68,12 @@ def extrapolation_figure(model: ScaleModel, ranks_per_host: int, link: str, size
                 ys.append(time_s(model, algo, Topology(p // ranks_per_host, ranks_per_host, link), size, knobs))
             if xs:
                 ax.plot(xs, ys, linestyle=styles[j % len(styles)], label=f"{algo} {format_size(size)}")
-        pts = [m for m in measured if m["size"] == size and m["ranks_per_host"] == ranks_per_host]
+        pts = [m for m in measured if m["size"] == size and m["ranks_per_host"] == ranks_per_host
+               and m["hosts"] > 1 and m.get("link") == link and m["algorithm"] in ("flat", "hierarchical")]
         if pts:
             ax.scatter([m["hosts"] * m["ranks_per_host"] for m in pts], [m["measured_s"] for m in pts],
-                       marker="x", color="black", zorder=3, label=f"measured {format_size(size)}")
+                       marker="x", color="black", zorder=3,
+                       label=f"measured {format_size(size)}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(f"ranks ({ranks_per_host} per host, link {link}, a core per rank)")
@@ -95,7 +97,8 @@ def model_section(model: ScaleModel, errors: Sequence[dict[str, Any]], ranks_per
         blocks.append({"kind": "figure", "id": "fig-model-extrapolation",
                        "uri": extrapolation_figure(model, ranks_per_host, link, sizes, measured=errors),
                        "caption": f"scale model: allreduce time extrapolated to {EXTRAPOLATION_RANKS[-1]} ranks "
-                                  f"({ranks_per_host} per host, link {link}; crosses: measured)"})
+                                  f"({ranks_per_host} per host, link {link}, a core per rank; crosses: the engine measured "
+                                  "on one machine, oversubscribed where it has fewer cores than ranks)"})
     params = [{"parameter": k, "value": v} for k, v in sorted(model.values.items())]
     blocks.append(table_block("fitted parameters (s, s/byte; ~over: inflation per unit of oversubscription)", params))
     for caption, rows in tables:
