@@ -268,3 +268,18 @@ def test_step_check_against_a_landscape() -> None:
            "points": [{"knobs": k.as_dict(), "steps_s": [[t * 0.9, t, t * 1.1]]} for k, t in zip(knobs, truth_s)]}
     rows = step_check(model, doc, work, "1gbps")
     assert [r["rel_error"] for r in rows] == pytest.approx([0.0, 0.0], abs=1e-9)
+
+
+def test_model_objective_drives_the_tuning_driver() -> None:
+    """The model stands in for a recorded landscape: the driver's protocol runs on it to a lock."""
+    from tunelab.bench.tuner import plan_for
+    from tunelab.model.tuner import ModelObjective, model_landscape
+    from tunelab.tuning.driver import Driver
+    from tunelab.tuning.replay import simulate
+    from tunelab.tuning.strategies import make_strategy
+
+    land = model_landscape(_hand_model(), Workload("w", (4 * MiB, MiB, 16 * MiB), 10.0, 30.0), Topology(16, 4, "1gbps"))
+    driver = Driver(land.space, lambda epoch: make_strategy("random", land.space, 7 + epoch), plan_for(land),
+                    land.samples_per_step)
+    driver = simulate(driver, ModelObjective(land, seed=0))
+    assert driver.decisions and land.true_score(driver.decisions[0].knobs) > 0

@@ -57,6 +57,7 @@ class ModelLandscape:
     topo: Topology
     samples_per_step: float = 1.0
     grid: dict[str, Sequence] | None = None
+    recorded: dict | None = None  # a recorded landscape's provenance (none: the tuner's default plan)
     _cache: dict[Knobs, float] = field(default_factory=dict, repr=False)
 
     def step_s(self, knobs: Knobs) -> float:
