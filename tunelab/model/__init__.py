@@ -23,7 +23,11 @@ _EXPORTS = {
     "step_table": "predict", "predicted_best": "tuner", "ModelObjective": "tuner", "model_landscape": "tuner",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ModelError", "ModelInputError", "ModelObjective", "Observation", "ScaleModel", "Topology", "Workload",
+    "allreduce_table", "crossover", "fit_model", "load_bench", "load_many", "model_landscape", "predicted_best",
+    "relative_errors", "simulate_step", "step_table",
+]
 
 
 def __getattr__(name: str) -> Any:

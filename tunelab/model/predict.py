@@ -85,7 +85,7 @@ def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
     if topo.hosts < 2:
         return None
     knobs = knobs or Knobs()
-    steps = int(round(math.log2(high / low) * points_per_octave))
+    steps = round(math.log2(high / low) * points_per_octave)
     sizes = [low * 2 ** (s / points_per_octave) for s in range(steps + 1)]
     diff = [math.log(model.time_s("flat", topo, int(s), knobs) / model.time_s("hierarchical", topo, int(s), knobs))
             for s in sizes]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 
 from .data import Observation
 from .fit import ScaleModel
-from .predict import Crossover, crossover
+from .predict import Crossover
 
 GOAL = 0.15
 TIE = math.log(1.10)  # measured flat and hierarchical within 10 %: a tie, not a winner
@@ -38,7 +39,7 @@ def crossover_of(times: dict[int, tuple[float, float]]) -> Crossover | None:
     sig = [(s, d) for s, d in pairs if abs(d) >= TIE]
     if not sig:
         return Crossover((), "tie", "tie")
-    found = [s0 * (s1 / s0) ** (d0 / (d0 - d1)) for (s0, d0), (s1, d1) in zip(sig, sig[1:]) if (d0 < 0) != (d1 < 0)]
+    found = [s0 * (s1 / s0) ** (d0 / (d0 - d1)) for (s0, d0), (s1, d1) in itertools.pairwise(sig) if (d0 < 0) != (d1 < 0)]
     return Crossover(tuple(found), _winner(sig[0][1]), _winner(sig[-1][1]))
 
 
