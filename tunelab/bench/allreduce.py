@@ -23,6 +23,7 @@ import numpy as np
 from ..config import load_engine_config
 from ..dtypes import dtype_from_name
 from ..hardware import host_info
+from ..knobs import Knobs
 from .baselines import MPI_UNSUPPORTED, GlooGroup, torch_available
 from .common import count_wrong, exact_input, exact_sum, timed_iterations
 
@@ -117,6 +118,7 @@ def run_rank(p: dict) -> dict:
                 "nodes": topo.num_nodes if topo else None,
                 "ranks_per_node": list(topo.node_sizes) if topo else None,
                 "link_gbps": p.get("link_gbps"), "link_latency_us": p.get("link_latency_us") or 0.0,
+                "knobs": (next(iter(engines.values())).knobs if engines else Knobs(**p.get("knobs", {}))).as_dict(),
                 **lab_facts(comm)}
     for e in engines.values():
         e.close()
