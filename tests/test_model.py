@@ -283,3 +283,30 @@ def test_model_objective_drives_the_tuning_driver() -> None:
                     land.samples_per_step)
     driver = simulate(driver, ModelObjective(land, seed=0))
     assert driver.decisions and land.true_score(driver.decisions[0].knobs) > 0
+
+
+def test_recorded_landscape_is_the_models_prediction_with_noise() -> None:
+    from tunelab.model.tuner import recorded_landscape
+
+    model, work, topo = _hand_model(), Workload("w", (4 * MiB, MiB, 16 * MiB), 10.0, 30.0), Topology(16, 2, "1gbps")
+    land = recorded_landscape(model, work, topo, noise=0.0, steps=5)
+    for k, pool in zip(land.knobs, land.step_pools):
+        assert pool.size == 5 and np.allclose(pool, simulate_step(model, work, topo, k).step_s)
+    noisy = recorded_landscape(model, work, topo, noise=0.05, steps=400, seed=1)
+    spread = np.std(np.log(noisy.step_pools[0] / simulate_step(model, work, topo, noisy.knobs[0]).step_s))
+    assert 0.04 < spread < 0.06
+
+
+def test_bench_tuner_runs_strategies_on_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "model.json"
+    _hand_model().save(path)
+    out = tmp_path / "tuner.json"
+    assert _cli(["bench", "tuner", "--model-file", str(path), "--hosts", "32", "--ranks-per-host", "4",
+                 "--seeds", "2", "--strategies", "random", "--no-report", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["landscape"] for r in rows] == ["model:replay-resnet50@32x4"] and rows[0]["strategy"] == "random"
+    assert _cli(["bench", "tuner", "--model-file", str(tmp_path / "nope.json"), "--no-report"]) == 2
+    assert _cli(["bench", "tuner", "--model-file", str(path), "--link-gbps", "10", "--seeds", "1",
+                 "--strategies", "random", "--no-report"]) == 0  # a speed derived from the fitted 1 Gb/s
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(err) == 1 and "no such model file" in err[0]

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..cli.finish import add_output_flags, finish
 from ..cli.types import choice_list, positive_int
-from ..errors import TunelabError
+from ..errors import TunelabError, UsageError
 from ..tuning.driver import Driver, Plan
 from ..tuning.replay import Drift, Landscape, Objective, simulate
 from ..tuning.strategies import STRATEGIES, make_strategy
@@ -125,6 +125,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="host drift amplitude as a fraction of step time (default 0.05)")
     p.add_argument("--strategies", type=choice_list(tuple(STRATEGIES)), default=list(STRATEGIES),
                    help=f"comma-separated, from {','.join(STRATEGIES)}")
+    m = p.add_argument_group("the scale model as the objective (instead of recorded landscapes)")
+    m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
+                   help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
+    m.add_argument("--scenario", default="replay-resnet50", help="the workload's scenario (name or file)")
+    m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
+                   help="hosts of the modelled topology (repeatable; default 2)")
+    m.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="K")
+    m.add_argument("--link-gbps", type=float, default=None, metavar="G",
+                   help="the link between hosts (default: the model's one fitted link; another speed is "
+                        "derived from the nearest fitted one)")
+    m.add_argument("--model-noise", type=_fraction, default=0.03,
+                   help="per-step noise (log sigma) added to predicted step times (default 0.03)")
     add_output_flags(p)
     p.set_defaults(func=_cmd)
     return p
@@ -143,10 +155,15 @@ def _fraction(text: str) -> float:
 def _cmd(args: argparse.Namespace) -> int:
     from .common import format_table
 
-    paths = args.landscape or sorted(LANDSCAPE_DIR.glob("*.json"))
-    if not paths:
-        raise TunelabError(f"no landscapes given and none shipped in {LANDSCAPE_DIR}")
-    landscapes = [Landscape.load(p) for p in paths]
+    if args.model_file is not None:
+        if args.landscape:
+            raise UsageError("--model-file replaces recorded landscapes: drop --landscape")
+        landscapes = _model_landscapes(args)
+    else:
+        paths = args.landscape or sorted(LANDSCAPE_DIR.glob("*.json"))
+        if not paths:
+            raise TunelabError(f"no landscapes given and none shipped in {LANDSCAPE_DIR}")
+        landscapes = [Landscape.load(p) for p in paths]
     result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift)
     print(f"# tuner  seeds={args.seeds}  drift=±{100 * args.drift:g}%  scored: the locked configuration; "
           "samples: measured blocks until the lock, the default's reference blocks included")
@@ -159,3 +176,26 @@ def _cmd(args: argparse.Namespace) -> int:
         ("locked_within_3pct_frac", "within3%", ".2f"), ("locked_worse_than_default_frac", "worse>1%", ".2f"),
         ("adopted_frac", "adopted", ".2f"), ("median_locked_vs_best", "locked/best", ".3f")]))
     return finish(args, result, "tuner", "bench")
+
+
+def _model_landscapes(args: argparse.Namespace) -> list[Landscape]:
+    """One landscape per ``--hosts`` from the fitted model (UsageError, exit 2, on a bad file or link)."""
+    from ..model.costs import Topology, link_name
+    from ..model.fit import ModelError, ScaleModel
+    from ..model.step import Workload
+    from ..model.tuner import recorded_landscape
+
+    model = ScaleModel.load(args.model_file)  # ModelInputError (a usage error) on a bad file
+    if args.link_gbps is not None:
+        link = link_name(args.link_gbps)
+        model = model.with_link(link, args.link_gbps)
+    elif len(model.links) == 1:
+        link = model.links[0]
+    else:
+        raise UsageError(f"give --link-gbps: the model has links {', '.join(model.links) or 'none'}")
+    work = Workload.from_scenario(args.scenario)
+    try:
+        return [recorded_landscape(model, work, Topology(h, args.ranks_per_host, link), args.model_noise, seed=h)
+                for h in (args.hosts or [2])]
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None

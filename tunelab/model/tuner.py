@@ -106,3 +106,24 @@ def model_landscape(model: ScaleModel, workload: Workload, topo: Topology, pinne
     space = search_space(dict(pinned or {}), topo.hosts)
     return ModelLandscape(f"model:{workload.name}@{topo.hosts}x{topo.ranks_per_host}", space, model, workload,
                           topo, samples_per_step)
+
+
+def recorded_landscape(model: ScaleModel, workload: Workload, topo: Topology, noise: float = 0.03,
+                       steps: int = 40, seed: int = 0, grid: dict[str, Sequence] | None = None,
+                       samples_per_step: float = 1.0) -> Any:
+    """The model's grid as a recorded landscape (:class:`tunelab.tuning.replay.Landscape`): each point
+    gets ``steps`` step times, its predicted step time times seeded log-normal noise of sigma
+    ``noise``.  ``bench tuner`` then runs every strategy through the same driver and replay as on a
+    landscape measured in the lab, at any topology the model reaches (e.g. 256 hosts x 4 ranks)."""
+    from ..tuning.replay import Landscape
+    from ..tuning.space import search_space
+
+    space = search_space({}, topo.hosts)
+    points = grid_knobs(grid, topo, space.base)
+    rng = np.random.default_rng(seed)
+    pools = [simulate_step(model, workload, topo, k).step_s * np.exp(rng.normal(0.0, noise, steps))
+             for k in points]
+    means = np.asarray([float(np.mean(samples_per_step / p)) for p in pools])
+    name = f"model:{workload.name}@{topo.hosts}x{topo.ranks_per_host}"
+    return Landscape(name, space, points, pools, means, 0.0, samples_per_step,
+                     {"source": "scale model", "topology": f"{topo.hosts}x{topo.ranks_per_host} {topo.link}"})
