@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -310,3 +311,47 @@ def test_bench_tuner_runs_strategies_on_the_model(tmp_path: Path, capsys: pytest
                  "--strategies", "random", "--no-report"]) == 0  # a speed derived from the fitted 1 Gb/s
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(err) == 1 and "no such model file" in err[0]
+
+
+TINY_REPLAY = """
+name = "tiny-replay"
+workload = "replay"
+model = "resnet50"
+[run]
+np = 2
+[tuning]
+budget_samples = 3
+warmup_steps = 1
+discard_steps = 1
+measure_steps = 2
+[replay]
+forward_ms = 20
+backward_ms = 40
+"""
+
+
+@pytest.mark.mpi
+def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> None:
+    from tunelab.model.tuner import predicted_best
+    from tunelab.workloads.shapes import gradient_shapes
+
+    model_path, scenario, out = tmp_path / "model.json", tmp_path / "tiny.toml", tmp_path / "tune.json"
+    _hand_model().save(model_path)
+    scenario.write_text(TINY_REPLAY)
+    proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario), "--no-store",
+                           "--no-report", "--model-file", str(model_path), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "first proposals from the scale model" in proc.stdout
+    work = Workload("tiny", tuple(4 * math.prod(s) for s in gradient_shapes("resnet50")), 20.0, 40.0)
+    over = 2 / (os.cpu_count() or 1)
+    expected = [b.knobs.as_dict() for b in predicted_best(_hand_model(), work, Topology(1, 2, "none", over), 2,
+                                                           {"fusion_threshold_bytes": (0, MiB, 8 * MiB, 64 * MiB),
+                                                            "cycle_time_ms": (0.5, 2.0, 8.0, 32.0),
+                                                            "segment_bytes": (256 << 10, 4 * MiB)})]
+    candidates = [s["knobs"] for s in json.loads(out.read_text())["samples"] if s["role"] == "candidate"]
+    assert candidates[:2] == expected
+    missing = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario),
+                              "--model-file", str(tmp_path / "nope.json")], capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import UsageError
 from .finish import add_output_flags, finish
 from .lab import scenario_ranks, scenario_session
 from .types import knob, non_negative_int, positive_float, positive_int
@@ -36,6 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--retune", type=positive_int, nargs="?", const=200, default=0, metavar="STEPS",
                       help="after the lock, train STEPS more steps (default 200) and tune again if step time "
                            "leaves the locked configuration's interval")
+    tune.add_argument("--model-file", type=Path, default=None, metavar="FILE",
+                      help="a fitted scale model (tunelab model fit): its predicted best settings are the first "
+                           "proposals when this hardware has no stored trials (default: "
+                           "$TUNELAB_HOME/scale-model.json when it exists)")
     add_output_flags(tune)
     tune.set_defaults(func=run)
 
@@ -51,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
         link_latency_us=args.link_latency_us, image_size=args.image_size, device=args.device,
         batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
         knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
-    params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store, "retune_steps": args.retune}
+    if args.model_file is not None and not args.model_file.exists():
+        raise UsageError(f"--model-file {args.model_file}: no such file")
+    params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store, "retune_steps": args.retune,
+              "model_file": str(args.model_file.resolve()) if args.model_file else None}
     with scenario_session(args.lab, scenario) as lab:
         np_ = scenario_ranks(lab, args.np, scenario)
         print(f"# tuning {scenario.name}: {scenario.model} "

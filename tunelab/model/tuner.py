@@ -127,3 +127,56 @@ def recorded_landscape(model: ScaleModel, workload: Workload, topo: Topology, no
     name = f"model:{workload.name}@{topo.hosts}x{topo.ranks_per_host}"
     return Landscape(name, space, points, pools, means, 0.0, samples_per_step,
                      {"source": "scale model", "topology": f"{topo.hosts}x{topo.ranks_per_host} {topo.link}"})
+
+
+class SeededStrategy:
+    """A search strategy whose first asks are given settings (the model's predicted best on a topology
+    no profile has tuned), then its own; everything else is the inner strategy's."""
+
+    def __init__(self, inner: Any, first: Sequence[Knobs]) -> None:
+        self.inner = inner
+        self._first = list(first)
+
+    def ask(self) -> Knobs:
+        return self._first.pop(0) if self._first else self.inner.ask()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def default_model_path() -> Any:
+    """Where ``tune`` looks for a scale model when none is given: ``$TUNELAB_HOME/scale-model.json``."""
+    from ..config import tunelab_home
+
+    return tunelab_home() / "scale-model.json"
+
+
+def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int, link_gbps: float | None,
+                  oversubscription: float, space: Any, count: int = 2) -> tuple[list[Knobs], list[str]]:
+    """First proposals for a tuning job from the model at ``path``: the ``count`` settings of the
+    searched knobs with the lowest predicted step time, and lines saying so (or why there are none)."""
+    from ..workloads.shapes import gradient_shapes
+    from .costs import link_name
+    from .fit import ModelError
+    from .predict import DEFAULT_GRID
+
+    try:
+        model = ScaleModel.load(path)
+        link = "none"
+        if hosts > 1:
+            link = link_name(link_gbps)
+            model = model.with_link(link, link_gbps) if link_gbps is not None else model
+        sizes = tuple(4 * int(np.prod(s, dtype=np.int64)) for s in gradient_shapes(p["model"]))
+        work = Workload(str(p.get("name", p["model"])), sizes, float(p.get("replay_forward_ms", 100.0)),
+                        float(p.get("replay_backward_ms", 250.0)))
+        grid = {k: v for k, v in DEFAULT_GRID.items() if k in space.names}
+        if not grid:
+            return [], []
+        best = predicted_best(model, work, Topology(hosts, ranks_per_host, link, oversubscription), count,
+                              grid, space.base)
+    except ModelError as exc:  # a model file that does not fit this job: tune without it, and say so
+        return [], [f"# scale model {path} not used: {exc}"]
+    where = f"{hosts} host{'s' if hosts != 1 else ''} x {ranks_per_host} rank{'s' if ranks_per_host != 1 else ''}"
+    head = f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials for this hardware):"
+    lines = [head] + [f"#   {b.describe()}" for b in best]
+    return [b.knobs for b in best], lines

@@ -58,12 +58,17 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
     space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned), device=p.get("device") == "cuda")
     recorder = _Recorder.create(p, rt, workload, write=p.get("store", True)) if comm.rank == 0 else None
     stored = recorder.warm_start_observations() if recorder is not None else []
+    first = _model_proposals(p, rt, space) if comm.rank == 0 and not stored else []
     seed = p.get("seed", 0)
 
     def strategy(epoch: int) -> Any:
         made = make_strategy(p.get("strategy", "tunelab"), space, seed + 1000 * epoch)
         if epoch == 0 and stored:
             made.warm_start(stored)
+        if epoch == 0 and first:
+            from ..model.tuner import SeededStrategy
+
+            made = SeededStrategy(made, first)
         return made
 
     retune_steps = int(p.get("retune_steps") or 0)
@@ -87,6 +92,29 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
         result["profile_id"] = recorder.profile_id
         result["store"] = str(recorder.store.path)
     return result
+
+
+def _model_proposals(p: dict, rt: Any, space: Any) -> list[Knobs]:
+    """On a topology without stored trials: the scale model's predicted-best settings as the first
+    proposals (``p["model_file"]``, else ``$TUNELAB_HOME/scale-model.json`` when it exists)."""
+    import os
+    from pathlib import Path
+
+    from ..lab.launch import current_lab
+    from ..model.tuner import default_model_path, job_proposals
+
+    path = Path(p["model_file"]) if p.get("model_file") else default_model_path()
+    if not path.exists():
+        return []
+    topo, lab = rt.topology, current_lab()
+    link_gbps = lab.spec.link_gbps if lab is not None else rt.config.link_gbps
+    one_machine = lab is not None or rt.config.ranks_per_node is not None  # every rank on this host's cores
+    ranks_here = topo.size if one_machine else topo.local_size
+    first, lines = job_proposals(path, p, topo.num_nodes, topo.local_size, link_gbps,
+                                 ranks_here / (os.cpu_count() or 1), space)
+    for line in lines:
+        print(line, flush=True)
+    return first
 
 
 def _train_until_locked(workload: Workload, session: TuningSession) -> None:
