@@ -90,7 +90,8 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     print(f"# allreduce  np={hw['world_size']}  nodes={hw['nodes']} {hw['ranks_per_node']}  device={args.device}  "
           f"dtype={args.dtype}  iters={args.iters}  warmup={args.warmup}  (time: median of slowest rank)")
     if lab is not None:
-        print(f"# lab: {hw['lab']['hosts']} hosts x {hw['lab']['ranks_per_host']} ranks, "
+        per_host = hw["lab"]["ranks_per_host"]
+        print(f"# lab: {hw['lab']['hosts']} hosts x {per_host} rank{'s' if per_host != 1 else ''}, "
               f"{lab.spec.link_gbps:g} Gb/s links; one TCP stream sustained "
               + (f"{lab.sustained_gbps:.2f} Gb/s" if lab.sustained_gbps else "(not measured)")
               + " at lab up; link-bound = 2(H-1)/H x size / link rate, computed")
@@ -118,10 +119,9 @@ def _add_fusion(bsub: argparse._SubParsersAction) -> None:
 
 def _run_fusion(args: argparse.Namespace) -> int:
     from ..bench.common import format_table
-    from ..launch import run_job
-
     from ..lab import job_ranks
     from ..lab import session as lab_session
+    from ..launch import run_job
 
     _check_lab_flags(args)
     params = {**_params(args), "model": args.model}
