@@ -142,6 +142,45 @@ def test_retune_reopens_and_relocks_when_the_optimum_moves():
     assert len(steady.decisions) == 1
 
 
+class _Pessimist(STRATEGIES["random"]):
+    """Random proposals, one planted among them, and a model that expects nothing to reach the goal (a GP
+    that smoothed a real gain away on a noisy host)."""
+
+    def __init__(self, space, seed, planted):
+        super().__init__(space, seed)
+        self.planted, self.asked = planted, 0
+
+    def ask(self):
+        self.asked += 1
+        return self.planted if self.asked == 2 else super().ask()
+
+    def estimate(self, knobs):
+        return -0.05, 0.01
+
+    def upper_bound(self, z):
+        return -0.05
+
+    def recommend(self):
+        return self.space.base
+
+
+def test_a_measured_gain_is_remeasured_before_the_search_gives_up():
+    fast = PEAK
+    land = synthetic("one-fast", SPACE, GRID, lambda k: 1.08 if k == fast else 1.0, noise=0.02, seed=9)
+    driver = Driver(SPACE, lambda e: _Pessimist(SPACE, e, fast), Plan(), land.samples_per_step)
+    d = simulate(driver, Objective(land, 0, Drift(0.03, 60.0, 0))).decisions[0]
+    explored = [s for s in driver.samples if s.knobs == fast and s.phase == "explore"]
+    assert explored and math.exp(explored[0].told) >= 1.01  # measured above the goal once ...
+    assert any(s.knobs == fast and s.phase == "remeasure" for s in driver.samples)  # ... so re-measured
+    assert d.adopted and d.knobs == fast and d.interval.low >= 1.01
+    # nothing measured above the goal: the futile search still stops without re-measuring
+    flat = synthetic("flat", SPACE, GRID, lambda k: 0.9 if k != SPACE.base else 1.0, noise=0.01, seed=9)
+    driver = Driver(SPACE, lambda e: _Pessimist(SPACE, e, fast), Plan(), flat.samples_per_step)
+    d = simulate(driver, Objective(flat, 0)).decisions[0]
+    assert not d.adopted and "converged (nothing" in d.stop_reason
+    assert not any(s.phase == "remeasure" for s in driver.samples)
+
+
 def test_time_budget_and_pinned_everything_end_exploration():
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     d = run(land, 0, plan=Plan(budget_samples=1000, time_budget_s=20.0)).decisions[0]

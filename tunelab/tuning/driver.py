@@ -14,7 +14,9 @@ Phases (``Driver.phase``):
    ``explore_first`` candidates are measured, exploration stops early, at a reference block, when the
    strategy's best configuration is *promising* (its estimated gain less ``confirm_z`` standard
    deviations clears the minimum gain) or when nothing can be (no configuration's estimate plus
-   ``confirm_z`` deviations reaches it: the default is kept without re-measuring); else at the budget;
+   ``futile_z`` deviations reaches it: the default is kept without re-measuring, unless an explored
+   candidate's own measured ratio reached the minimum gain: the model may have smoothed a real gain
+   away on a noisy host, so that candidate is re-measured first, once per search); else at the budget;
 3. ``remeasure``: the strategy's recommendation and its best measured configurations (at most
    ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
    round, each round closed by a block of the reference.  Their gains and confidence intervals rest on
@@ -145,6 +147,7 @@ class Driver:
         self._round = 0
         self._outside = 0
         self._noise: tuple[int, noise.Noise] | None = None
+        self._forced: Knobs | None = None  # a finalist the model gave up on but a measurement did not
 
     @classmethod
     def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
@@ -277,6 +280,11 @@ class Driver:
                 if mean - z * sd >= goal and top - mean <= math.log1p(self.plan.near_best or 0.0):
                     return f"converged (a promising configuration: {math.exp(mean):.3f}x estimated)"
             if self.strategy.upper_bound(self.plan.futile_z) < goal:
+                above = self._measured_above(goal)
+                if above:  # the model smoothed a measured gain away: re-measure it before giving up
+                    self._forced = above[0]
+                    return ("converged (nothing is expected to reach the minimum gain, but one candidate "
+                            "measured above it: re-measured first)")
                 return "converged (nothing is expected to reach the minimum gain)"
         return ""
 
@@ -292,11 +300,28 @@ class Driver:
                 self._finalists.append(k)
             if len(self._finalists) == self.plan.finalists:
                 break
+        if self._forced is None and not self._finalists:
+            self._forced = next(iter(self._measured_above(goal)), None)
+        if self._forced is not None:  # the model smoothed it down, but a measured gain is re-measured first
+            self._finalists = [self._forced]
         self._round = 0
         if not self._finalists:
             return self._lock(None, None, "no configuration is expected to reach the minimum gain "
                                           f"({1 + self.plan.min_gain:.2f}x)")
         return self._queue_round()
+
+    def _measured_above(self, goal: float) -> list[Knobs]:
+        """This epoch's explored candidates whose own paired ratios (their mean) reach ``goal`` (log units),
+        best first, while nothing was re-measured in this epoch: on a noisy host the model may smooth a
+        real gain away, so the best such candidate is re-measured before the search gives up."""
+        told: dict[Knobs, list[float]] = {}
+        for s in self.samples:
+            if s.epoch == self.epoch and s.phase == "explore" and s.told is not None and s.knobs != self.default:
+                told.setdefault(s.knobs, []).append(s.told)
+        if any(s.epoch == self.epoch and s.phase == "remeasure" for s in self.samples):
+            return []  # once per search: a re-measurement already had its say
+        means = {k: float(np.mean(v)) for k, v in told.items()}
+        return sorted((k for k, m in means.items() if m >= goal), key=lambda k: -means[k])
 
     def _queue_round(self) -> tuple[Knobs, str, str] | None:
         self._round += 1
@@ -319,7 +344,9 @@ class Driver:
         self._finalists = [k for k, iv in scored if iv.high >= goal and iv.high >= best_iv.low
                            and not (futile and iv.gain < goal)]
         if not self._finalists:
-            if self._explored < self.plan.budget_samples and not self.stop_reason.startswith(("budget", "time")):
+            forced, self._forced = self._forced, None
+            if forced is None and self._explored < self.plan.budget_samples \
+                    and not self.stop_reason.startswith(("budget", "time")):
                 return self._resume_explore()
             return self._lock(None, (best_k, best_iv), f"no finalist can reach the minimum gain ({goal:.2f}x)")
         if self._round >= self.plan.max_rounds:
@@ -351,7 +378,7 @@ class Driver:
                                        blocks, self.steps - self._epoch_start[1],
                                        self.elapsed_s - self._epoch_start[0]))
         self.phase = "locked"
-        self._outside = 0
+        self._outside, self._forced = 0, None
         return (knobs, "locked", "locked")
 
     def _watch(self, sample: Sample) -> None:
