@@ -32,13 +32,14 @@ def truth(algo: str, hosts: int, per_host: int, size: int, seg: int = 4 * MiB, o
     """Seconds, written out independently of tunelab.model.costs, from how the engine moves bytes."""
     ranks = hosts * per_host
     a_s, b_s, g = p["shm.alpha"], p["shm.beta"], p["gamma"]
-    a_l, b_l = p["link.alpha"], p["link:1gbps.beta"]
+    a_l, b_l = p["link.alpha"], p["link:1gbps.beta"] + p.get("tcp.beta", 0.0)  # wire + TCP's CPU per byte
     if algo == "mpi":
         return (2 * math.ceil(math.log2(ranks)) * p["mpi.alpha"] + 2 * (ranks - 1) / ranks * size * p["mpi.beta"]
                 + (ranks - 1) / ranks * size * p["mpi.gamma"])
     if hosts == 1 and size <= oneshot:  # copy in, one barrier, reduce every peer's copy
         return a_s + size * b_s + per_host * size * g
-    if hosts > 1 and algo == "flat":  # pack, ring over all ranks, unpack
+    if hosts > 1 and (algo == "flat" or per_host == 1):  # pack, ring over all ranks, unpack
+        # (hierarchical on hosts of one rank each: the engine takes the flat ring whole)
         chunk = size / ranks
         messages = (ranks - 1) * (math.ceil(chunk / seg) + 1)
         return 2 * size * b_s + messages * a_l + 2 * (ranks - 1) * chunk * (b_l + g)
@@ -88,30 +89,56 @@ def test_fit_recovers_planted_parameters_and_predicts_held_out(tmp_path: Path) -
 
 
 def test_fit_recovers_contention_factors(tmp_path: Path) -> None:
-    """Runs with more ranks than cores: every latency slower by 1 + 6 over, every per-byte cost by
-    1 + 0.5 over (over = ranks / cores - 1); the fit finds both factors and the uncontended values."""
+    """Runs with more ranks than cores: every latency slower by 1 + 6 over, every per-byte CPU cost
+    (copies, reductions, TCP's own 1.5 ns/B) by 1 + 0.5 over (over = ranks / cores - 1), while the
+    wire's time per byte stays what the link's speed makes it; the fit finds both factors, the wire's
+    beta apart from TCP's, and so the uncontended values."""
     kappa_a, kappa_b = 6.0, 0.5
-    alphas = {k: (v if k.endswith("alpha") else 0.0) for k, v in PLANTED.items()}
-    betas = {k: (0.0 if k.endswith("alpha") else v) for k, v in PLANTED.items()}
+    planted = {**PLANTED, "tcp.beta": 1.5e-9}
+    alphas = {k: (v if k.endswith("alpha") else 0.0) for k, v in planted.items()}
+    cpu = {k: (0.0 if k.endswith("alpha") or k.startswith("link:") else v) for k, v in planted.items()}
+    wire = {k: (v if k.startswith("link:") else 0.0) for k, v in planted.items()}
     obs = []
-    for h, k, cores in ((1, 2, 64), (1, 4, 2), (2, 1, 64), (2, 2, 2), (4, 1, 2), (2, 2, 64)):
+    for h, k, cores in ((1, 2, 64), (1, 4, 2), (2, 1, 64), (2, 2, 2), (4, 1, 2), (2, 2, 64), (4, 1, 64)):
         over = max(0.0, h * k / cores - 1)
         path = bench_file(tmp_path / f"n{h}k{k}c{cores}.json", h, k, 0.0, np.random.default_rng(0), cores=cores)
         doc = json.loads(path.read_text())
         algos = {"ring": "flat", "hierarchical": "hierarchical"}
         for row in doc["rows"]:
             if row["algorithm"] in algos:
-                a = truth(algos[row["algorithm"]], h, k, row["size"], p=alphas)
-                b = truth(algos[row["algorithm"]], h, k, row["size"], p=betas)
-                row["time_us"] = 1e6 * (a * (1 + kappa_a * over) + b * (1 + kappa_b * over))
+                a, b, w = (truth(algos[row["algorithm"]], h, k, row["size"], p=part) for part in (alphas, cpu, wire))
+                row["time_us"] = 1e6 * (a * (1 + kappa_a * over) + b * (1 + kappa_b * over) + w)
         path.write_text(json.dumps(doc))
         obs += [o for o in load_bench(path) if o.algorithm != "mpi"]
     model = fit_model(obs)
     assert model.values["engine~over.alpha"] == pytest.approx(kappa_a, rel=0.15)
     assert model.values["engine~over.beta"] == pytest.approx(kappa_b, rel=0.15)
     assert model.values["link:1gbps.beta"] == pytest.approx(PLANTED["link:1gbps.beta"], rel=0.05)
+    assert model.values["tcp.beta"] == pytest.approx(1.5e-9, rel=0.15)
     got = model.time_s("hierarchical", Topology(8, 4, "1gbps"), 32 * MiB)
-    assert got == pytest.approx(truth("hierarchical", 8, 4, 32 * MiB), rel=0.05)
+    assert got == pytest.approx(truth("hierarchical", 8, 4, 32 * MiB, p=planted), rel=0.05)
+    # 4 x 2 on 2 cores (over 3, beyond the fit's over <= 1): wire as is, CPU and latency inflated
+    size, over = 16 * MiB, 3.0
+    want = sum(truth("hierarchical", 4, 2, size, p=part) * f
+               for part, f in ((alphas, 1 + kappa_a * over), (cpu, 1 + kappa_b * over), (wire, 1.0)))
+    assert model.time_s("hierarchical", Topology(4, 2, "1gbps", 4.0), size) == pytest.approx(want, rel=0.05)
+    # another link speed: its wire scales with the speed, TCP's CPU cost does not
+    fast = model.with_link("10gbps", 10.0)
+    assert fast.values["link:10gbps.beta"] == pytest.approx(model.values["link:1gbps.beta"] / 10)
+    assert fast.values["tcp.beta"] == model.values["tcp.beta"]
+
+
+def test_hierarchical_on_one_rank_hosts_is_the_flat_ring() -> None:
+    """The engine takes the flat ring whole when every host has one rank (engine.Engine._run): the
+    model costs it so, not as one segment-sized ring after another."""
+    model = _hand_model()
+    for size in (64 << 10, 4 * MiB, 64 * MiB):
+        one = Topology(4, 1, "1gbps", baselines_on_link=False)
+        assert model.time_s("hierarchical", one, size) == model.time_s("flat", one, size)
+        assert model.time_s("flat", one, size) == pytest.approx(truth("flat", 4, 1, size, p=model.values), rel=1e-9)
+    two = Topology(4, 2, "1gbps", baselines_on_link=False)  # two ranks a host: the two-shot path, by pieces
+    assert model.time_s("hierarchical", two, 64 * MiB) == pytest.approx(truth("hierarchical", 4, 2, 64 * MiB, p=model.values), rel=1e-9)
+    assert model.time_s("hierarchical", two, 64 * MiB) != pytest.approx(model.time_s("flat", two, 64 * MiB), rel=0.01)
 
 
 def test_fit_is_robust_to_an_outlier(tmp_path: Path) -> None:

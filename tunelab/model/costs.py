@@ -7,14 +7,17 @@ and fitting is a (non-negative, weighted) linear least-squares problem.  The par
   shared memory), ``gamma`` (s per byte of every source a reduction reads);
 * ``link.alpha`` (s per message crossing the link between hosts, MPI's own cost included: one value
   for the link type, since shaping a link to another speed changes its rate, not its latency) and
-  ``link:<name>.beta`` per link speed (s per byte through one host's link, which all its ranks share);
+  ``link:<name>.beta`` per link speed (s per byte on the wire of one host's link, which all its ranks
+  share), and ``tcp.beta`` (CPU s per byte through a host's link: TCP's and the bridge's own work,
+  whatever the link's speed; without oversubscribed runs it cannot be told from the wire's and is 0);
 * ``<baseline>.alpha/.beta`` for MPI_Allreduce or gloo, each fitted as its own algorithm (its
   reduction is proportional to the same bytes as its transfers, so it is part of its beta).
 
 Contention: on an oversubscribed machine (the lab and emulated nodes run every rank on one machine)
 waits and copies cost more.  Each family (the engine; each baseline) has two factors, ``~over.alpha``
-and ``~over.beta``: every latency is multiplied by ``1 + kappa_alpha * over`` and every per-byte cost
-by ``1 + kappa_beta * over``, with ``over = max(0, ranks per machine / cores - 1)``.  Predictions for
+and ``~over.beta``: every latency is multiplied by ``1 + kappa_alpha * over`` and every per-byte CPU
+cost (not the wire's, ``link:<name>.beta``: a shaped link is as slow whoever has the cores) by
+``1 + kappa_beta * over``, with ``over = max(0, ranks per machine / cores - 1)``.  Predictions for
 real hosts with a core per rank have ``over = 0``: the factors drop out.
 
 The engine's paths (:mod:`tunelab.engine.algorithms`, hosts ``N``, ranks per host ``K``, ``P = N K``,
@@ -23,11 +26,12 @@ size ``S``, pieces of ``segment_bytes``):
 * one host, ``S <= oneshot_max_bytes``: copy in, one ordering point, reduce K sources:
   ``shm.alpha + S shm.beta + K S gamma``;
 * one host, larger: two-shot, per piece of ``m`` bytes: ``2 shm.alpha + 2 m shm.beta + m gamma``;
-* hierarchical (``N > 1``): two-shot, and each piece's shard goes round a ring of N hosts (K rings
-  share a host's link): ``+ 2 (N-1) link.alpha + 2 (N-1)/N m link.beta + 2 (N-1) m/(K N) gamma``;
+* hierarchical (``N > 1``, ``K > 1``): two-shot, and each piece's shard goes round a ring of N hosts
+  (K rings share a host's link): ``+ 2 (N-1) link.alpha + 2 (N-1)/N m (link.beta + tcp.beta)
+  + 2 (N-1) m/(K N) gamma``; with ``K = 1`` the engine takes the flat ring instead;
 * flat ring (``N > 1``): pack and unpack ``2 S shm.beta``, then 2 (P-1) steps of chunks ``c = S/P``,
   the reduce-scatter sending ``ceil(c / segment)`` messages a step:
-  ``(P-1) (ceil(c/seg) + 1) link.alpha + 2 (P-1) c link.beta + 2 (P-1) c gamma``;
+  ``(P-1) (ceil(c/seg) + 1) link.alpha + 2 (P-1) c (link.beta + tcp.beta) + 2 (P-1) c gamma``;
 * baselines (recursive halving and doubling, MPICH's large-message allreduce):
   ``2 ceil(log2 P) alpha + 2 (P-1)/P S beta``.
 """
@@ -43,6 +47,7 @@ ENGINE_ALGORITHMS = ("flat", "hierarchical")
 BASELINES = ("mpi", "gloo")
 OVER = "~over"
 LINK_ALPHA = "link.alpha"  # one latency for the link type between hosts; its speeds differ in beta
+TCP_BETA = "tcp.beta"      # CPU time per byte a rank sends and receives through TCP, whatever the link's speed
 
 Coeffs = dict[str, float]
 
@@ -85,11 +90,15 @@ def link_name(gbps: float | None) -> str:
 
 
 def path_of(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> str:
-    """The engine path a bucket takes: ``alone``, ``oneshot``, ``twoshot``, ``hierarchical``, ``flat``."""
+    """The engine path a bucket takes: ``alone``, ``oneshot``, ``twoshot``, ``hierarchical``, ``flat``
+    (as :meth:`tunelab.engine.engine.Engine._run` chooses: hierarchical on hosts of one rank each is
+    the flat ring, taken whole)."""
     if topo.ranks == 1:
         return "alone"
     if topo.hosts == 1:
         return "oneshot" if size <= knobs.oneshot_max_bytes else "twoshot"
+    if algorithm == "hierarchical" and topo.ranks_per_host == 1:
+        return "flat"
     return algorithm
 
 
@@ -123,11 +132,21 @@ def seconds(coeffs: Coeffs, values: dict[str, float], fam: str, over: float) -> 
     """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for latencies (alpha) or for
     per-byte costs (beta, gamma); KeyError naming the first parameter the values lack."""
     ka, kb = (values.get(k, 0.0) for k in contention_keys(fam))
+    kappa = {"alpha": ka, "beta": kb, "wire": 0.0}
     total = 0.0
     for name, c in coeffs.items():
-        kappa = ka if parameter_kind(name) == "alpha" else kb
-        total += c * values[name] * (1.0 + kappa * over)
+        total += c * values[name] * (1.0 + kappa[contention_class(name)] * over)
     return total
+
+
+def contention_class(name: str) -> str:
+    """How oversubscription inflates a parameter: ``alpha`` (latencies, by kappa_alpha), ``beta``
+    (per-byte CPU work: copies, reductions, TCP's own per-byte cost, by kappa_beta) or ``wire``
+    (the shaped link's time per byte, ``link:<name>.beta``: a byte on the wire takes as long
+    whoever has the cores)."""
+    if name.startswith("link:") and name.endswith(".beta"):
+        return "wire"
+    return "alpha" if parameter_kind(name) == "alpha" else "beta"
 
 
 def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
@@ -148,6 +167,7 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
             link = f"link:{topo.link}"
             _add(c, LINK_ALPHA, 2.0 * (n - 1) * pieces)
             _add(c, f"{link}.beta", 2.0 * (n - 1) / n * size)
+            _add(c, TCP_BETA, 2.0 * (n - 1) / n * size)
             _add(c, "gamma", 2.0 * (n - 1) * size / (k * n))
     elif path == "flat":
         p, link = topo.ranks, f"link:{topo.link}"
@@ -155,6 +175,7 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
         _add(c, "shm.beta", 2.0 * size)
         _add(c, LINK_ALPHA, (p - 1) * (math.ceil(chunk / knobs.segment_bytes) + 1))
         _add(c, f"{link}.beta", 2.0 * (p - 1) * chunk)
+        _add(c, TCP_BETA, 2.0 * (p - 1) * chunk)
         _add(c, "gamma", 2.0 * (p - 1) * chunk)
     else:
         raise ValueError(f"unknown engine path {path!r}")

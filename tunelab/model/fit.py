@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..knobs import Knobs
-from .costs import OVER, Topology, coefficients, contention_keys, family, parameter_kind, seconds
+from .costs import OVER, TCP_BETA, Topology, coefficients, contention_class, contention_keys, family, seconds
 from .data import ModelInputError, Observation
 
 FORMAT = "tunelab-scale-model/1"
@@ -43,6 +43,12 @@ class ScaleModel:
     rel_errors: dict[str, float] = field(default_factory=dict)  # training: median / p90 / max |error|
     fit_points: list[dict[str, Any]] = field(default_factory=list)  # training: measured vs predicted
 
+    def __post_init__(self) -> None:
+        if any(k.startswith("link:") for k in self.values):
+            # a model fitted without oversubscribed runs (or before TCP's CPU cost was its own
+            # parameter) has that cost inside the link's beta
+            self.values.setdefault(TCP_BETA, 0.0)
+
     @property
     def links(self) -> list[str]:
         return sorted({_owner(k)[5:] for k in self.values if k.startswith("link:")})
@@ -51,7 +57,7 @@ class ScaleModel:
     def baselines(self) -> list[str]:
         """Fitted baselines: ``mpi`` (not behind a link) or ``mpi@<link>`` (through it), and gloo's."""
         return sorted({_owner(k) for k in self.values
-                       if OVER not in k and not k.startswith(("link", "shm.", "gamma"))})
+                       if OVER not in k and not k.startswith(("link", "shm.", "gamma", "tcp."))})
 
     def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None) -> float:
         """Predicted seconds of one allreduce.  ModelError when a parameter it needs was not fitted."""
@@ -137,9 +143,14 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
     for fam in dict.fromkeys(fams):  # families share no parameter: each is its own problem
         idx = [i for i, f in enumerate(fams) if f == fam]
         mine = sorted({k for i in idx for k in rows[i]})
-        a = np.array([[rows[i].get(n, 0.0) for n in mine] for i in idx]) / np.array([obs[i].time_s for i in idx])[:, None]
         over = np.array([obs[i].topo.over for i in idx])
-        kinds = np.array([parameter_kind(n) == "alpha" for n in mine])
+        if over.max() == 0 and TCP_BETA in mine:
+            # TCP's CPU cost per byte goes with the same bytes as the wire's; only oversubscription
+            # (which slows the CPU, not the wire) tells them apart: without it, the link's beta holds both.
+            mine.remove(TCP_BETA)
+            values[TCP_BETA] = 0.0
+        a = np.array([[rows[i].get(n, 0.0) for n in mine] for i in idx]) / np.array([obs[i].time_s for i in idx])[:, None]
+        kinds = np.array([contention_class(n) for n in mine])
         x, kappa = _fit_family(a, over, kinds, robust)
         values.update(zip(mine, map(float, x)))
         if over.max() > 0:
@@ -154,25 +165,31 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
 KAPPA_GRID = np.concatenate([[0.0], np.geomspace(0.05, 200.0, 40)])
 
 
-def _fit_family(a: np.ndarray, over: np.ndarray, alpha_cols: np.ndarray,
+def _inflation(kinds: np.ndarray, over: np.ndarray, ka: float, kb: float) -> np.ndarray:
+    """Per observation and parameter: ``1 + kappa * over`` (kappa by the parameter's contention class)."""
+    kappa = np.where(kinds == "alpha", ka, np.where(kinds == "wire", 0.0, kb))
+    return 1.0 + kappa[None, :] * over[:, None]
+
+
+def _fit_family(a: np.ndarray, over: np.ndarray, kinds: np.ndarray,
                 robust: bool) -> tuple[np.ndarray, tuple[float, float]]:
     """Parameters and (kappa_alpha, kappa_beta): the contention factors by grid search (each grid
     point a linear problem), the rest by robust NNLS on relative error."""
     if over.max() == 0:
         return _robust_nnls(a, robust), (0.0, 0.0)
     grid = [(ka, kb) for ka in KAPPA_GRID for kb in KAPPA_GRID[::4]]
-    ka, kb = _best_kappa(a, over, alpha_cols, grid)
+    ka, kb = _best_kappa(a, over, kinds, grid)
     fine = np.geomspace(0.6, 1.6, 9)  # then refine around the coarse optimum
-    ka, kb = _best_kappa(a, over, alpha_cols, [(ka * f, kb * g) for f in fine for g in fine] + [(ka, kb)])
-    scale = 1.0 + np.where(alpha_cols[None, :], ka, kb) * over[:, None]
+    ka, kb = _best_kappa(a, over, kinds, [(ka * f, kb * g) for f in fine for g in fine] + [(ka, kb)])
+    scale = _inflation(kinds, over, ka, kb)
     return _robust_nnls(a * scale, robust), (ka, kb)
 
 
-def _best_kappa(a: np.ndarray, over: np.ndarray, alpha_cols: np.ndarray,
+def _best_kappa(a: np.ndarray, over: np.ndarray, kinds: np.ndarray,
                 candidates: list[tuple[float, float]]) -> tuple[float, float]:
     best, arg = math.inf, candidates[0]
     for ka, kb in candidates:
-        scaled = a * (1.0 + np.where(alpha_cols[None, :], ka, kb) * over[:, None])
+        scaled = a * _inflation(kinds, over, ka, kb)
         x = _robust_nnls(scaled, True, iterations=8)
         loss = _huber_loss(scaled @ x - 1.0)
         if loss < best:
