@@ -382,3 +382,33 @@ def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> No
                               "--model-file", str(tmp_path / "nope.json")], capture_output=True, text=True,
                              timeout=120, check=False)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_cli_fit_on_some_sizes_checks_the_others(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fit --sizes`` leaves the other sizes out of the fit, ``predict --check-sizes`` compares only those;
+    on one-rank hosts the check reports the two measurements of the one path instead of a crossover."""
+    rng = np.random.default_rng(5)
+    files = [bench_file(tmp_path / f"n{h}k{k}.json", h, k, 0.0, rng) for h, k in [(1, 2), (2, 1), (2, 2), (4, 1)]]
+    doc = json.loads(files[3].read_text())  # 4 x 1: hierarchical measured 20 % slower at 1 MiB only (noise)
+    for row in doc["rows"]:
+        if row["algorithm"] == "hierarchical" and row["size"] == MiB:
+            row["time_us"] *= 1.2
+    files[3].write_text(json.dumps(doc))
+    model, out = str(tmp_path / "model.json"), tmp_path / "fit.json"
+    fit_sizes, held = [64 << 10, 4 * MiB, 64 * MiB], [256 << 10, MiB, 16 * MiB]
+    assert _cli(["model", "fit", *map(str, files), "--out", model, "--sizes", "64KiB,4MiB,64MiB",
+                 "--json", str(out)]) == 0
+    assert {p["size"] for p in json.loads(out.read_text())["fit_points"]} == set(fit_sizes)
+    check = tmp_path / "check.json"
+    assert _cli(["model", "predict", "--model-file", model, "--hosts", "4", "--ranks-per-host", "1",
+                 "--link-gbps", "1", "--check", str(files[2]), str(files[3]), "--check-sizes", "256KiB,1MiB,16MiB",
+                 "--json", str(check), "--no-report"]) == 0
+    res = json.loads(check.read_text())["check"]
+    assert {p["size"] for p in res["points"]} == set(held) and len(res["points"]) == 2 * 3 * 3
+    errs = {(p["source"], p["algorithm"], p["size"]): p["rel_error"] for p in res["points"]}
+    assert errs[("n4k1", "hierarchical", MiB)] == pytest.approx(1 / 1.2 - 1, abs=0.02)  # the planted noise, seen
+    assert max(abs(e) for k, e in errs.items() if k != ("n4k1", "hierarchical", MiB)) < 0.03
+    same = next(c for c in res["crossover"] if c["source"] == "n4k1")
+    assert same["same_path"] and same["same_path_spread"]["max"] == pytest.approx(0.2, rel=1e-6)
+    assert "one rank per host: hierarchical is the flat ring" in capsys.readouterr().out
+    assert _cli(["model", "fit", *map(str, files), "--out", model, "--sizes", "3MiB"]) == 2

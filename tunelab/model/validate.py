@@ -45,13 +45,22 @@ def crossover_of(times: dict[int, tuple[float, float]]) -> Crossover | None:
 
 def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[str, Any]]:
     """Per multi-host run: the crossover of its measurements and of the model's predictions at the
-    same sizes (same tie rule), the winner at each size, and the factor between the first crossovers."""
+    same sizes (same tie rule), the winner at each size, and the factor between the first crossovers.
+    On hosts of one rank each, hierarchical is the flat ring (the engine takes it whole): no crossover
+    exists, and the row gives instead how far apart the two measurements of that one path are
+    (``same_path_spread``: median and max |log ratio| as a fraction) -- the run-to-run noise."""
     out = []
     for source in dict.fromkeys(o.source for o in obs):
         mine = [o for o in obs if o.source == source and o.topo.hosts > 1]
         flat = {o.size: o for o in mine if o.algorithm == "flat"}
         hier = {o.size: o for o in mine if o.algorithm == "hierarchical"}
         both = sorted(set(flat) & set(hier))
+        if both and all(flat[s].topo.ranks_per_host == 1 for s in both):
+            spread = [abs(math.log(flat[s].time_s / hier[s].time_s)) for s in both]
+            out.append({"source": source, "same_path": True, "sizes": len(both),
+                        "same_path_spread": {"median": math.expm1(float(np.median(spread))),
+                                             "max": math.expm1(max(spread))}})
+            continue
         measured = crossover_of({s: (flat[s].time_s, hier[s].time_s) for s in both})
         if measured is None:
             continue
