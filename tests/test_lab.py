@@ -25,10 +25,15 @@ def _root_with_iproute() -> str | None:
         return f"needs iproute2 and unshare; missing {', '.join(missing)}"
     if os.path.exists("/run/tunelab-lab/lab.json"):
         return "a lab is up on this machine; these tests would replace it"
+    probe = subprocess.run(["ip", "netns", "add", "tlab-test-probe"], check=False, capture_output=True, text=True)
+    if probe.returncode != 0:  # root without CAP_SYS_ADMIN (an unprivileged container)
+        return f"cannot create network namespaces here: {probe.stderr.strip() or probe.returncode}"
+    subprocess.run(["ip", "netns", "delete", "tlab-test-probe"], check=False, capture_output=True)
     return None
 
 
-needs_lab = pytest.mark.skipif(_root_with_iproute() is not None, reason=str(_root_with_iproute()))
+_WHY_NO_LAB = _root_with_iproute()
+needs_lab = pytest.mark.skipif(_WHY_NO_LAB is not None, reason=str(_WHY_NO_LAB))
 
 
 def _state(hosts: int = 4, gbps: float = 1.0) -> LabState:
