@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..cli.finish import add_output_flags, finish
-from ..cli.types import choice_list, positive_int
+from ..cli.types import choice_list, fraction, positive_float, positive_int
 from ..errors import TunelabError, UsageError
 from ..tuning.driver import Driver, Plan
 from ..tuning.replay import Drift, Landscape, Objective, simulate
@@ -121,7 +121,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                    help="exploration blocks per run (default: the landscape's scenario budget, as tunelab tune "
                         f"runs it; {Plan().budget_samples} without one)")
-    p.add_argument("--drift", type=_fraction, default=0.05,
+    p.add_argument("--drift", type=fraction, default=0.05,
                    help="host drift amplitude as a fraction of step time (default 0.05)")
     p.add_argument("--strategies", type=choice_list(tuple(STRATEGIES)), default=list(STRATEGIES),
                    help=f"comma-separated, from {','.join(STRATEGIES)}")
@@ -132,24 +132,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
                    help="hosts of the modelled topology (repeatable; default 2)")
     m.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="K")
-    m.add_argument("--link-gbps", type=float, default=None, metavar="G",
+    m.add_argument("--link-gbps", type=positive_float, default=None, metavar="G",
                    help="the link between hosts (default: the model's one fitted link; another speed is "
                         "derived from the nearest fitted one)")
-    m.add_argument("--model-noise", type=_fraction, default=0.03,
+    m.add_argument("--model-noise", type=fraction, default=0.03,
                    help="per-step noise (log sigma) added to predicted step times (default 0.03)")
     add_output_flags(p)
     p.set_defaults(func=_cmd)
     return p
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text!r}")
-    return value
 
 
 def _cmd(args: argparse.Namespace) -> int:

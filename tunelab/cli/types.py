@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 from ..units import parse_size
 
-__all__ = ["Parser", "choice_list", "knob", "non_negative_int", "positive_float", "positive_int", "size_list"]
+__all__ = ["Parser", "choice_list", "fraction", "knob", "non_negative_int", "positive_float", "positive_int",
+           "size_list"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,34 +24,32 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, convert: Callable[[str], float], ok: Callable[[float], bool], what: str) -> float:
+    """``text`` converted, or an ArgumentTypeError saying what was expected."""
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return int(_number(text, int, lambda v: v >= 1, "a positive integer"))
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return int(_number(text, int, lambda v: v >= 0, "an integer >= 0"))
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    return _number(text, float, lambda v: v > 0, "a positive number")
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    return _number(text, float, lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)")
 
 
 def size_list(text: str) -> list[int]:
