@@ -21,6 +21,7 @@ from .types import Parser, knob, positive_float, positive_int, size_list
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB,256MiB,1GiB"
 STEP_ROWS = 12
+LARGE = 1 << 20  # error summaries apart below (latency-bound) and from (bandwidth-bound) this size
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -102,6 +103,13 @@ def _print_errors(errors: list[dict[str, Any]], what: str) -> dict[str, Any]:
     s = summarize(errors)
     print(f"# {what}: {s['points']} points, |error| median {100 * s['median']:.1f}%, p90 {100 * s['p90']:.1f}%, "
           f"max {100 * s['max']:.1f}%, within 15%: {s['within_15pct']}/{s['points']}")
+    for name, part in (("below 1 MiB", [e for e in errors if e["size"] < LARGE]),
+                       ("1 MiB and more", [e for e in errors if e["size"] >= LARGE])):
+        if part and len(part) < len(errors):
+            p = summarize(part)
+            s[name] = p
+            print(f"#   {name}: {p['points']} points, |error| median {100 * p['median']:.1f}%, "
+                  f"max {100 * p['max']:.1f}%, within 15%: {p['within_15pct']}/{p['points']}")
     return s
 
 
