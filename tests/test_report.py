@@ -100,8 +100,10 @@ def test_profile_only_report_and_errors(inputs: dict, tmp_path: Path, capsys: py
     assert 'id="tune-0-landscape"' in html and "Hardware: CPU" in html
     assert main(["report", "--profile", "999", "--out", str(tmp_path / "x.html")]) == 1
     assert "no profile 999" in capsys.readouterr().err
-    assert main(["report", "--bench", str(inputs["tune"]), "--out", str(tmp_path / "y.html")]) == 1
+    assert main(["report", "--bench", str(inputs["tune"]), "--out", str(tmp_path / "y.html")]) == 2  # wrong file
     assert "not a tunelab bench --json result" in capsys.readouterr().err
+    assert main(["report", "--bench", str(tmp_path / "missing.json"), "--out", str(tmp_path / "y.html")]) == 2
+    assert "cannot read" in capsys.readouterr().err
     assert not (tmp_path / "x.html").exists()
 
 

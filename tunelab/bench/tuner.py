@@ -150,10 +150,18 @@ def _cmd(args: argparse.Namespace) -> int:
             raise UsageError("--model-file replaces recorded landscapes: drop --landscape")
         landscapes = _model_landscapes(args)
     else:
-        paths = args.landscape or sorted(LANDSCAPE_DIR.glob("*.json"))
-        if not paths:
-            raise TunelabError(f"no landscapes given and none shipped in {LANDSCAPE_DIR}")
-        landscapes = [Landscape.load(p) for p in paths]
+        if args.landscape:  # files the command line names: what is wrong with them is a usage error
+            landscapes = []
+            for path in args.landscape:
+                try:
+                    landscapes.append(Landscape.load(path))
+                except TunelabError as exc:
+                    raise UsageError(str(exc)) from None
+        else:
+            paths = sorted(LANDSCAPE_DIR.glob("*.json"))
+            if not paths:
+                raise TunelabError(f"no landscapes shipped in {LANDSCAPE_DIR}")
+            landscapes = [Landscape.load(p) for p in paths]
     result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift)
     print(f"# tuner  seeds={args.seeds}  drift=±{100 * args.drift:g}%  scored: the locked configuration; "
           "samples: measured blocks until the lock, the default's reference blocks included")

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..errors import TunelabError
+from ..errors import TunelabError, UsageError
 from ..knobs import Knobs
 from ..units import format_size
 
@@ -159,16 +159,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         data = json.loads(args.file.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise TunelabError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise TunelabError(f"{args.file} is not a tunelab profiles export (not UTF-8 text)") from None
+        raise UsageError(f"{args.file} is not a tunelab profiles export (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
-        raise TunelabError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        raise UsageError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     store = _store()
     try:
         result = store.merge(data)
     except InvalidExport as exc:
-        raise TunelabError(f"{args.file} is not a valid tunelab profiles export: {exc}") from None
+        raise UsageError(f"{args.file} is not a valid tunelab profiles export: {exc}") from None
     print(f"imported {args.file}: {result.profiles_added} new profiles, {result.trials_added} new trials "
           f"({len(result.profile_ids)} profiles in the file) into {store.path}")
     return 0

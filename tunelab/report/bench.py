@@ -100,13 +100,13 @@ SECTIONS = {"train": train_section, "allreduce": allreduce_section, "fusion": fu
 
 
 def bench_sections(results: list[Result]) -> list[dict[str, Any]]:
-    from ..errors import TunelabError
+    from ..errors import UsageError
 
     by_kind: dict[str, list[Result]] = {}
     for label, data in results:
         kind = kind_of(data)
-        if kind not in SECTIONS:
-            raise TunelabError(f"{label}: not a tunelab bench --json result")
+        if kind not in SECTIONS:  # the file the command line named is not what it says: exit 2
+            raise UsageError(f"{label}: not a tunelab bench --json result")
         by_kind.setdefault(kind, []).append((label, data))
     return [SECTIONS[k](v) for k, v in by_kind.items()]
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import TunelabError
+from ..errors import TunelabError, UsageError
 
 
 def default_out() -> Path:
@@ -15,14 +15,15 @@ def default_out() -> Path:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    """A --bench/--tune input; what is wrong with it is a usage error (exit 2)."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise TunelabError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
-        raise TunelabError(f"{path}: not JSON ({exc})") from None
+        raise UsageError(f"{path}: not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise TunelabError(f"{path}: not a tunelab --json result")
+        raise UsageError(f"{path}: not a tunelab --json result")
     return data
 
 
