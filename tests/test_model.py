@@ -409,7 +409,7 @@ def test_cli_fit_on_some_sizes_checks_the_others(tmp_path: Path, capsys: pytest.
     assert errs[("n4k1", "hierarchical", MiB)] == pytest.approx(1 / 1.2 - 1, abs=0.02)  # the planted noise, seen
     assert max(abs(e) for k, e in errs.items() if k != ("n4k1", "hierarchical", MiB)) < 0.03
     small, large = res["summary"]["below 1 MiB"], res["summary"]["1 MiB and more"]
-    assert (small["points"], large["points"]) == (12, 6) and large["max"] == pytest.approx(1 - 1 / 1.2, abs=0.02)
+    assert (small["points"], large["points"]) == (6, 12) and large["max"] == pytest.approx(1 - 1 / 1.2, abs=0.02)
     same = next(c for c in res["crossover"] if c["source"] == "n4k1")
     assert same["same_path"] and same["same_path_spread"]["max"] == pytest.approx(0.2, rel=1e-6)
     assert "one rank per host: hierarchical is the flat ring" in capsys.readouterr().out
