@@ -3,9 +3,11 @@ missing from a non-editable install, while an editable one hides the mistake).""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parent.parent
 
 
