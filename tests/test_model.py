@@ -286,7 +286,7 @@ def test_cli_fit_predict_check_and_report(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_step_check_against_a_landscape() -> None:
-    from tunelab.model.validate import step_check
+    from tunelab.model.validate import merge_landscapes, step_check
 
     model = _hand_model()
     work = Workload("w", (4 * MiB, MiB, 16 * MiB), 10.0, 30.0)
@@ -296,6 +296,13 @@ def test_step_check_against_a_landscape() -> None:
            "points": [{"knobs": k.as_dict(), "steps_s": [[t * 0.9, t, t * 1.1]]} for k, t in zip(knobs, truth_s)]}
     rows = step_check(model, doc, work, "1gbps")
     assert [r["rel_error"] for r in rows] == pytest.approx([0.0, 0.0], abs=1e-9)
+    # a second run of the landscape, each point's visit 30 % slower (disturbed): the fastest visit counts
+    slow = {**doc, "points": [{"knobs": k.as_dict(), "steps_s": [[t * 1.3] * 3]} for k, t in zip(knobs, truth_s)]}
+    rows = step_check(model, merge_landscapes([slow, doc]), work, "1gbps")
+    assert [r["rel_error"] for r in rows] == pytest.approx([0.0, 0.0], abs=1e-9)
+    assert [r["visits"] for r in rows] == [2, 2]
+    assert [r["median_all_s"] for r in rows] == pytest.approx([t * 1.2 for t in truth_s])  # of .9 1 1.1 1.3 1.3 1.3
+    assert [r["rel_error"] for r in step_check(model, slow, work, "1gbps")] == pytest.approx([1 / 1.3 - 1] * 2)
 
 
 def test_model_objective_drives_the_tuning_driver() -> None:

@@ -79,9 +79,11 @@ def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[
 
 
 def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link: str) -> list[dict[str, Any]]:
-    """Per grid point of a ``bench landscape`` file (measured on the workload's scenario): the median
-    measured step time vs the simulated one, on the landscape's layout (its nodes, ranks and cores;
-    ``link``: the link it ran behind)."""
+    """Per grid point of a ``bench landscape`` file (measured on the workload's scenario): the measured
+    step time vs the simulated one, on the landscape's layout (its nodes, ranks and cores; ``link``: the
+    link it ran behind).  Measured is the median step of the point's fastest visit: on a shared machine
+    other work only slows a visit down, as the allreduce fit keeps the fastest repeat
+    (``median_all_s``: the median of every step of every visit, for comparison)."""
     from ..errors import UsageError
     from ..knobs import Knobs
     from .costs import Topology
@@ -90,7 +92,8 @@ def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link
     try:
         world, nodes = int(landscape["world_size"]), int(landscape["nodes"])
         cores = int((landscape.get("hardware") or {}).get("cpu_cores") or 0)
-        points = [(Knobs(**p["knobs"]), [t for visit in p["steps_s"] for t in visit]) for p in landscape["points"]]
+        points = [(Knobs(**p["knobs"]), [list(map(float, visit)) for visit in p["steps_s"] if visit])
+                  for p in landscape["points"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"not a bench landscape file with step times ({type(exc).__name__}: {exc})") from None
     if world % nodes:
@@ -98,11 +101,29 @@ def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link
     topo = Topology(nodes, world // nodes, link if nodes > 1 else "none", max(1.0, world / cores) if cores else 1.0,
                     baselines_on_link=False)
     out = []
-    for knobs, steps in points:
-        if not steps:
+    for knobs, visits in points:
+        if not visits:
             continue
-        measured = float(np.median(steps))
+        measured = min(float(np.median(v)) for v in visits)
         predicted = simulate_step(model, workload, topo, knobs).step_s
         out.append({"knobs": knobs.as_dict(), "measured_s": measured, "predicted_s": predicted,
-                    "rel_error": (predicted - measured) / measured})
+                    "rel_error": (predicted - measured) / measured, "visits": len(visits),
+                    "median_all_s": float(np.median([t for v in visits for t in v]))})
     return out
+
+
+def merge_landscapes(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One landscape of several runs of the same grid on the same layout: each point's visits from all."""
+    from ..errors import UsageError
+
+    if not docs:
+        raise UsageError("no landscape to merge")
+    first = docs[0]
+    merged: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        if (doc.get("world_size"), doc.get("nodes")) != (first.get("world_size"), first.get("nodes")):
+            raise UsageError("--check-steps: landscapes of different layouts cannot be combined; check them apart")
+        for p in doc.get("points") or []:
+            key = repr(sorted((p.get("knobs") or {}).items()))
+            merged.setdefault(key, {"knobs": p.get("knobs"), "steps_s": []})["steps_s"] += list(p.get("steps_s") or [])
+    return {**first, "points": list(merged.values())}
