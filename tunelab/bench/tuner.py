@@ -178,22 +178,13 @@ def _cmd(args: argparse.Namespace) -> int:
 
 def _model_landscapes(args: argparse.Namespace) -> list[Landscape]:
     """One landscape per ``--hosts`` from the fitted model (UsageError, exit 2, on a bad file or link)."""
-    from ..model.costs import Topology, link_name
-    from ..model.fit import ModelError, ScaleModel
+    from ..model.costs import Topology
+    from ..model.fit import ScaleModel
     from ..model.step import Workload
     from ..model.tuner import recorded_landscape
 
-    model = ScaleModel.load(args.model_file)  # ModelInputError (a usage error) on a bad file
-    if args.link_gbps is not None:
-        link = link_name(args.link_gbps)
-        model = model.with_link(link, args.link_gbps)
-    elif len(model.links) == 1:
-        link = model.links[0]
-    else:
-        raise UsageError(f"give --link-gbps: the model has links {', '.join(model.links) or 'none'}")
+    # a bad file, an ambiguous link or a parameter the topology needs but was not fitted: usage errors
+    model, link = ScaleModel.load(args.model_file).for_link(args.link_gbps)
     work = Workload.from_scenario(args.scenario)
-    try:
-        return [recorded_landscape(model, work, Topology(h, args.ranks_per_host, link), args.model_noise, seed=h)
-                for h in (args.hosts or [2])]
-    except ModelError as exc:
-        raise UsageError(str(exc)) from None
+    return [recorded_landscape(model, work, Topology(h, args.ranks_per_host, link), args.model_noise, seed=h)
+            for h in (args.hosts or [2])]

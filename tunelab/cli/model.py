@@ -143,17 +143,11 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def _topology(model: Any, args: argparse.Namespace) -> tuple[Any, Any]:
-    from ..model.costs import Topology, link_name
+    from ..model.costs import Topology
 
     link = "none"
     if args.hosts > 1:
-        if args.link_gbps is not None:
-            link = link_name(args.link_gbps)
-            model = model.with_link(link, args.link_gbps)
-        elif len(model.links) == 1:
-            link = model.links[0]
-        else:
-            raise UsageError(f"give --link-gbps: the model has links {', '.join(model.links) or 'none'}")
+        model, link = model.for_link(args.link_gbps)
     return model, Topology(args.hosts, args.ranks_per_host, link, args.oversubscription)
 
 

@@ -90,6 +90,19 @@ class ScaleModel:
             values[new] = values[key] * (ref[1] / gbps if ".beta" in key else 1.0)
         return ScaleModel(values, self.points, self.sources, self.rel_errors, self.fit_points)
 
+    def for_link(self, link_gbps: float | None) -> tuple[ScaleModel, str]:
+        """The model and the link name for a topology between hosts: ``link_gbps`` (derived from the
+        nearest fitted link when not fitted itself), else the model's one fitted link; ModelError (a
+        usage error) when that is ambiguous."""
+        from .costs import link_name
+
+        if link_gbps is not None:
+            link = link_name(link_gbps)
+            return self.with_link(link, link_gbps), link
+        if len(self.links) == 1:
+            return self, self.links[0]
+        raise ModelError(f"give --link-gbps: the model has links {', '.join(self.links) or 'none'}")
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "values": self.values, "points": self.points, "sources": self.sources,
                 "rel_errors": self.rel_errors, "fit_points": self.fit_points}
