@@ -16,7 +16,6 @@ import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from .errors import TunelabError, UsageError
@@ -49,7 +48,8 @@ def mpiexec_command() -> tuple[str, ...]:
     if not exe:
         raise TunelabError("no mpiexec found: install the MPI runtime (pip install mpich)")
     try:
-        version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([exe, "--version"], check=False, capture_output=True, text=True,
+                                 timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         version = ""
     if "Open MPI" in version or "OpenRTE" in version:
@@ -91,15 +91,23 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
             cmd, env = [*mpiexec_args(lab, np_, mpiexec_command()[0]), *rank_cmd], lab_env(env)
         with open(err_path, "w") as err:
             try:
-                proc = subprocess.run(cmd, stderr=err, env=env, timeout=timeout_s)
+                proc = subprocess.run(cmd, check=False, stderr=err, env=env, timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 raise TunelabError(f"{job} did not finish within {timeout_s:g} s") from None
         stderr = err_path.read_text(errors="replace")
         if proc.returncode != 0 or not result_path.exists():
-            raise TunelabError(_first_error(stderr) or f"{job} failed (exit code {proc.returncode})")
+            left = _left_errors(result_path)
+            raise TunelabError(_first_error(left + stderr) or f"{job} failed (exit code {proc.returncode})")
         if stderr.strip():
             sys.stderr.write(stderr)
         return json.loads(result_path.read_text())
+
+
+def _left_errors(result_path: Path) -> str:
+    """The error lines failing ranks left beside the result (see ``rankmain.error_file``), the
+    earliest first."""
+    files = sorted(result_path.parent.glob(result_path.name + ".error.*"), key=lambda p: p.stat().st_mtime_ns)
+    return "".join(p.read_text(errors="replace") for p in files)
 
 
 def _first_error(stderr: str) -> str:

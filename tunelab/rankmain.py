@@ -58,10 +58,26 @@ def main(argv: list[str]) -> int:
         if not isinstance(exc, (TunelabError, ValueError, TypeError)):
             traceback.print_exc()
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"tunelab: error: rank {comm.rank}: {message}\n")
+        line = f"tunelab: error: rank {comm.rank}: {message}\n"
+        _leave_error(result_path, comm.rank, line)
+        sys.stderr.write(line)
         sys.stderr.flush()
         comm.Abort(1)
         return 1
+
+
+def error_file(result_path: str, rank: int) -> str:
+    """Where a failing rank leaves its error line for the launcher: ``MPI_Abort`` may tear the job
+    down before the launcher has forwarded the rank's stderr, and the line must not be lost."""
+    return f"{result_path}.error.{rank}"
+
+
+def _leave_error(result_path: str, rank: int, line: str) -> None:
+    try:
+        with open(error_file(result_path, rank), "w") as f:
+            f.write(line)
+    except OSError:
+        pass  # stderr still carries it
 
 
 if __name__ == "__main__":
