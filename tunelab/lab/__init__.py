@@ -11,6 +11,7 @@ Needs root and iproute2; ``require_privileges`` says which is missing (a usage e
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,8 +54,7 @@ def up(spec: LabSpec, probe: bool = True) -> LabState:
         write_launcher(lab_dir())
         save_state(state)
         if probe:
-            state = LabState(spec=spec, hosts=hosts, netem=netem, created=state.created, notes=state.notes,
-                             sustained_gbps=measure_link(state))
+            state = dataclasses.replace(state, sustained_gbps=measure_link(state))
             save_state(state)
     except BaseException:
         net.remove_all()

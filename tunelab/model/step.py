@@ -59,11 +59,17 @@ class Workload:
     def from_scenario(cls, name_or_path: str) -> Workload:
         """The workload of a scenario (shipped name or file; ScenarioError, exit 2, when bad)."""
         from ..scenarios import load_scenario
-        from ..workloads.shapes import gradient_shapes
 
         sc = load_scenario(name_or_path)
-        sizes = tuple(4 * _elements(s) for s in gradient_shapes(sc.model))  # float32 gradients
-        return cls(sc.name, sizes, sc.replay_forward_ms, sc.replay_backward_ms)
+        return cls.of_model(sc.name, sc.model, sc.replay_forward_ms, sc.replay_backward_ms)
+
+    @classmethod
+    def of_model(cls, name: str, model: str, forward_ms: float, backward_ms: float) -> Workload:
+        """A shipped model's float32 gradients with the given compute times."""
+        from ..workloads.shapes import gradient_shapes
+
+        return cls(name, tuple(4 * _elements(s) for s in gradient_shapes(model)), float(forward_ms),
+                   float(backward_ms))
 
 
 def _elements(shape: Sequence[int]) -> int:

@@ -155,7 +155,6 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
                   oversubscription: float, space: Any, count: int = 2) -> tuple[list[Knobs], list[str]]:
     """First proposals for a tuning job from the model at ``path``: the ``count`` settings of the
     searched knobs with the lowest predicted step time, and lines saying so (or why there are none)."""
-    from ..workloads.shapes import gradient_shapes
     from .costs import link_name
     from .fit import ModelError
     from .predict import DEFAULT_GRID
@@ -166,9 +165,8 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
         if hosts > 1:
             link = link_name(link_gbps)
             model = model.with_link(link, link_gbps) if link_gbps is not None else model
-        sizes = tuple(4 * int(np.prod(s, dtype=np.int64)) for s in gradient_shapes(p["model"]))
-        work = Workload(str(p.get("name", p["model"])), sizes, float(p.get("replay_forward_ms", 100.0)),
-                        float(p.get("replay_backward_ms", 250.0)))
+        work = Workload.of_model(str(p.get("name", p["model"])), p["model"], p.get("replay_forward_ms", 100.0),
+                                 p.get("replay_backward_ms", 250.0))
         grid = {k: v for k, v in DEFAULT_GRID.items() if k in space.names}
         if not grid:
             return [], []
