@@ -141,6 +141,42 @@ def test_hierarchical_on_one_rank_hosts_is_the_flat_ring() -> None:
     assert model.time_s("hierarchical", two, 64 * MiB) != pytest.approx(model.time_s("flat", two, 64 * MiB), rel=0.01)
 
 
+def mpi_in_lab(hosts: int, per_host: int, size: int, p: dict = PLANTED) -> float:
+    """MPI_Allreduce between lab hosts, written out from MPICH's recursive halving and doubling with
+    ranks placed host by host: step ``i`` of the reduce-scatter swaps ``S / 2^(i+1)`` bytes with the rank
+    ``2^i`` away, which is on another host when ``2^i >= K``; the allgather mirrors it.  Each step's
+    bytes between hosts (K ranks a host, concurrently) take the shared wire's time; every rank's own
+    work is ``mpi.beta`` per byte it exchanges."""
+    steps = int(math.log2(hosts * per_host))
+    wire = sum(2 * per_host * size / 2 ** (i + 1) for i in range(steps) if 2 ** i >= per_host)
+    own = sum(2 * size / 2 ** (i + 1) for i in range(steps))
+    return 2 * steps * p["mpi.alpha"] + own * (p["mpi.beta"] + p["mpi.gamma"] / 2) + wire * p["link:1gbps.beta"]
+
+
+def test_mpi_in_a_lab_shares_the_wire_and_is_placed_host_by_host(tmp_path: Path) -> None:
+    """In a lab MPI's bytes between hosts cross the same shaped link as the engine's: fitted on 2-host
+    runs (engine and MPI), the model predicts MPI on 4 and 8 hosts, and 4 x 2, where the bytes through a
+    host's link grow as 2 (N-1)/N S (not as 2 (P-1)/P S, which would put 4 x 1 and 2 x 2 alike)."""
+    rng = np.random.default_rng(3)
+    obs = []
+    for h, k in ((2, 1), (2, 2)):
+        path = bench_file(tmp_path / f"lab{h}{k}.json", h, k, 0.0, rng)
+        doc = json.loads(path.read_text())
+        doc["hardware"]["lab"] = {"hosts": h, "ranks_per_host": k, "link_gbps": 1.0}
+        doc["hardware"]["link_gbps"] = None
+        for row in doc["rows"]:
+            if row["algorithm"] == "mpi":
+                row["time_us"] = 1e6 * mpi_in_lab(h, k, row["size"])
+        path.write_text(json.dumps(doc))
+        obs += load_bench(path)
+    model = fit_model(obs)
+    assert model.values["link:1gbps.beta"] == pytest.approx(PLANTED["link:1gbps.beta"], rel=0.03)
+    for h, k in ((4, 1), (4, 2), (8, 1), (8, 4)):
+        for size in (MiB, 64 * MiB):
+            got = model.time_s("mpi", Topology(h, k, "1gbps"), size)
+            assert got == pytest.approx(mpi_in_lab(h, k, size), rel=0.05), (h, k, size)
+
+
 def test_fit_is_robust_to_an_outlier(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     files = [bench_file(tmp_path / f"n{h}k{k}.json", h, k, 0.0, rng) for h, k in [(1, 2), (2, 1), (2, 2), (4, 1)]]

@@ -156,8 +156,9 @@ def _allreduce(model: Any, topo: Any, sizes: list[int], knobs: Any) -> list[dict
     from ..model.predict import allreduce_table
 
     rows = allreduce_table(model, topo, sizes, knobs)
-    print(f"# predicted allreduce (float32; segment {format_size(knobs.segment_bytes)}; "
-          "mpi*: MPI as measured beside emulated nodes, not through the link)")
+    emulated = any(r["algorithm"].endswith("*") for r in rows)
+    print(f"# predicted allreduce (float32; segment {format_size(knobs.segment_bytes)}"
+          + ("; mpi*: MPI as measured beside emulated nodes, not through the link)" if emulated else ")"))
     table = [{**r, "size_h": format_size(r["size"]), "time_ms": r["time_us"] / 1e3} for r in rows]
     print(format_table(table, [("algorithm", "algorithm", ""), ("size_h", "size", ""), ("time_ms", "time_ms", ".3f"),
                                ("algbw_gbps", "algbw_GB/s", ".3f"), ("busbw_gbps", "busbw_GB/s", ".3f")]))

@@ -33,7 +33,12 @@ size ``S``, pieces of ``segment_bytes``):
   the reduce-scatter sending ``ceil(c / segment)`` messages a step:
   ``(P-1) (ceil(c/seg) + 1) link.alpha + 2 (P-1) c (link.beta + tcp.beta) + 2 (P-1) c gamma``;
 * baselines (recursive halving and doubling, MPICH's large-message allreduce):
-  ``2 ceil(log2 P) alpha + 2 (P-1)/P S beta``.
+  ``2 ceil(log2 P) alpha + 2 (P-1)/P S beta``, where ``beta`` is the baseline's own per-byte work
+  (copies, reduction, its transport's CPU); where its bytes cross the link between hosts (real hosts,
+  the lab) they also take the wire's time, the engine's ``link:<name>.beta``, for the bytes through
+  each host's link: MPI ``2 (N-1)/N S`` (recursive halving pairs ranks on other hosts for only the
+  steps whose distance spans a host, with ranks placed host by host; MPICH's node-aware allreduce
+  moves the same), gloo's ring over all ranks ``2 (P-1)/P S``.
 """
 
 from __future__ import annotations
@@ -107,7 +112,7 @@ def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> Coe
     contention (see :func:`seconds`).  ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one
     host both are the same path) or a baseline name."""
     if algorithm in BASELINES:
-        base = _baseline(family(algorithm, topo), topo.ranks, size)
+        base = _baseline(algorithm, family(algorithm, topo), topo, size)
     elif algorithm in ENGINE_ALGORITHMS:
         base = _engine(path_of(algorithm, topo, size, knobs), topo, size, knobs)
     else:
@@ -182,10 +187,19 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
     return c
 
 
-def _baseline(name: str, p: int, size: int) -> Coeffs:
+def _baseline(algorithm: str, name: str, topo: Topology, size: int) -> Coeffs:
+    p, n = topo.ranks, topo.hosts
     if p == 1:
         return {f"{name}.beta": float(size)}
-    return {f"{name}.alpha": 2.0 * math.ceil(math.log2(p)), f"{name}.beta": 2.0 * (p - 1) / p * size}
+    c = {f"{name}.alpha": 2.0 * math.ceil(math.log2(p)), f"{name}.beta": 2.0 * (p - 1) / p * size}
+    if topo.baselines_on_link and n > 1:
+        # Its bytes between hosts also take the wire's time, the same wire the engine's rings use.  MPI's
+        # recursive halving and doubling with ranks placed host by host (and MPICH's node-aware
+        # composition alike) sends 2 (N-1)/N S through each host's link; gloo's ring over all ranks,
+        # one hop out of each host per step, 2 (P-1)/P S.
+        share = (n - 1) / n if algorithm == "mpi" else (p - 1) / p
+        c[f"link:{topo.link}.beta"] = 2.0 * share * size
+    return c
 
 
 def _add(c: Coeffs, name: str, value: float) -> None:

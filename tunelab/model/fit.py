@@ -153,19 +153,27 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
         raise ModelInputError(f"too few points to fit: {len(obs)} measured allreduces for {n_params} "
                               f"parameters (need at least {n_params + MIN_EXTRA_POINTS}); add sizes or runs")
     values: dict[str, float] = {}
-    for fam in dict.fromkeys(fams):  # families share no parameter: each is its own problem
+    # The engine first: it owns the link's parameters, which a baseline through the same link shares
+    # (its bytes take the same wire's time); a later family takes them as fitted, not as its own.
+    for fam in sorted(dict.fromkeys(fams), key=lambda f: f != "engine"):
         idx = [i for i, f in enumerate(fams) if f == fam]
         mine = sorted({k for i in idx for k in rows[i]})
         over = np.array([obs[i].topo.over for i in idx])
-        if over.max() == 0 and TCP_BETA in mine:
+        if over.max() == 0 and TCP_BETA in mine and TCP_BETA not in values:
             # TCP's CPU cost per byte goes with the same bytes as the wire's; only oversubscription
             # (which slows the CPU, not the wire) tells them apart: without it, the link's beta holds both.
             mine.remove(TCP_BETA)
             values[TCP_BETA] = 0.0
-        a = np.array([[rows[i].get(n, 0.0) for n in mine] for i in idx]) / np.array([obs[i].time_s for i in idx])[:, None]
-        kinds = np.array([contention_class(n) for n in mine])
-        x, kappa = _fit_family(a, over, kinds, robust)
-        values.update(zip(mine, map(float, x)))
+        free = [n for n in mine if n not in values]
+        times = np.array([obs[i].time_s for i in idx])
+        a = np.array([[rows[i].get(n, 0.0) for n in free] for i in idx]) / times[:, None]
+        fixed = np.zeros((len(idx), 3))  # per observation: what fitted parameters explain, by contention class
+        for n in (n for n in mine if n in values):
+            col = ("alpha", "beta", "wire").index(contention_class(n))
+            fixed[:, col] += np.array([rows[i].get(n, 0.0) for i in idx]) * values[n] / times
+        kinds = np.array([contention_class(n) for n in free])
+        x, kappa = _fit_family(a, over, kinds, robust, fixed)
+        values.update(zip(free, map(float, x)))
         if over.max() > 0:
             values.update(zip(contention_keys(fam), map(float, kappa)))
     model = ScaleModel(values, len(obs), sorted({o.source for o in obs}))
@@ -184,36 +192,49 @@ def _inflation(kinds: np.ndarray, over: np.ndarray, ka: float, kb: float) -> np.
     return 1.0 + kappa[None, :] * over[:, None]
 
 
-def _fit_family(a: np.ndarray, over: np.ndarray, kinds: np.ndarray,
-                robust: bool) -> tuple[np.ndarray, tuple[float, float]]:
+def _fit_family(a: np.ndarray, over: np.ndarray, kinds: np.ndarray, robust: bool,
+                fixed: np.ndarray | None = None) -> tuple[np.ndarray, tuple[float, float]]:
     """Parameters and (kappa_alpha, kappa_beta): the contention factors by grid search (each grid
-    point a linear problem), the rest by robust NNLS on relative error."""
+    point a linear problem), the rest by robust NNLS on relative error.  ``fixed``: per observation,
+    the relative time that parameters fitted before explain (columns: latency, CPU per byte, wire),
+    inflated by the same factors."""
+    fixed = np.zeros((a.shape[0], 3)) if fixed is None else fixed
     if over.max() == 0:
-        return _robust_nnls(a, robust), (0.0, 0.0)
+        return _robust_nnls(a, robust, target=_target(fixed, over, 0.0, 0.0)), (0.0, 0.0)
     grid = [(ka, kb) for ka in KAPPA_GRID for kb in KAPPA_GRID[::4]]
-    ka, kb = _best_kappa(a, over, kinds, grid)
+    ka, kb = _best_kappa(a, over, kinds, grid, fixed)
     fine = np.geomspace(0.6, 1.6, 9)  # then refine around the coarse optimum
-    ka, kb = _best_kappa(a, over, kinds, [(ka * f, kb * g) for f in fine for g in fine] + [(ka, kb)])
+    ka, kb = _best_kappa(a, over, kinds, [(ka * f, kb * g) for f in fine for g in fine] + [(ka, kb)], fixed)
     scale = _inflation(kinds, over, ka, kb)
-    return _robust_nnls(a * scale, robust), (ka, kb)
+    return _robust_nnls(a * scale, robust, target=_target(fixed, over, ka, kb)), (ka, kb)
+
+
+def _target(fixed: np.ndarray, over: np.ndarray, ka: float, kb: float) -> np.ndarray:
+    """What the free parameters must explain of each observation (relative units: 1 less the fixed part)."""
+    return 1.0 - fixed[:, 0] * (1.0 + ka * over) - fixed[:, 1] * (1.0 + kb * over) - fixed[:, 2]
 
 
 def _best_kappa(a: np.ndarray, over: np.ndarray, kinds: np.ndarray,
-                candidates: list[tuple[float, float]]) -> tuple[float, float]:
+                candidates: list[tuple[float, float]], fixed: np.ndarray) -> tuple[float, float]:
     best, arg = math.inf, candidates[0]
     for ka, kb in candidates:
         scaled = a * _inflation(kinds, over, ka, kb)
-        x = _robust_nnls(scaled, True, iterations=8)
-        loss = _huber_loss(scaled @ x - 1.0)
+        target = _target(fixed, over, ka, kb)
+        x = _robust_nnls(scaled, True, iterations=8, target=target)
+        loss = _huber_loss(scaled @ x - target)
         if loss < best:
             best, arg = loss, (float(ka), float(kb))
     return arg
 
 
-def _robust_nnls(a: np.ndarray, robust: bool, iterations: int = 30) -> np.ndarray:
-    """min sum w (a x - 1)^2 over x >= 0, reweighted with Huber weights on the residual."""
+def _robust_nnls(a: np.ndarray, robust: bool, iterations: int = 30, target: np.ndarray | None = None) -> np.ndarray:
+    """min sum w (a x - target)^2 over x >= 0 (target: 1 by default), reweighted with Huber weights on
+    the residual."""
     from scipy.optimize import nnls
 
+    b = np.ones(a.shape[0]) if target is None else target
+    if a.shape[1] == 0:
+        return np.zeros(0)
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
     an = a / scale
@@ -221,8 +242,8 @@ def _robust_nnls(a: np.ndarray, robust: bool, iterations: int = 30) -> np.ndarra
     x = np.zeros(a.shape[1])
     for _ in range(iterations if robust else 1):
         sw = np.sqrt(w)
-        x, _ = nnls(an * sw[:, None], sw, maxiter=50 * a.shape[1])
-        r = np.abs(an @ x - 1.0)
+        x, _ = nnls(an * sw[:, None], b * sw, maxiter=50 * a.shape[1])
+        r = np.abs(an @ x - b)
         new = np.where(r <= HUBER_REL, 1.0, HUBER_REL / np.maximum(r, 1e-12))
         if np.allclose(new, w, rtol=1e-4, atol=1e-6):
             break
