@@ -163,4 +163,58 @@ def case_tf_autoload(comm, env_home: str) -> dict:
     return {"first": logs[0], "second": logs[1], "fit": fit_log, "knobs": knobs}
 
 
+def case_tf_retune(comm, env_home: str) -> dict:
+    """A TensorFlow job (a tf.function train step) that loads its profile with the retune setting:
+    its steps are reported from inside the graph, so when the loaded knobs turn slow the watch re-opens
+    the search, locks again and saves the lock to the store."""
+    import os
+    import time
+
+    os.environ["TUNELAB_HOME"] = env_home
+    loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    tl.init(comm, retune=True)
+    rt = tl._rt.current()
+    model = tiny_model(seed=1)
+    opt = keras.optimizers.SGD(0.1)
+    r = tl.rank()
+    x, y = data(0, tl.size())
+    x, y = x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK]
+    if r == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        pid = store.upsert_profile(rt.profile_key(tl.model_signature(model), "tensorflow"), "test hardware", {}, "tiny")
+        store.set_best(pid, loaded, 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.1, 1.4))
+    comm.Barrier()
+
+    @tf.function
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, x, y)
+        tape = tl.DistributedGradientTape(tape, model_name="tiny")
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    def run() -> int:
+        for i in range(400):
+            slow = i >= 30 and all(getattr(rt.engine.knobs, k) == v for k, v in loaded.items())
+            time.sleep(0.03 if slow else 0.005)  # the loaded configuration has become slow
+            step()
+            watch = rt._watch  # rank 0's: every rank stops at the same step
+            if comm.bcast(watch is not None and len(watch.driver.decisions) >= 2, root=0):
+                return i + 1
+        return 400
+
+    steps = []
+    log = _captured(lambda: steps.append(run()))
+    result = {"log": log, "steps": steps[0]}
+    if r == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        best = store.best(rt.profile_key(tl.model_signature(model), "tensorflow"))
+        result.update(best=best.knobs, outcome=best.outcome, decisions=len(rt._watch.driver.decisions))
+    tl.shutdown()
+    return result
+
+
 from mpi_tf_parity_cases import case_tf_parity  # noqa: E402,F401  (dispatched by mpi_cases.py)

@@ -219,4 +219,55 @@ def case_torch_autoload(comm, env_home: str) -> dict:
     return {"first": logs[0], "second": logs[2], "repeat": logs[3], "knobs": knobs}
 
 
+def case_torch_retune(comm, env_home: str) -> dict:
+    """A job that loads its profile with the retune setting, whose loaded knobs turn slow after a while
+    (every step under them sleeps): the watch re-opens the search, locks again, and writes that lock and
+    its blocks back to the store for the next job."""
+    import contextlib
+    import io
+    import os
+    import time
+
+    os.environ["TUNELAB_HOME"] = env_home
+    torch.set_num_threads(1)
+    loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    tl.init(comm, retune=True)
+    rt = tl._rt.current()
+    model = tiny_model()
+    if tl.rank() == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        pid = store.upsert_profile(rt.profile_key(tl.model_signature(model), "torch"), "test hardware", {}, "tiny")
+        store.set_best(pid, loaded, 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.1, 1.4))
+    comm.Barrier()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model_name="tiny")
+        for step in range(400):
+            opt.zero_grad()
+            for x, y in batches(step % 5, tl.size(), 1)[tl.rank()]:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            knobs = rt.engine.knobs
+            if step >= 30 and all(getattr(knobs, k) == v for k, v in loaded.items()):
+                time.sleep(0.03)  # the loaded configuration has become slow
+            else:
+                time.sleep(0.005)
+            opt.step()
+            watch = rt._watch  # rank 0's: every rank stops at the same step
+            if comm.bcast(watch is not None and len(watch.driver.decisions) >= 2, root=0):
+                break
+    result = {"log": out.getvalue(), "steps": step + 1}
+    if tl.rank() == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        best = store.best(rt.profile_key(tl.model_signature(model), "torch"))
+        result.update(best=best.knobs, outcome=best.outcome, run_id=best.run_id,
+                      trials=sum(1 for t in store.trials(best.profile_id) if t.run_id == best.run_id),
+                      decisions=len(rt._watch.driver.decisions))
+    tl.shutdown()
+    return result
+
+
 from mpi_torch_parity_cases import case_torch_parity  # noqa: F401  (dispatched by mpi_cases.py)

@@ -41,6 +41,15 @@ def test_tf_training_loads_the_tuned_profile_and_keeps_pinned_knobs(tmp_path):
     assert r1["second"] == "" and r1["fit"] == ""  # only rank 0 logs
 
 
+def test_tf_job_with_the_retune_setting_reports_steps_from_its_graph_and_retunes(tmp_path):
+    r0, r1 = run_ok("tf_retune", 2, limit_s=300, env_home=str(tmp_path / "home"))
+    assert "retune on: watching" in r0["log"] and "re-opening the search" in r0["log"], r0["log"]
+    assert r0["decisions"] >= 2 and "saved to profile" in r0["log"] and r0["outcome"].startswith("retuned")
+    loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    assert {k: r0["best"][k] for k in loaded} != loaded
+    assert r1["log"] == ""
+
+
 TF_SCENARIO = """
 name = "tiny-tf"
 workload = "train"

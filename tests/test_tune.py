@@ -106,6 +106,17 @@ def test_training_jobs_load_the_tuned_profile_and_keep_pinned_knobs(tmp_path):
     assert r0["repeat"] == ""  # one lookup per model and job
 
 
+@pytest.mark.mpi
+def test_a_job_with_the_retune_setting_retunes_and_saves_what_it_found(tmp_path):
+    r0, r1 = run_ok("torch_retune", 2, limit_s=240, env_home=str(tmp_path / "home"))
+    assert "retune on: watching" in r0["log"] and "re-opening the search" in r0["log"], r0["log"]
+    assert r0["decisions"] >= 2 and "saved to profile" in r0["log"]
+    loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    assert {k: r0["best"][k] for k in loaded} != loaded  # the next job does not load the slow knobs
+    assert r0["outcome"].startswith("retuned") and r0["run_id"].startswith("retune-") and r0["trials"] >= 3
+    assert r1["log"] == ""  # only rank 0 watches and speaks
+
+
 def test_bench_train_rotates_the_order_of_systems_each_round():
     from tunelab.bench.train import rotated
 

@@ -310,13 +310,13 @@ def test_the_one_shot_switch_is_searched_only_for_gpu_jobs():
 
 
 # ---- retune for a job that loaded its profile ---------------------------------------------------------
-def watch_run(land, later, switch_s, seed, steps=1500):
+def watch_run(land, later, switch_s, seed, steps=1500, writer=None):
     from tunelab.tuning.watch import ProfileWatch
 
     coord, now, lines = FakeCoordinator(), [0.0], []
     obj = Objective(land, seed, Drift(0.03, 60.0, seed), later, switch_s)
     coord.knobs = PEAK
-    watch = ProfileWatch(coord, SPACE, PEAK, clock=lambda: now[0], say=lines.append, seed=seed)
+    watch = ProfileWatch(coord, SPACE, PEAK, clock=lambda: now[0], say=lines.append, seed=seed, writer=writer)
     for _ in range(steps):
         now[0] += obj.step_s(coord.knobs)
         watch.step_done()
@@ -336,6 +336,54 @@ def test_a_loaded_profile_is_watched_and_retuned_when_the_optimum_moves():
         assert coord.knobs == d.decisions[-1].knobs and any("re-opening" in line for line in lines)
     steady, coord, lines = watch_run(first, None, math.inf, 0)
     assert steady.driver.epoch == 0 and coord.changes == [] and not lines  # nothing moved: nothing changes
+
+
+def test_a_retune_writes_its_trials_and_its_new_lock_back_to_the_profile_store(tmp_path):
+    """The next job loads what a retune found: the relocked knobs become the profile's best (with the
+    interval and outcome), and its blocks are trials that a later search warms up from.  A store that
+    fails is said once, and the job trains on."""
+    from tunelab.profiles import ProfileKey, ProfileStore
+    from tunelab.tuning.result import stored_observations
+    from tunelab.tuning.watch import StoreWriter
+
+    store = ProfileStore(tmp_path / "profiles.db")
+    key = ProfileKey("hw", "sig", "torch", 2)
+    pid = store.upsert_profile(key, "host", {}, "model")
+    store.set_best(pid, PEAK.as_dict(), 12.0, 10.0, 0.01, "tune-run", gain_interval=(1.1, 1.3))
+    first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.02, seed=7)
+    moved = PEAK.replace(fusion_threshold_bytes=0, cycle_time_ms=64.0)
+    later = synthetic("after", SPACE, GRID, lambda k: peaked(moved, 0.4)(k) * (2.0 - peaked(PEAK)(k)),
+                      noise=0.02, seed=8)
+    said: list[str] = []
+    watch, coord, lines = watch_run(first, later, 60.0, 1, writer=StoreWriter(store, pid, "retune-1", said.append))
+    d = watch.driver
+    relocked = d.decisions[-1]
+    assert relocked.epoch == 1 and relocked.adopted and relocked.knobs != PEAK
+    best = store.best(key)
+    assert Knobs(**best.knobs) == relocked.knobs and best.outcome.startswith("retuned")
+    assert best.gain_low == pytest.approx(relocked.interval.low) and best.run_id == "retune-1"
+    assert best.gain == pytest.approx(later.true_score(relocked.knobs) / later.true_score(SPACE.base), rel=0.1)
+    mine = [t for t in store.trials(pid) if t.run_id == "retune-1"]
+    measured = [s for s in d.samples if s.epoch >= 1 and s.role != "locked"]
+    assert len(mine) == len(measured) and {t.phase for t in mine} >= {"default", "explore"}
+    assert len(stored_observations(store.trials(pid), 0.1)) >= 3  # what the next search warms up from
+    assert any("saved to profile" in line for line in lines) and not said
+    # a retune that keeps the default says so in the store: the next job loads the default knobs
+    watch, coord, lines = watch_run(first, later, 60.0, 0, writer=StoreWriter(store, pid, "retune-2", said.append))
+    assert not watch.driver.decisions[-1].adopted
+    best = store.best(key)
+    assert Knobs(**best.knobs) == SPACE.base and best.outcome.endswith("default kept") and best.gain_low is None
+
+    class Broken:
+        def record_trial(self, *a, **k):
+            raise OSError("disk full")
+
+        set_best = record_trial
+
+    said: list[str] = []
+    watch, coord, lines = watch_run(first, later, 60.0, 0, writer=StoreWriter(Broken(), pid, "r", said.append))
+    assert len(watch.driver.decisions) >= 2 and coord.knobs == watch.driver.decisions[-1].knobs  # trained on
+    assert len(said) == 1 and "disk full" in said[0]
 
 
 def test_the_retune_setting_is_read_from_the_environment_and_arguments():

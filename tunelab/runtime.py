@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -164,6 +165,11 @@ class Runtime:
         self._profiles_loaded[(signature, framework)] = line
         return line
 
+    @property
+    def watching(self) -> bool:
+        """Whether a loaded profile is being watched (the retune setting): adapters then report steps."""
+        return self._watch is not None
+
     def step_done(self) -> None:
         """A training step finished (the framework adapters call it every step): with the retune
         setting, the watch of a loaded profile (:mod:`tunelab.tuning.watch`) times it; else nothing."""
@@ -175,14 +181,16 @@ class Runtime:
         from .tuning.driver import Plan
         from .tuning.result import stored_observations
         from .tuning.space import search_space
-        from .tuning.watch import ProfileWatch
+        from .tuning.watch import ProfileWatch, StoreWriter
 
         pinned = {k: getattr(self.engine.knobs, k) for k in self.config.pinned}
         space = search_space(pinned, self.topology.num_nodes, base=self.config.knobs)
-        best = ProfileStore().best(self.profile_key(signature, framework))
-        stored = stored_observations(ProfileStore().trials(best.profile_id), Plan().warm_start_noise) if best else []
+        store = ProfileStore()
+        best = store.best(self.profile_key(signature, framework))
+        stored = stored_observations(store.trials(best.profile_id), Plan().warm_start_noise) if best else []
+        writer = StoreWriter(store, best.profile_id, f"retune-{uuid.uuid4().hex[:8]}") if best else None
         print("tunelab: retune on: watching the loaded configuration's step time", flush=True)
-        return ProfileWatch(self.coordinator, space, loaded, stored)
+        return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer)
 
     def fingerprint(self) -> Fingerprint:
         """This job's hardware fingerprint: the host, the node layout and any emulated or lab link."""

@@ -39,6 +39,27 @@ def _load_profile(variables: Sequence[Any], model_name: str) -> None:
         _rt.current().load_profile(variables_signature(variables), "tensorflow", model_name)
 
 
+def _step_done() -> bool:
+    _rt.current().step_done()
+    return True
+
+
+def _report_step(grads: list[Any]) -> list[Any]:
+    """With the retune setting and a loaded profile, tell the runtime that a training step's gradients
+    were reduced (its watch times the steps between two calls, :mod:`tunelab.tuning.watch`): right away
+    when eager, and as an op the returned gradients depend on inside a ``tf.function``, so it runs at
+    every step of the graph, not once at tracing.  Without a watch nothing is added."""
+    if not _rt.current().watching:
+        return grads
+    if tf.executing_eagerly():
+        _step_done()
+        return grads
+    done = tf.py_function(_step_done, [], tf.bool)
+    with tf.control_dependencies([done]):
+        return [None if g is None else tf.identity(g) if not isinstance(g, tf.IndexedSlices)
+                else tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape) for g in grads]
+
+
 class DistributedGradientTape:
     """Wraps a ``tf.GradientTape``: ``gradient()`` returns gradients averaged over all ranks.
     ``IndexedSlices`` gradients (embeddings) are reduced by allgather, as Horovod does, or densified and
@@ -66,7 +87,7 @@ class DistributedGradientTape:
         grads = self._tape.gradient(target, sources, output_gradients)
         flat = reduce_gradients(tf.nest.flatten(grads, expand_composites=False), "tape.gradients", self._op,
                                 self._compression, self._sparse_as_dense)
-        return tf.nest.pack_sequence_as(grads, flat)
+        return tf.nest.pack_sequence_as(grads, _report_step(flat))
 
 
 def _scaled(g: Any, scale: float) -> Any:
@@ -101,7 +122,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     scale = 1.0 if passes == 1 or average_aggregated_gradients else float(passes)
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        grads = reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense)
+        grads = _report_step(reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense))
         if scale != 1.0:
             grads = [_scaled(g, scale) for g in grads]
         return base.apply(self, grads, trainable_variables)

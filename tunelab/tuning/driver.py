@@ -151,10 +151,11 @@ class Driver:
 
     @classmethod
     def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
-                 reason: str = "loaded from the profile store") -> Driver:
+                 reason: str = "loaded from the profile store",
+                 on_sample: Callable[[Sample], None] | None = None) -> Driver:
         """A driver that starts locked on ``loaded`` (a stored profile) and watches it (``plan.retune``):
         its first ``watch_baseline`` blocks (after the warm-up steps) set the interval watched."""
-        driver = cls(space, make_strategy, dataclasses.replace(plan, retune=True))
+        driver = cls(space, make_strategy, dataclasses.replace(plan, retune=True), on_sample=on_sample)
         driver.decisions.append(Decision(0, loaded, loaded != space.base, loaded, None, reason,
                                          "loaded, not searched here", False, 0, 0, 0.0))
         driver.phase, driver.knobs = "locked", loaded

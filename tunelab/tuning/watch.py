@@ -8,6 +8,12 @@ step time leaves it for ``watch_sustain`` blocks in a row the search re-opens, w
 profile's stored trials, with the default as the reference, then locks again and goes on watching.
 New knobs go to the coordinator on rank 0, which every rank applies at the same cycle, so the other
 ranks take no part and a step costs them nothing.
+
+What a retune measures goes back to the profile store (:class:`StoreWriter`): its blocks as trials of
+the profile (references as the default's), and each new lock as the profile's best, with its gain
+interval and the outcome ``retuned: ...``; so the next job loads what this one found, and the next
+search starts warm from these trials.  A store that cannot be written is said once, and the job
+trains on.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..knobs import Knobs
-from .driver import Driver, Plan
+from .driver import Decision, Driver, Plan, Sample
 from .space import SearchSpace
 from .strategies import Observation, Told, make_strategy
 
@@ -28,8 +34,9 @@ class ProfileWatch:
     def __init__(self, coordinator: Any, space: SearchSpace, loaded: Knobs, stored: list[Observation] | None = None,
                  plan: Plan = WATCH_PLAN, strategy: str = "tunelab", seed: int = 0,
                  clock: Callable[[], float] = time.perf_counter,
-                 say: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
-        self.coordinator, self.clock, self.say = coordinator, clock, say
+                 say: Callable[[str], None] = lambda line: print(line, flush=True),
+                 writer: StoreWriter | None = None) -> None:
+        self.coordinator, self.clock, self.say, self.writer = coordinator, clock, say, writer
         stored = stored or []
 
         def strategy_of(epoch: int) -> Told:
@@ -38,7 +45,8 @@ class ProfileWatch:
                 made.warm_start(stored)
             return made
 
-        self.driver = Driver.watching(space, strategy_of, loaded, plan)
+        self.driver = Driver.watching(space, strategy_of, loaded, plan,
+                                      on_sample=writer.sample if writer is not None else None)
         self._last: float | None = None
         self._epoch, self._locks = 0, 1
 
@@ -63,4 +71,51 @@ class ProfileWatch:
             self._locks = len(d.decisions)
             last = d.decisions[-1]
             what = f"{last.interval.text()} over the default" if last.interval and last.adopted else "default kept"
-            self.say(f"tunelab: retune: locked again after {last.samples} blocks ({what})")
+            saved = self.writer.lock(d, last) if self.writer is not None else ""
+            self.say(f"tunelab: retune: locked again after {last.samples} blocks ({what}){saved}")
+
+
+class StoreWriter:
+    """A retune's blocks and locks, written to profile ``profile_id`` of ``store`` (rank 0)."""
+
+    def __init__(self, store: Any, profile_id: int, run_id: str,
+                 say: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+        self.store, self.profile_id, self.run_id, self.say = store, profile_id, run_id, say
+        self.broken = False
+
+    def sample(self, s: Sample) -> None:
+        """A measured block: trials are the retune's blocks, not the watched blocks of the loaded knobs."""
+        if s.epoch == 0 or s.role == "locked":
+            return
+        phase = "default" if s.role == "reference" else s.phase
+        self._write(lambda: self.store.record_trial(self.profile_id, s.knobs.as_dict(), s.score, s.spread,
+                                                    s.steps, s.seconds, self.run_id, phase))
+
+    def lock(self, driver: Driver, d: Decision) -> str:
+        """The new lock as the profile's best; returns what to add to the line said (or "")."""
+        epoch = [s for s in driver.samples if s.epoch == d.epoch]
+        refs = [s for s in epoch if s.role == "reference"]
+        mine = [s for s in epoch if s.knobs == d.knobs and s.phase == "remeasure"] if d.adopted else refs
+        if not refs or not mine:
+            return ""
+        default = sum(s.score for s in refs) / len(refs)
+        score = sum(s.score for s in mine) / len(mine)
+        spread = sum(s.spread for s in mine) / len(mine)
+        iv = d.interval if d.adopted else None
+        how = "converged" if d.converged else ("budget exhausted" if "budget" in d.stop_reason else "stopped")
+        outcome = f"retuned: {how}" + ("" if d.adopted else ", default kept")
+        ok = self._write(lambda: self.store.set_best(
+            self.profile_id, d.knobs.as_dict(), score, default, spread, self.run_id,
+            gain_interval=(iv.low, iv.high) if iv is not None else None, steps=d.steps, outcome=outcome))
+        return f"; saved to profile {self.profile_id}" if ok else ""
+
+    def _write(self, write: Callable[[], object]) -> bool:
+        if self.broken:
+            return False
+        try:
+            write()
+        except Exception as exc:  # noqa: BLE001 - a store that fails must not stop training
+            self.broken = True
+            self.say(f"tunelab: warning: retune results not saved to the profile store ({exc}); training goes on")
+            return False
+        return True
