@@ -66,6 +66,7 @@ class Plan:
     finalist_distance: float = 0.1  # finalists at least this far apart (unit coordinates)
     min_gain: float = 0.01          # a gain smaller than this is not worth changing a user's job for
     confidence: float = 0.9         # two-sided: the low end is a 95 % one-sided bound
+    lock_from_exploration: bool = True  # lock without re-measuring when a simultaneous interval already clears
     retune: bool = False
     watch_sustain: int = 4          # locked blocks in a row outside the interval that re-open the search
     watch_z: float = 3.0            # the watched interval: locked mean +- watch_z block sigmas
@@ -309,7 +310,22 @@ class Driver:
         if not self._finalists:
             return self._lock(None, None, "no configuration is expected to reach the minimum gain "
                                           f"({1 + self.plan.min_gain:.2f}x)")
+        if self.plan.lock_from_exploration and self._forced is None:
+            explored, iv = self._explored_interval(self._finalists[0])
+            if iv is not None and iv.low >= 1.0 + self.plan.min_gain:
+                return self._lock(self._finalists[0], iv,
+                                  f"its exploration blocks clear the minimum gain ({1 + self.plan.min_gain:.2f}x) "
+                                  f"with an interval simultaneous over the {explored} configurations explored")
         return self._queue_round()
+
+    def _explored_interval(self, knobs: Knobs) -> tuple[int, stats.Interval | None]:
+        """The gain of ``knobs`` from its own exploration blocks, with a confidence level that holds for
+        all ``m`` configurations explored in this epoch at once (Bonferroni: each at 1 - (1 - c) / m),
+        so it stays valid for whichever one the search picked: no winner's curse."""
+        explored = {s.knobs for s in self.samples
+                    if s.epoch == self.epoch and s.role == "candidate" and s.knobs != self.default}
+        m = max(1, len(explored))
+        return m, self.interval_of(knobs, phase="explore", confidence=1.0 - (1.0 - self.plan.confidence) / m)
 
     def _measured_above(self, goal: float) -> list[Knobs]:
         """This epoch's explored candidates whose own paired ratios (their mean) reach ``goal`` (log units),
@@ -458,13 +474,15 @@ class Driver:
                                                        pair.weight2)
         return pair.log_ratio, steps_part, block_part
 
-    def interval_of(self, knobs: Knobs) -> stats.Interval | None:
-        """Gain of ``knobs`` over the reference from this epoch's re-measured blocks, bracketed."""
+    def interval_of(self, knobs: Knobs, phase: str = "remeasure", confidence: float | None = None) -> stats.Interval | None:
+        """Gain of ``knobs`` over the reference from this epoch's blocks of ``phase`` (re-measured ones by
+        default), bracketed, at ``confidence`` (the plan's by default)."""
         pairs = [self._pair(s) for s in self.samples
-                 if s.knobs == knobs and s.phase == "remeasure" and s.role == "candidate" and s.epoch == self.epoch]
+                 if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch]
         pairs = [p for p in pairs if p is not None]
         if not pairs:
             return None
         steps_part, block_part = sum(p[1] for p in pairs), sum(p[2] for p in pairs)
         df = self.noise().df(steps_part, block_part)
-        return stats.interval([p[0] for p in pairs], [p[1] + p[2] for p in pairs], df, self.plan.confidence)
+        return stats.interval([p[0] for p in pairs], [p[1] + p[2] for p in pairs], df,
+                              self.plan.confidence if confidence is None else confidence)
