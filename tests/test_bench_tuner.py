@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tunelab.bench.landscape import DEFAULT_GRID, grid_points, grid_space, parse_grid, visit_order
-from tunelab.bench.tuner import LANDSCAPE_DIR, Landscape, evaluate
+from tunelab.bench.tuner import LANDSCAPE_DIR, Landscape, evaluate, exhaustive_pick
 from tunelab.knobs import Knobs, MiB
 from tunelab.tuning.driver import Plan
 from tunelab.tuning.replay import Drift, Objective
@@ -88,6 +88,20 @@ def test_evaluate_scores_the_locked_configuration():
     for curve in curves:  # the default until the lock, then the locked configuration's true score
         assert curve[0] == pytest.approx(default / land.best) and len(curve) >= 3
         assert any(curve[-1] * land.best == pytest.approx(m) for m in land.means)
+
+
+def test_the_exhaustive_yardstick_is_the_chance_that_one_block_each_ranks_the_best_first():
+    """Point B (steps at 2 and 0.5 samples/s: mean 1.25, the best) against A (always 1.0): with one-step
+    blocks B measures above A half the time; with two-step blocks it ties or wins 3 times in 4 (ties go
+    to the first point, B)."""
+    land = landscape([({"fusion_threshold_bytes": 8 * MiB}, [2.0, 0.5]), ({"fusion_threshold_bytes": 0}, [1.0, 1.0])],
+                     steps=True)
+    assert land.best == pytest.approx(1.25)
+    assert exhaustive_pick(land, 1, draws=4000) == pytest.approx(0.5, abs=0.04)
+    assert exhaustive_pick(land, 2, draws=4000) == pytest.approx(0.75, abs=0.04)
+    clear = landscape([({"fusion_threshold_bytes": 8 * MiB}, [2.0, 2.0]), ({"fusion_threshold_bytes": 0}, [1.0, 1.0])],
+                      steps=True)
+    assert exhaustive_pick(clear, 1) == 1.0
 
 
 def test_grid_helpers():
