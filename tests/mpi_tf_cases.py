@@ -118,6 +118,28 @@ def _captured(fn) -> str:
     return buf.getvalue().strip()
 
 
+def _tiny_job(comm, **settings):
+    """A job's start: init with ``settings``, the tiny model and its optimizer, this rank's data."""
+    tl.init(comm, **settings)
+    r = tl.rank()
+    x, y = data(0, tl.size())
+    return (tl._rt.current(), tiny_model(seed=1), keras.optimizers.SGD(0.1),
+            x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK])
+
+
+def _tape_step(model, opt, x, y):
+    """A tf.function train step through a DistributedGradientTape made inside it (the profile lookup
+    happens while it is traced)."""
+    @tf.function
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, x, y)
+        tape = tl.DistributedGradientTape(tape, model_name="tiny")
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    return step
+
+
 def case_tf_autoload(comm, env_home: str) -> dict:
     """Without a profile a tape logs the defaults; after one is stored, a new tape (made inside a
     tf.function) loads it once, on every rank, and a Keras DistributedOptimizer loads it in model.fit.
@@ -127,13 +149,8 @@ def case_tf_autoload(comm, env_home: str) -> dict:
     os.environ["TUNELAB_HOME"] = env_home
     logs = []
     for attempt in range(2):  # two jobs: the second starts after a profile was stored
-        tl.init(comm, cycle_time_ms=7.0)
-        rt = tl._rt.current()
-        model = tiny_model(seed=1)
-        opt = keras.optimizers.SGD(0.1)
+        rt, model, opt, x, y = _tiny_job(comm, cycle_time_ms=7.0)
         r = tl.rank()
-        x, y = data(0, tl.size())
-        x, y = x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK]
         if attempt == 1 and r == 0:
             from tunelab.profiles import ProfileStore
 
@@ -143,15 +160,8 @@ def case_tf_autoload(comm, env_home: str) -> dict:
             store.set_best(pid, {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0,
                                  "segment_bytes": 1 << 16}, 125.0, 100.0, 0.01, "test")
         comm.Barrier()
-
-        @tf.function
-        def step() -> None:
-            with tf.GradientTape() as tape:
-                loss = loss_fn(model, x, y)
-            tape = tl.DistributedGradientTape(tape, model_name="tiny")
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-
-        logs.append(_captured(lambda: [step() for _ in range(3)]))  # one trace: one lookup
+        step = _tape_step(model, opt, x, y)
+        logs.append(_captured(lambda step=step: [step() for _ in range(3)]))  # one trace: one lookup
         knobs = rt.engine.knobs.as_dict()
         tl.shutdown()
     tl.init(comm, cycle_time_ms=7.0)  # a third job trains with model.fit
@@ -172,13 +182,8 @@ def case_tf_retune(comm, env_home: str) -> dict:
 
     os.environ["TUNELAB_HOME"] = env_home
     loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
-    tl.init(comm, retune=True)
-    rt = tl._rt.current()
-    model = tiny_model(seed=1)
-    opt = keras.optimizers.SGD(0.1)
+    rt, model, opt, x, y = _tiny_job(comm, retune=True)
     r = tl.rank()
-    x, y = data(0, tl.size())
-    x, y = x[r * PER_RANK:(r + 1) * PER_RANK], y[r * PER_RANK:(r + 1) * PER_RANK]
     if r == 0:
         from tunelab.profiles import ProfileStore
 
@@ -186,13 +191,7 @@ def case_tf_retune(comm, env_home: str) -> dict:
         pid = store.upsert_profile(rt.profile_key(tl.model_signature(model), "tensorflow"), "test hardware", {}, "tiny")
         store.set_best(pid, loaded, 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.1, 1.4))
     comm.Barrier()
-
-    @tf.function
-    def step() -> None:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(model, x, y)
-        tape = tl.DistributedGradientTape(tape, model_name="tiny")
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    step = _tape_step(model, opt, x, y)
 
     def run() -> int:
         for i in range(400):
