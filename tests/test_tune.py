@@ -128,7 +128,7 @@ def test_bench_train_rotates_the_order_of_systems_each_round():
     assert rotated(systems, 3) == systems and rotated([], 1) == []
 
 
-def _replayed_result(speed, drift=0.05):
+def _replayed_result(speed, drift=0.05, strategy="tunelab"):
     """A tune result as ``tunelab tune`` builds it, from the driver run on a synthetic landscape."""
     from types import SimpleNamespace
 
@@ -142,10 +142,29 @@ def _replayed_result(speed, drift=0.05):
     space = search_space({"segment_bytes": 4 * MiB}, 1)
     grid = {"fusion_threshold_bytes": [0, MiB, 16 * MiB, 64 * MiB], "cycle_time_ms": [0.5, 1.0, 8.0, 32.0]}
     land = synthetic("t", space, grid, speed, noise=0.02, seed=1)
-    driver = simulate(Driver(space, lambda e: make_strategy("tunelab", space, e), Plan()),
+    driver = simulate(Driver(space, lambda e: make_strategy(strategy, space, e), Plan()),
                       Objective(land, 0, Drift(drift, 60.0, 0)))
     workload = SimpleNamespace(name="tiny", signature="sig")
     return summarise(driver, [10.0, 11.0], workload, space, 12.0, SimpleNamespace(size=2, num_nodes=1))
+
+
+def test_a_lock_from_exploration_reports_and_stores_the_blocks_it_rests_on(tmp_path):
+    """Locked without re-measuring (random search's pick is a measured configuration, and the gain is
+    far above the noise): the locked score is the mean of its exploration blocks, and the store takes it."""
+    from tunelab.profiles import ProfileKey, ProfileStore
+
+    result = _replayed_result(lambda k: 2.0 if k.cycle_time_ms >= 8.0 else 1.0, drift=0.01, strategy="random")
+    assert result["adopted"] and "simultaneous" in result["decision"]
+    assert not [s for s in result["samples"] if s["phase"] == "remeasure"]
+    mine = [s["score"] for s in result["samples"] if s["knobs"] == result["best"]["knobs"] and s["role"] == "candidate"]
+    assert mine and result["best"]["score"] == pytest.approx(sum(mine) / len(mine))
+    assert result["best"]["score"] / result["default"]["score"] == pytest.approx(2.0, rel=0.1)
+    store = ProfileStore(tmp_path / "p.db")
+    pid = store.upsert_profile(ProfileKey("hw", "sig", "torch", 2), "host", {}, "tiny")
+    iv = result["gain_interval"]
+    store.set_best(pid, result["best"]["knobs"], result["best"]["score"], result["default"]["score"], 0.01, "run",
+                   gain_interval=(iv["low"], iv["high"]), steps=result["steps_to_lock"], outcome=result["outcome"])
+    assert store.best(ProfileKey("hw", "sig", "torch", 2)).gain == pytest.approx(2.0, rel=0.1)
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -18,8 +18,7 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
     default = space.base
     epoch = [s for s in driver.samples if s.epoch == decision.epoch]
     ref_scores = [s.score for s in epoch if s.role == "reference"]
-    locked_scores = ([s.score for s in epoch if s.knobs == decision.knobs and s.phase == "remeasure"]
-                     if decision.adopted else ref_scores)
+    locked_scores = [s.score for s in evidence(driver, decision)]
     result: dict[str, Any] = {
         "model": workload.name, "signature": workload.signature, "world_size": topo.size,
         "nodes": topo.num_nodes, "seconds": seconds, "searched": list(space.names),
@@ -40,6 +39,17 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
         up = [s.score for s in epoch if s.knobs == decision.best and s.phase == "remeasure"]
         result["runner_up"] = {**_config(decision.best, up), "interval": decision.interval.as_dict()}
     return result
+
+
+def evidence(driver: Driver, decision: Decision) -> list[Any]:
+    """The blocks a decision rests on: the reference's when the default was kept; else the locked
+    configuration's re-measured blocks, or its exploration blocks when it was locked from them
+    (a simultaneous interval, without re-measuring)."""
+    epoch = [s for s in driver.samples if s.epoch == decision.epoch]
+    if not decision.adopted:
+        return [s for s in epoch if s.role == "reference"]
+    mine = [s for s in epoch if s.knobs == decision.knobs and s.role == "candidate"]
+    return [s for s in mine if s.phase == "remeasure"] or mine
 
 
 def outcome(decision: Decision) -> str:

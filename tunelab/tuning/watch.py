@@ -93,9 +93,10 @@ class StoreWriter:
 
     def lock(self, driver: Driver, d: Decision) -> str:
         """The new lock as the profile's best; returns what to add to the line said (or "")."""
-        epoch = [s for s in driver.samples if s.epoch == d.epoch]
-        refs = [s for s in epoch if s.role == "reference"]
-        mine = [s for s in epoch if s.knobs == d.knobs and s.phase == "remeasure"] if d.adopted else refs
+        from .result import evidence
+
+        refs = [s for s in driver.samples if s.epoch == d.epoch and s.role == "reference"]
+        mine = evidence(driver, d)
         if not refs or not mine:
             return ""
         default = sum(s.score for s in refs) / len(refs)
