@@ -310,7 +310,9 @@ class Driver:
         if not self._finalists:
             return self._lock(None, None, "no configuration is expected to reach the minimum gain "
                                           f"({1 + self.plan.min_gain:.2f}x)")
-        if self.plan.lock_from_exploration and self._forced is None:
+        remeasured = any(s.epoch == self.epoch and s.phase == "remeasure" for s in self.samples)
+        if self.plan.lock_from_exploration and self._forced is None and not remeasured:
+            # (once a re-measurement had its say in this search, it decides: exploration alone does not)
             explored, iv = self._explored_interval(self._finalists[0])
             if iv is not None and iv.low >= 1.0 + self.plan.min_gain:
                 return self._lock(self._finalists[0], iv,
