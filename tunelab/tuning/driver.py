@@ -17,7 +17,11 @@ Phases (``Driver.phase``):
    ``futile_z`` deviations reaches it: the default is kept without re-measuring, unless an explored
    candidate's own measured ratio reached the minimum gain: the model may have smoothed a real gain
    away on a noisy host, so that candidate is re-measured first, once per search); else at the budget;
-3. ``remeasure``: the strategy's recommendation and its best measured configurations (at most
+3. ``remeasure``: first, when the strategy's pick was explored and its own exploration blocks already
+   clear ``1 + min_gain`` with an interval simultaneous over the ``m`` configurations explored
+   (Bonferroni: each at ``1 - (1 - confidence) / m``, so picking the best of them cannot inflate it),
+   it is locked without re-measuring (``lock_from_exploration``; only before any re-measurement of
+   this search).  Otherwise the strategy's recommendation and its best measured configurations (at most
    ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
    round, each round closed by a block of the reference.  Their gains and confidence intervals rest on
    these fresh blocks only (not on the exploration that picked them, which favours the lucky).  The
