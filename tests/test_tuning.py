@@ -213,6 +213,50 @@ def test_a_measured_gain_is_remeasured_before_the_search_gives_up():
     assert not any(s.phase == "remeasure" for s in driver.samples)
 
 
+class _SecondThoughts(STRATEGIES["random"]):
+    """Random proposals with ``fast`` planted among them; it recommends ``slow`` (never explored) until
+    the driver has re-measured something, then ``fast``."""
+
+    def __init__(self, space, seed, fast, slow, driver_of):
+        super().__init__(space, seed)
+        self.fast, self.slow, self.driver_of, self.asked = fast, slow, driver_of, 0
+
+    def ask(self):
+        self.asked += 1
+        return self.fast if self.asked == 2 else super().ask()
+
+    def recommend(self):
+        remeasured = any(s.phase == "remeasure" for s in self.driver_of().samples)
+        return self.fast if remeasured else self.slow
+
+    def estimate(self, knobs):
+        return 0.2, 0.01
+
+    def upper_bound(self, z):
+        return 0.2
+
+
+def test_after_a_re_measurement_exploration_blocks_alone_do_not_lock():
+    """A search whose first finalist failed its re-measurement resumes; the configuration it picks
+    next is re-measured too, although its exploration blocks would clear a simultaneous interval."""
+    fast, slow = PEAK, PEAK.replace(fusion_threshold_bytes=64 * MiB, cycle_time_ms=0.25)
+    land = synthetic("fast", SPACE, GRID, lambda k: 1.5 if k == fast else 1.0, noise=0.01, seed=9)
+    box = []
+    driver = Driver(SPACE, lambda e: _SecondThoughts(SPACE, e, fast, slow, lambda: box[0]),
+                    Plan(budget_samples=30), land.samples_per_step)
+    box.append(driver)
+    d = simulate(driver, Objective(land, 0, Drift(0.01, 60.0, 0))).decisions[0]
+    assert any(s.knobs == slow and s.phase == "remeasure" for s in driver.samples)  # the first finalist
+    assert d.adopted and d.knobs == fast and "simultaneous" not in d.reason, d.reason
+    assert any(s.knobs == fast and s.phase == "remeasure" for s in driver.samples)
+    # the same search with the first finalist dropped by exploration alone: locked from exploration
+    box.clear()
+    driver = Driver(SPACE, lambda e: _SecondThoughts(SPACE, e, fast, fast, lambda: box[0]), Plan(), land.samples_per_step)
+    box.append(driver)
+    d = simulate(driver, Objective(land, 0, Drift(0.01, 60.0, 0))).decisions[0]
+    assert d.knobs == fast and "simultaneous" in d.reason
+
+
 def test_time_budget_and_pinned_everything_end_exploration():
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     d = run(land, 0, plan=Plan(budget_samples=1000, time_budget_s=20.0)).decisions[0]
