@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from scenario_text import tiny_replay
 
 from tunelab.bench.allreduce import add_link_bound, link_bound_s
 from tunelab.errors import UsageError
@@ -180,23 +181,8 @@ def test_every_system_crosses_the_shaped_link(lab_dir):
     assert sent >= len(algos) * (iters + warmup) * size // 2
 
 
-LAB_SCENARIO = """
-name = "tiny-lab"
-workload = "replay"
-model = "resnet50"
-[lab]
-hosts = 2
-link_gbps = 5
-ranks_per_host = 1
-[tuning]
-budget_samples = 3
-warmup_steps = 1
-discard_steps = 1
-measure_steps = 2
-[replay]
-forward_ms = 10
-backward_ms = 20
-"""
+LAB_SCENARIO = tiny_replay("tiny-lab", budget=3, forward_ms=10, backward_ms=20, np=None,
+                           lab="hosts = 2\nlink_gbps = 5\nranks_per_host = 1")
 
 
 @needs_lab

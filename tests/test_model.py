@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scenario_text import tiny_replay
 
 from tunelab.knobs import Knobs
 from tunelab.model.costs import Topology
@@ -383,21 +384,7 @@ def test_bench_tuner_runs_strategies_on_the_model(tmp_path: Path, capsys: pytest
     assert len(err) == 1 and "no such model file" in err[0]
 
 
-TINY_REPLAY = """
-name = "tiny-replay"
-workload = "replay"
-model = "resnet50"
-[run]
-np = 2
-[tuning]
-budget_samples = 3
-warmup_steps = 1
-discard_steps = 1
-measure_steps = 2
-[replay]
-forward_ms = 20
-backward_ms = 40
-"""
+TINY_REPLAY = tiny_replay(budget=3)
 
 
 @pytest.mark.mpi

@@ -7,24 +7,11 @@ import sys
 
 import pytest
 from mpi_harness import run_ok
+from scenario_text import tiny_replay
 
 pytest.importorskip("skopt")
 
-SCENARIO = """
-name = "tiny-replay"
-workload = "replay"
-model = "resnet50"
-[run]
-np = 2
-[tuning]
-budget_samples = 5
-warmup_steps = 1
-discard_steps = 1
-measure_steps = 2
-[replay]
-forward_ms = 20
-backward_ms = 40
-"""
+SCENARIO = tiny_replay()
 
 
 def tunelab(*args, env=None, timeout=600, cwd=None):

@@ -96,11 +96,12 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
             row, curves = evaluate(land, strategy, seeds, plan_for(land, budget), drift)
             rows.append(row)
             pooled[strategy] += curves
-    info = {land.name: {"best": land.best, "default": land.true_score(land.space.base),
-                        "points": len(land.knobs), "names": list(land.space.names),
-                        "block_steps": plan_for(land, budget).measure_steps,
-                        "exhaustive_within_3pct": exhaustive_pick(land, plan_for(land, budget).measure_steps)}
-            for land in landscapes}
+    info = {}
+    for land in landscapes:
+        steps = plan_for(land, budget).measure_steps
+        info[land.name] = {"best": land.best, "default": land.true_score(land.space.base),
+                           "points": len(land.knobs), "names": list(land.space.names), "block_steps": steps,
+                           "exhaustive_within_3pct": exhaustive_pick(land, steps)}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
             "seeds": seeds, "drift": drift, "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..knobs import Knobs
 from .driver import Decision, Driver, Plan, Sample
+from .result import evidence
 from .space import SearchSpace
 from .strategies import Observation, Told, make_strategy
 
@@ -93,8 +94,6 @@ class StoreWriter:
 
     def lock(self, driver: Driver, d: Decision) -> str:
         """The new lock as the profile's best; returns what to add to the line said (or "")."""
-        from .result import evidence
-
         refs = [s for s in driver.samples if s.epoch == d.epoch and s.role == "reference"]
         mine = evidence(driver, d)
         if not refs or not mine:
