@@ -216,4 +216,4 @@ def case_tf_retune(comm, env_home: str) -> dict:
     return result
 
 
-from mpi_tf_parity_cases import case_tf_parity  # noqa: E402,F401  (dispatched by mpi_cases.py)
+from mpi_tf_parity_cases import case_tf_parity  # noqa: F401  (dispatched by mpi_cases.py)
