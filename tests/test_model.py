@@ -444,3 +444,49 @@ def test_cli_fit_on_some_sizes_checks_the_others(tmp_path: Path, capsys: pytest.
     assert same["same_path"] and same["same_path_spread"]["max"] == pytest.approx(0.2, rel=1e-6)
     assert "one rank per host: hierarchical is the flat ring" in capsys.readouterr().out
     assert _cli(["model", "fit", *map(str, files), "--out", model, "--sizes", "3MiB"]) == 2
+
+
+def test_onset_is_where_the_larger_sizes_winner_clears_ten_percent() -> None:
+    """Hand-computed: the 10 % line (log 1.1) crossed between 2 and 4 KiB, interpolated geometrically."""
+    from tunelab.model.predict import onset
+
+    t = math.log(1.1)
+    sizes = [1024, 2048, 4096, 8192]
+    start, below = onset(sizes, [0.0, 0.05, 0.2, 0.3])
+    assert not below and start == pytest.approx(2048 * 2 ** ((t - 0.05) / 0.15))
+    assert onset(sizes, [-0.3, 0.0, -0.05, -0.2]) == (pytest.approx(4096 * 2 ** ((t - 0.05) / 0.15)), False)
+    assert onset(sizes, [0.2, 0.15, 0.3, 0.2]) == (1024, True)   # wins everywhere: at most the smallest size
+    assert onset(sizes, [0.2, 0.3, 0.2, 0.05]) == (None, False)  # the largest size is a tie: no onset
+    # a loss below breaks the run of wins: the line is crossed between 2 KiB (-0.3) and 4 KiB (0.2)
+    assert onset(sizes, [0.2, -0.3, 0.2, 0.3]) == (pytest.approx(2048 * 2 ** ((t + 0.3) / 0.5)), False)
+
+
+def test_crossover_check_takes_the_median_over_repeats() -> None:
+    """Three repeats of a 2 x 2 layout; one was disturbed at 64 KiB (flat measured 1.8x faster there).
+    The median of the paired differences ignores it: no crossover, hierarchical faster by > 10 % from
+    between 64 and 256 KiB on.  The fastest repeat (or the mean) would make flat the winner at 64 KiB."""
+    from tunelab.model.data import Observation
+    from tunelab.model.validate import crossover_check
+
+    topo = Topology(2, 2, "1gbps", 2.0)
+    ratio = {64 << 10: [1.02, 1.05, 1 / 1.8], 256 << 10: [1.3, 1.25, 1.35], MiB: [1.4, 1.5, 1.45]}  # flat/hier
+    obs = []
+    for r, name in enumerate(["run", "run.r2", "run.r3"]):
+        for size, ratios in ratio.items():
+            hier = size * 1e-8
+            obs += [Observation("hierarchical", size, hier, topo, source=name),
+                    Observation("flat", size, hier * ratios[r], topo, source=name),
+                    Observation("mpi", size, hier, topo, source=name)]
+
+    class Model:  # predicts hierarchical 20 % faster at every size
+        def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs) -> float:
+            return size * 1e-8 * (1.2 if algorithm == "flat" else 1.0)
+
+    (row,) = crossover_check(Model(), obs)  # type: ignore[arg-type]
+    assert row["source"] == "run" and row["repeats"] == 3 and row["sizes"] == 3
+    assert "factor" not in row and row["measured"].startswith("no crossover")
+    d0, d1 = math.log(1.02), math.log(1.3)  # the medians at 64 and 256 KiB
+    expected = (64 << 10) * 4 ** ((math.log(1.1) - d0) / (d1 - d0))
+    assert row["measured_onset"] == pytest.approx(expected)
+    assert row["predicted_onset"] == 64 << 10  # the model: at most the smallest size
+    assert row["onset_factor"] == pytest.approx((64 << 10) / expected)

@@ -172,7 +172,8 @@ def _crossover(model: Any, topo: Any, knobs: Any) -> dict | None:
     if c is None:
         return None
     print(f"# flat vs hierarchical: {c.describe()}")
-    return {"sizes": list(c.sizes), "faster_below": c.faster_below, "faster_above": c.faster_above}
+    return {"sizes": list(c.sizes), "faster_below": c.faster_below, "faster_above": c.faster_above,
+            "onset": c.onset, "onset_below_range": c.onset_below_range}
 
 
 def _steps(model: Any, topo: Any, scenario: str, base: Any) -> dict:
@@ -231,16 +232,20 @@ def _check(model: Any, files: list[Path], sizes: list[int] | None = None) -> dic
         raise UsageError("--check: the model predicts none of these measurements")
     print("# check: measured (held-out files) vs predicted")
     summary = _print_errors(errors, "check")
-    crossings = crossover_check(model, every)  # the crossover needs every size measured
+    # the crossover needs every size measured, and each repeat on its own (the median of their differences)
+    crossings = crossover_check(model, load_many(files, combine="all"))
     for c in crossings:
+        runs = f"{c['source']} ({c['repeats']} run{'s' if c['repeats'] > 1 else ''})"
         if c.get("same_path"):
             sp = c["same_path_spread"]
-            print(f"# crossover {c['source']}: none (one rank per host: hierarchical is the flat ring); the two "
+            print(f"# crossover {runs}: none (one rank per host: hierarchical is the flat ring); the two "
                   f"measurements of that one path differ by {100 * sp['median']:.0f}% (median), "
                   f"{100 * sp['max']:.0f}% (max): run-to-run noise")
             continue
-        factor = f"; predicted/measured {c['factor']:.2f}" if "factor" in c else ""
-        print(f"# crossover {c['source']}: measured {c['measured']}; predicted {c['predicted']}; winner agrees at "
+        factor = f"; first crossover predicted/measured {c['factor']:.2f}" if "factor" in c else ""
+        if "onset_factor" in c:
+            factor += f"; onset predicted/measured {c['onset_factor']:.2f}"
+        print(f"# crossover {runs}: measured {c['measured']}; predicted {c['predicted']}; winner agrees at "
               f"{c['winners_agree']}/{c['sizes']} sizes{factor}")
     return {"points": errors, "summary": summary, "crossover": crossings}
 

@@ -63,20 +63,51 @@ def allreduce_table(model: ScaleModel, topo: Topology, sizes: Sequence[int],
 
 @dataclass(frozen=True)
 class Crossover:
-    """Where flat ring and hierarchical trade places, between ``low`` and ``high`` bytes."""
+    """Where flat ring and hierarchical trade places, and from which size the larger sizes' winner
+    leads by more than 10 % (its *onset*: on a shared machine the two are often a tie at small sizes,
+    where there is no sign change to find but there is a size from which one of them pays)."""
 
     sizes: tuple[float, ...]     # sizes (bytes, geometric interpolation) where the faster one changes
     faster_below: str            # the faster algorithm at the smallest size searched
     faster_above: str            # ... and at the largest
+    onset: float | None = None   # from this size on, ``faster_above`` leads by > 10 % at every size
+    onset_below_range: bool = False  # it already does at the smallest size: the onset is at most that
 
     def describe(self) -> str:
         if not self.sizes:
             if self.faster_below == "tie" or self.faster_above == "tie":
-                return "no crossover: flat and hierarchical within 10 % at every size with a winner" \
+                text = "no crossover: flat and hierarchical within 10 % at every size with a winner" \
                     if self.faster_below != self.faster_above else "a tie (within 10 %) at every size"
-            return f"no crossover: {self.faster_below} is faster at every size searched"
-        where = ", ".join(_fmt_bytes(s) for s in self.sizes)
-        return f"crossover at {where}: {self.faster_below} below, {self.faster_above} above"
+            else:
+                text = f"no crossover: {self.faster_below} is faster at every size searched"
+        else:
+            where = ", ".join(_fmt_bytes(s) for s in self.sizes)
+            text = f"crossover at {where}: {self.faster_below} below, {self.faster_above} above"
+        if self.onset is not None and self.faster_above != "tie":
+            bound = "at most " if self.onset_below_range else ""
+            text += f"; {self.faster_above} faster by > 10 % from {bound}{_fmt_bytes(self.onset)} on"
+        return text
+
+
+TIE = math.log(1.10)  # flat and hierarchical within 10 %: a tie, not a winner
+
+
+def onset(sizes: Sequence[float], diffs: Sequence[float]) -> tuple[float | None, bool]:
+    """``diffs``: log(flat time / hierarchical time) at ascending ``sizes``.  The size from which the
+    largest size's winner (by more than 10 %) wins at every larger size, interpolated geometrically
+    where the difference crosses the 10 % line; ``(None, False)`` when the largest size is a tie, and
+    ``(sizes[0], True)`` when it wins everywhere (the onset is then at most the smallest size)."""
+    if not diffs or abs(diffs[-1]) < TIE:
+        return None, False
+    sign = 1.0 if diffs[-1] > 0 else -1.0
+    i = len(diffs) - 1
+    while i > 0 and sign * diffs[i - 1] >= TIE:
+        i -= 1
+    if i == 0:
+        return float(sizes[0]), True
+    (s0, d0), (s1, d1) = (sizes[i - 1], sign * diffs[i - 1]), (sizes[i], sign * diffs[i])
+    f = (TIE - d0) / (d1 - d0) if d1 != d0 else 1.0
+    return float(s0 * (s1 / s0) ** min(1.0, max(0.0, f))), False
 
 
 def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
@@ -95,7 +126,8 @@ def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
             f = d0 / (d0 - d1)
             found.append(s0 * (s1 / s0) ** f)
     name = {True: "flat", False: "hierarchical"}
-    return Crossover(tuple(found), name[diff[0] < 0], name[diff[-1] < 0])
+    start, below = onset(sizes, diff)
+    return Crossover(tuple(found), name[diff[0] < 0], name[diff[-1] < 0], start, below)
 
 
 def grid_knobs(grid: dict[str, Sequence] | None, topo: Topology, base: Knobs | None = None) -> list[Knobs]:

@@ -11,10 +11,9 @@ import numpy as np
 
 from .data import Observation
 from .fit import ScaleModel
-from .predict import Crossover
+from .predict import TIE, Crossover, onset
 
 GOAL = 0.15
-TIE = math.log(1.10)  # measured flat and hierarchical within 10 %: a tie, not a winner
 
 
 def summarize(errors: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -28,52 +27,79 @@ def _winner(d: float) -> str:
     return "tie" if abs(d) < TIE else ("flat" if d < 0 else "hierarchical")
 
 
-def crossover_of(times: dict[int, tuple[float, float]]) -> Crossover | None:
-    """Where flat and hierarchical trade places among ``{size: (flat_s, hierarchical_s)}``: geometric
-    interpolation between sizes where one is faster by more than 10 % (closer is a tie, and on a shared
-    machine noise flips ties).  ``faster_below``/``faster_above`` are ``tie`` when no size has a winner."""
-    sizes = sorted(times)
+def crossover_of(diffs: dict[int, float]) -> Crossover | None:
+    """Where flat and hierarchical trade places among ``{size: log(flat time / hierarchical time)}``:
+    geometric interpolation between sizes where one is faster by more than 10 % (closer is a tie, and
+    on a shared machine noise flips ties), and the onset of the larger sizes' winner
+    (:func:`tunelab.model.predict.onset`).  ``faster_below``/``faster_above`` are ``tie`` when no
+    size has a winner."""
+    sizes = sorted(diffs)
     if len(sizes) < 2:
         return None
-    pairs = [(s, math.log(times[s][0] / times[s][1])) for s in sizes]
+    pairs = [(s, diffs[s]) for s in sizes]
     sig = [(s, d) for s, d in pairs if abs(d) >= TIE]
+    start, below = onset(sizes, [d for _, d in pairs])
     if not sig:
         return Crossover((), "tie", "tie")
     found = [s0 * (s1 / s0) ** (d0 / (d0 - d1)) for (s0, d0), (s1, d1) in itertools.pairwise(sig) if (d0 < 0) != (d1 < 0)]
-    return Crossover(tuple(found), _winner(sig[0][1]), _winner(sig[-1][1]))
+    return Crossover(tuple(found), _winner(sig[0][1]), _winner(sig[-1][1]), start, below)
 
 
 def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[str, Any]]:
-    """Per multi-host run: the crossover of its measurements and of the model's predictions at the
-    same sizes (same tie rule), the winner at each size, and the factor between the first crossovers.
-    On hosts of one rank each, hierarchical is the flat ring (the engine takes it whole): no crossover
-    exists, and the row gives instead how far apart the two measurements of that one path are
-    (``same_path_spread``: median and max |log ratio| as a fraction) -- the run-to-run noise."""
+    """Per multi-host layout (hosts, ranks per host, link, knobs): the crossover of its measurements and
+    of the model's predictions at the same sizes (same tie rule), the winner at each size, and the
+    factor between the onsets (and between the first crossovers, where both have one).
+
+    ``obs`` keeps repeats apart (files of the same layout, e.g. ``run.json``, ``run.r2.json``): at each
+    size the measured difference is the **median over repeats** of each repeat's own log(flat /
+    hierarchical), so one disturbed repeat neither makes nor hides a winner; a size measured by only
+    some repeats takes the median of those.  On hosts of one rank each, hierarchical is the flat ring
+    (the engine takes it whole): no crossover exists, and the row gives instead how far apart the two
+    measurements of that one path are (``same_path_spread``: median and max |log ratio| over sizes
+    and repeats, as a fraction) -- the run-to-run noise."""
+    layouts: dict[tuple, list[Observation]] = {}
+    for o in obs:
+        if o.topo.hosts > 1 and o.algorithm in ("flat", "hierarchical"):
+            layouts.setdefault((o.topo, o.knobs), []).append(o)
     out = []
-    for source in dict.fromkeys(o.source for o in obs):
-        mine = [o for o in obs if o.source == source and o.topo.hosts > 1]
-        flat = {o.size: o for o in mine if o.algorithm == "flat"}
-        hier = {o.size: o for o in mine if o.algorithm == "hierarchical"}
-        both = sorted(set(flat) & set(hier))
-        if both and all(flat[s].topo.ranks_per_host == 1 for s in both):
-            spread = [abs(math.log(flat[s].time_s / hier[s].time_s)) for s in both]
-            out.append({"source": source, "same_path": True, "sizes": len(both),
+    for mine in layouts.values():
+        sources = list(dict.fromkeys(o.source for o in mine))
+        per_size: dict[int, list[float]] = {}
+        for src in sources:
+            flat = {o.size: o for o in mine if o.source == src and o.algorithm == "flat"}
+            hier = {o.size: o for o in mine if o.source == src and o.algorithm == "hierarchical"}
+            for size in set(flat) & set(hier):
+                per_size.setdefault(size, []).append(math.log(flat[size].time_s / hier[size].time_s))
+        if not per_size:
+            continue
+        name, topo, knobs = sources[0].split(".")[0], mine[0].topo, mine[0].knobs
+        both = sorted(per_size)
+        if topo.ranks_per_host == 1:
+            spread = [abs(d) for s in both for d in per_size[s]]
+            out.append({"source": name, "repeats": len(sources), "same_path": True, "sizes": len(both),
                         "same_path_spread": {"median": math.expm1(float(np.median(spread))),
                                              "max": math.expm1(max(spread))}})
             continue
-        measured = crossover_of({s: (flat[s].time_s, hier[s].time_s) for s in both})
+        diffs = {s: float(np.median(per_size[s])) for s in both}
+        measured = crossover_of(diffs)
         if measured is None:
             continue
-        pred = {s: tuple(model.time_s(a, o.topo, s, o.knobs) for a, o in (("flat", flat[s]), ("hierarchical", hier[s])))
-                for s in both}
-        predicted = crossover_of(pred)
-        mw = [_winner(math.log(flat[s].time_s / hier[s].time_s)) for s in both]
-        pw = [_winner(math.log(pred[s][0] / pred[s][1])) for s in both]
-        row: dict[str, Any] = {"source": source, "measured": measured.describe(), "predicted": predicted.describe(),
+        pdiffs = {s: math.log(model.time_s("flat", topo, s, knobs) / model.time_s("hierarchical", topo, s, knobs))
+                  for s in both}
+        predicted = crossover_of(pdiffs)
+        mw, pw = [_winner(diffs[s]) for s in both], [_winner(pdiffs[s]) for s in both]
+        row: dict[str, Any] = {"source": name, "repeats": len(sources), "layout": topo.describe(),
+                               "measured": measured.describe(), "predicted": predicted.describe(),
                                "winners_agree": sum(a == b or "tie" in (a, b) for a, b in zip(mw, pw)),
-                               "sizes": len(both)}
+                               "sizes": len(both),
+                               "measured_onset": measured.onset, "predicted_onset": predicted.onset}
         if measured.sizes and predicted.sizes:
             row["factor"] = predicted.sizes[0] / measured.sizes[0]
+        if measured.onset is not None and predicted.onset is not None \
+                and measured.faster_above == predicted.faster_above:
+            # both at most the smallest size: they agree as far as the sizes measured can tell
+            row["onset_factor"] = 1.0 if measured.onset_below_range and predicted.onset_below_range \
+                else predicted.onset / measured.onset
         out.append(row)
     return out
 
