@@ -45,6 +45,16 @@ def test_a_bracketed_ratio_cancels_a_linear_drift_exactly():
     assert stats.paired(5.0, 1.0, refs, bracket=True).weight2 == 1.0  # after the last reference: nearest one
 
 
+def test_references_of_different_lengths_weigh_by_their_steps():
+    """Hand-computed: a candidate 1/4 of the way from a 3-step to a 12-step reference block."""
+    refs = [(0.0, 0.0, 3), (4.0, 0.08, 12)]
+    pair = stats.paired(1.0, 0.12, refs)
+    assert pair.log_ratio == pytest.approx(0.10)
+    assert pair.per_step == pytest.approx(0.75 ** 2 / 3 + 0.25 ** 2 / 12)
+    assert stats.paired(5.0, 0.0, refs).per_step == pytest.approx(1 / 12)  # nearest: the 12-step one
+    assert stats.paired(1.0, 0.12, [r[:2] for r in refs]).per_step is None  # steps not given
+
+
 def test_noise_reads_step_noise_inside_blocks_and_only_the_excess_between_references():
     rng = np.random.default_rng(0)
     quiet, loud = "quiet", "loud"
@@ -257,6 +267,28 @@ def test_after_a_re_measurement_exploration_blocks_alone_do_not_lock():
     assert d.knobs == fast and "simultaneous" in d.reason
 
 
+def test_re_measurement_blocks_grow_with_the_step_noise():
+    """Steps of a re-measurement block: enough that a round's paired ratio has a 2 % step sigma
+    ((candidate's step variance + the reference's) / 0.02^2), between measure_steps (3) and 4 x it.
+    A quiet host (1 % per step: under one step wanted) keeps 3; a noisy one (10 %: about 50 wanted) is
+    capped at 12; exploration blocks stay at 3 either way."""
+    fast = SPACE.base.replace(fusion_threshold_bytes=GRID["fusion_threshold_bytes"][1])
+    for step_noise, want in ((0.01, 3), (0.10, 12)):
+        land = synthetic("one-fast", SPACE, GRID, lambda k: 1.3 if k == fast else 1.0, noise=step_noise, seed=9)
+        for seed in range(4):
+            driver = run(land, seed, plan=Plan(lock_from_exploration=False), drift=0.0)
+            remeasured = {s.steps for s in driver.samples if s.phase == "remeasure"}
+            assert {s.steps for s in driver.samples if s.phase == "explore"} == {3}
+            if remeasured:
+                assert remeasured == {want}, (step_noise, seed, remeasured)
+                break
+        else:
+            raise AssertionError(f"no seed re-measured at noise {step_noise}")
+    land = synthetic("one-fast", SPACE, GRID, lambda k: 1.3 if k == fast else 1.0, noise=0.10, seed=9)
+    fixed = run(land, 0, plan=Plan(lock_from_exploration=False, remeasure_steps=5), drift=0.0)
+    assert {s.steps for s in fixed.samples if s.phase == "remeasure"} <= {5}
+
+
 def test_time_budget_and_pinned_everything_end_exploration():
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     d = run(land, 0, plan=Plan(budget_samples=1000, time_budget_s=20.0)).decisions[0]
@@ -369,7 +401,7 @@ def test_a_disturbed_reference_block_is_set_aside():
     i = next(k for k, s in enumerate(driver.samples) if s.role == "reference" and k > 3)
     slow = tuple(x + math.log(0.6) for x in driver.samples[i].logs)
     driver.samples[i] = replace(driver.samples[i], score=driver.samples[i].score * 0.6, logs=slow)
-    assert driver.disturbed_references() == 1 and float(i) not in [p for p, _ in driver._refs()]
+    assert driver.disturbed_references() == 1 and float(i) not in [r[0] for r in driver._refs()]
 
 
 def test_the_one_shot_switch_is_searched_only_for_gpu_jobs():

@@ -23,7 +23,10 @@ Phases (``Driver.phase``):
    it is locked without re-measuring (``lock_from_exploration``; only before any re-measurement of
    this search).  Otherwise the strategy's recommendation and its best measured configurations (at most
    ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
-   round, each round closed by a block of the reference.  Their gains and confidence intervals rest on
+   round, each round closed by a block of the reference.  These blocks are as long as the step noise
+   measured so far asks for (a round's paired ratio near ``remeasure_sigma``; between ``measure_steps``
+   and ``remeasure_max_steps``): exploration screens with short blocks, the decision gets longer ones
+   on a noisy host.  Their gains and confidence intervals rest on
    these fresh blocks only (not on the exploration that picked them, which favours the lucky).  The
    best finalist is adopted as soon as its interval's low end clears ``1 + min_gain``; finalists whose
    high end cannot, or that are clearly behind the leader, are dropped.  When every finalist is dropped
@@ -63,7 +66,9 @@ class Plan:
     near_best: float | None = 0.02  # ... to beat it by more than this (estimate + z sd; None: not asked)
     futile_z: float = 2.0           # futile: no configuration's estimate + z sd reaches the goal
     finalists: int = 1
-    remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: measure_steps)
+    remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: from remeasure_sigma)
+    remeasure_sigma: float | None = 0.02  # ... as many as bring one round's paired ratio to this sigma
+    remeasure_max_steps: int | None = None  # ... at most (None: 4 x measure_steps), at least measure_steps
     max_rounds: int = 4
     futility_after: int = 2         # from this round on, finalists whose gain estimate is below the goal drop
     min_rounds: int = 1             # rounds before a finalist may be adopted
@@ -153,6 +158,7 @@ class Driver:
         self._outside = 0
         self._noise: tuple[int, noise.Noise] | None = None
         self._forced: Knobs | None = None  # a finalist the model gave up on but a measurement did not
+        self._remeasure_steps = plan.measure_steps
 
     @classmethod
     def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
@@ -210,9 +216,24 @@ class Driver:
         return knobs if changed else None
 
     def _steps_of(self, block: _Block) -> int:
-        if block.phase == "remeasure":
-            return self.plan.remeasure_steps or self.plan.measure_steps
-        return self.plan.measure_steps
+        return self._remeasure_steps if block.phase == "remeasure" else self.plan.measure_steps
+
+    def _choose_remeasure_steps(self, finalists: list[Knobs]) -> int:
+        """Steps of each re-measurement block: ``plan.remeasure_steps`` if set; else enough that one
+        round's paired ratio (a finalist's block and a reference block) has step noise of about
+        ``remeasure_sigma``, from the step noise measured so far, between ``measure_steps`` and
+        ``remeasure_max_steps``.  Exploration screens with short blocks; the decision gets longer ones
+        where the host is noisy (a quiet host keeps them short)."""
+        plan = self.plan
+        if plan.remeasure_steps is not None:
+            return plan.remeasure_steps
+        if plan.remeasure_sigma is None or not finalists:
+            return plan.measure_steps
+        model = self.noise()
+        worst = max(model.step_var.get(k, model.pooled_var) for k in finalists)
+        need = (worst + model.step_var.get(self.default, model.pooled_var)) / plan.remeasure_sigma ** 2
+        most = plan.remeasure_max_steps or 4 * plan.measure_steps
+        return int(min(most, max(plan.measure_steps, math.ceil(need))))
 
     def _finish(self, block: _Block) -> None:
         rates = self.samples_per_step / np.asarray(block.times)
@@ -322,6 +343,7 @@ class Driver:
                 return self._lock(self._finalists[0], iv,
                                   f"its exploration blocks clear the minimum gain ({1 + self.plan.min_gain:.2f}x) "
                                   f"with an interval simultaneous over the {explored} configurations explored")
+        self._remeasure_steps = self._choose_remeasure_steps(self._finalists)
         return self._queue_round()
 
     def _explored_interval(self, knobs: Knobs) -> tuple[int, stats.Interval | None]:
@@ -439,14 +461,14 @@ class Driver:
     def _epoch_refs(self) -> list[Sample]:
         return [s for s in self.samples if s.role == "reference" and s.epoch == self.epoch]
 
-    def _refs(self) -> list[tuple[float, float]]:
-        """This epoch's reference blocks as (position, log score), disturbed ones set aside: with four or
+    def _refs(self) -> list[tuple[float, float, int]]:
+        """This epoch's reference blocks as (position, log score, steps), disturbed ones set aside: with four or
         more, a block further than 3.5 robust sigmas (MAD) from their median, e.g. the host busy with
         something else for seconds, pairs with nothing (a slow trend moves the median with it)."""
-        refs = [(float(s.index), s.log_score) for s in self._epoch_refs()]
+        refs = [(float(s.index), s.log_score, s.steps) for s in self._epoch_refs()]
         if len(refs) < 4:
             return refs
-        logs = np.asarray([y for _, y in refs])
+        logs = np.asarray([r[1] for r in refs])
         centre = float(np.median(logs))
         limit = max(3.5 * 1.4826 * float(np.median(np.abs(logs - centre))), 0.02)
         return [r for r in refs if abs(r[1] - centre) <= limit]
@@ -458,7 +480,7 @@ class Driver:
     def noise(self) -> noise.Noise:
         """This epoch's noise model (:mod:`.noise`), refreshed when a block is added."""
         if self._noise is None or self._noise[0] != len(self.samples):
-            kept = {p for p, _ in self._refs()}
+            kept = {r[0] for r in self._refs()}
             epoch = [s for s in self.samples if s.epoch == self.epoch]
             refs = [s.logs for s in self._epoch_refs() if float(s.index) in kept]
             self._noise = (len(self.samples), noise.estimate([(s.knobs, s.logs) for s in epoch], self.default, refs))
@@ -475,9 +497,9 @@ class Driver:
         pair = stats.paired(float(sample.index), sample.log_score, self._refs(), bracket)
         if pair is None:
             return None
-        ref_steps = self.plan.measure_steps
-        steps_part, block_part = self.noise().pair_var(sample.knobs, sample.steps, self.default, ref_steps,
-                                                       pair.weight2)
+        per_step = pair.per_step if pair.per_step is not None else pair.weight2 / self.plan.measure_steps
+        steps_part, block_part = self.noise().pair_var(sample.knobs, sample.steps, self.default, pair.weight2,
+                                                       per_step)
         return pair.log_ratio, steps_part, block_part
 
     def interval_of(self, knobs: Knobs, phase: str = "remeasure", confidence: float | None = None) -> stats.Interval | None:

@@ -45,10 +45,12 @@ class Noise:
         """Variance of one block's mean log rate from its step noise alone."""
         return self.step_var.get(config, self.pooled_var) / max(1, steps)
 
-    def pair_var(self, config: Hashable, steps: int, ref: Hashable, ref_steps: int, weight2: float) -> tuple[float, float]:
+    def pair_var(self, config: Hashable, steps: int, ref: Hashable, weight2: float,
+                 per_step: float) -> tuple[float, float]:
         """(step part, block part) of a paired ratio's variance: ``weight2`` is the sum of the
-        reference blocks' squared interpolation weights."""
-        steps_part = self.block_var(config, steps) + weight2 * self.block_var(ref, ref_steps)
+        reference blocks' squared interpolation weights, ``per_step`` the sum of each one's squared
+        weight over its number of steps."""
+        steps_part = self.block_var(config, steps) + per_step * self.step_var.get(ref, self.pooled_var)
         return steps_part, self.tau2 * (1.0 + weight2)
 
     def df(self, steps_part: float, block_part: float) -> float:

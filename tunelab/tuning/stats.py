@@ -19,6 +19,7 @@ from dataclasses import dataclass
 class Paired:
     log_ratio: float
     weight2: float  # sum of the references' squared interpolation weights (see :meth:`.noise.Noise.pair_var`)
+    per_step: float | None = None  # sum of weight^2 / steps of those references (None: their steps not given)
 
 
 @dataclass(frozen=True)
@@ -37,20 +38,22 @@ class Interval:
         return {"gain": self.gain, "low": self.low, "high": self.high, "n": self.n}
 
 
-def paired(position: float, log_score: float, refs: list[tuple[float, float]],
+def paired(position: float, log_score: float, refs: list[tuple[float, ...]],
            bracket: bool = True) -> Paired | None:
-    """``log_score`` at ``position`` against ``refs`` ((position, log score), in order): the two around
-    it interpolated when ``bracket`` and both exist, else the nearest one before it (or after it)."""
+    """``log_score`` at ``position`` against ``refs`` ((position, log score[, steps]), in order): the two
+    around it interpolated when ``bracket`` and both exist, else the nearest one before it (or after
+    it).  With each reference's steps given, ``per_step`` weighs its share of the variance by them."""
     before = [r for r in refs if r[0] < position]
     after = [r for r in refs if r[0] > position]
     if bracket and before and after:
-        (p0, y0), (p1, y1) = before[-1], after[0]
-        w1 = (position - p0) / (p1 - p0)
-        return Paired(log_score - ((1.0 - w1) * y0 + w1 * y1), (1.0 - w1) ** 2 + w1 ** 2)
+        r0, r1 = before[-1], after[0]
+        w1 = (position - r0[0]) / (r1[0] - r0[0])
+        per_step = (1.0 - w1) ** 2 / r0[2] + w1 ** 2 / r1[2] if len(r0) > 2 and len(r1) > 2 else None
+        return Paired(log_score - ((1.0 - w1) * r0[1] + w1 * r1[1]), (1.0 - w1) ** 2 + w1 ** 2, per_step)
     nearest = before[-1] if before else (after[0] if after else None)
     if nearest is None:
         return None
-    return Paired(log_score - nearest[1], 1.0)
+    return Paired(log_score - nearest[1], 1.0, 1.0 / nearest[2] if len(nearest) > 2 else None)
 
 
 def interval(log_ratios: list[float], variances: list[float], df: float, confidence: float) -> Interval | None:
