@@ -488,5 +488,6 @@ def test_crossover_check_takes_the_median_over_repeats() -> None:
     d0, d1 = math.log(1.02), math.log(1.3)  # the medians at 64 and 256 KiB
     expected = (64 << 10) * 4 ** ((math.log(1.1) - d0) / (d1 - d0))
     assert row["measured_onset"] == pytest.approx(expected)
-    assert row["predicted_onset"] == 64 << 10  # the model: at most the smallest size
-    assert row["onset_factor"] == pytest.approx((64 << 10) / expected)
+    assert row["predicted_onset"] == 64 << 10 and row["predicted_onset_below_range"]  # at most 64 KiB
+    assert row["onset_factor"] == pytest.approx((64 << 10) / expected) and row["onset_factor_bound"] == "<="
+    assert "every size with a winner (the others within 10 %)" in row["measured"]  # 64 KiB is a tie

@@ -244,7 +244,8 @@ def _check(model: Any, files: list[Path], sizes: list[int] | None = None) -> dic
             continue
         factor = f"; first crossover predicted/measured {c['factor']:.2f}" if "factor" in c else ""
         if "onset_factor" in c:
-            factor += f"; onset predicted/measured {c['onset_factor']:.2f}"
+            bound = {"<=": "at most ", ">=": "at least "}.get(c["onset_factor_bound"], "")
+            factor += f"; onset predicted/measured {bound}{c['onset_factor']:.2f}"
         print(f"# crossover {runs}: measured {c['measured']}; predicted {c['predicted']}; winner agrees at "
               f"{c['winners_agree']}/{c['sizes']} sizes{factor}")
     return {"points": errors, "summary": summary, "crossover": crossings}

@@ -72,12 +72,15 @@ class Crossover:
     faster_above: str            # ... and at the largest
     onset: float | None = None   # from this size on, ``faster_above`` leads by > 10 % at every size
     onset_below_range: bool = False  # it already does at the smallest size: the onset is at most that
+    ties: bool = False           # some sizes are ties (within 10 %): the winners are named at the others
 
     def describe(self) -> str:
         if not self.sizes:
             if self.faster_below == "tie" or self.faster_above == "tie":
                 text = "no crossover: flat and hierarchical within 10 % at every size with a winner" \
                     if self.faster_below != self.faster_above else "a tie (within 10 %) at every size"
+            elif self.ties:
+                text = f"no crossover: {self.faster_below} is faster at every size with a winner (the others within 10 %)"
             else:
                 text = f"no crossover: {self.faster_below} is faster at every size searched"
         else:

@@ -42,7 +42,7 @@ def crossover_of(diffs: dict[int, float]) -> Crossover | None:
     if not sig:
         return Crossover((), "tie", "tie")
     found = [s0 * (s1 / s0) ** (d0 / (d0 - d1)) for (s0, d0), (s1, d1) in itertools.pairwise(sig) if (d0 < 0) != (d1 < 0)]
-    return Crossover(tuple(found), _winner(sig[0][1]), _winner(sig[-1][1]), start, below)
+    return Crossover(tuple(found), _winner(sig[0][1]), _winner(sig[-1][1]), start, below, len(sig) < len(pairs))
 
 
 def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[str, Any]]:
@@ -92,14 +92,20 @@ def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[
                                "measured": measured.describe(), "predicted": predicted.describe(),
                                "winners_agree": sum(a == b or "tie" in (a, b) for a, b in zip(mw, pw)),
                                "sizes": len(both),
-                               "measured_onset": measured.onset, "predicted_onset": predicted.onset}
+                               "measured_onset": measured.onset, "predicted_onset": predicted.onset,
+                               "measured_onset_below_range": measured.onset_below_range,
+                               "predicted_onset_below_range": predicted.onset_below_range}
         if measured.sizes and predicted.sizes:
             row["factor"] = predicted.sizes[0] / measured.sizes[0]
         if measured.onset is not None and predicted.onset is not None \
                 and measured.faster_above == predicted.faster_above:
-            # both at most the smallest size: they agree as far as the sizes measured can tell
-            row["onset_factor"] = 1.0 if measured.onset_below_range and predicted.onset_below_range \
-                else predicted.onset / measured.onset
+            # An onset at the smallest size is only a bound (at most that size), and so is a factor with
+            # one: "<=" when only the predicted one is, ">=" when only the measured one is; both: they
+            # agree as far as the sizes measured can tell.
+            both = measured.onset_below_range and predicted.onset_below_range
+            row["onset_factor"] = 1.0 if both else predicted.onset / measured.onset
+            row["onset_factor_bound"] = "" if both or measured.onset_below_range == predicted.onset_below_range \
+                else ("<=" if predicted.onset_below_range else ">=")
         out.append(row)
     return out
 

@@ -24,9 +24,9 @@ Phases (``Driver.phase``):
    this search).  Otherwise the strategy's recommendation and its best measured configurations (at most
    ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
    round, each round closed by a block of the reference.  These blocks are as long as the step noise
-   measured so far asks for (a round's paired ratio near ``remeasure_sigma``; between ``measure_steps``
-   and ``remeasure_max_steps``): exploration screens with short blocks, the decision gets longer ones
-   on a noisy host.  Their gains and confidence intervals rest on
+   measured so far asks for (the step-noise part of a round's paired ratio near ``remeasure_sigma``;
+   between ``measure_steps`` and ``remeasure_max_steps``; chosen as re-measurement starts):
+   exploration screens with short blocks, the decision gets longer ones on a noisy host.  Their gains and confidence intervals rest on
    these fresh blocks only (not on the exploration that picked them, which favours the lucky).  The
    best finalist is adopted as soon as its interval's low end clears ``1 + min_gain``; finalists whose
    high end cannot, or that are clearly behind the leader, are dropped.  When every finalist is dropped
@@ -67,7 +67,7 @@ class Plan:
     futile_z: float = 2.0           # futile: no configuration's estimate + z sd reaches the goal
     finalists: int = 1
     remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: from remeasure_sigma)
-    remeasure_sigma: float | None = 0.02  # ... as many as bring one round's paired ratio to this sigma
+    remeasure_sigma: float | None = 0.02  # ... as many as bring the step-noise part of a round's ratio to this
     remeasure_max_steps: int | None = None  # ... at most (None: 4 x measure_steps), at least measure_steps
     max_rounds: int = 4
     futility_after: int = 2         # from this round on, finalists whose gain estimate is below the goal drop
@@ -81,6 +81,15 @@ class Plan:
     watch_z: float = 3.0            # the watched interval: locked mean +- watch_z block sigmas
     watch_baseline: int = 4         # a profile loaded, not tuned here: its first locked blocks set the interval
     warm_start_noise: float = 0.10  # extra sigma (log units) of earlier trials (a retune, a stored profile)
+
+    def __post_init__(self) -> None:
+        steps = {"measure_steps": self.measure_steps, "remeasure_steps": self.remeasure_steps,
+                 "remeasure_max_steps": self.remeasure_max_steps}
+        bad = [f"{k}={v}" for k, v in steps.items() if v is not None and (int(v) != v or v < 1)]
+        if self.remeasure_sigma is not None and not self.remeasure_sigma > 0:
+            bad.append(f"remeasure_sigma={self.remeasure_sigma}")
+        if bad:
+            raise ValueError(f"tuning plan: {', '.join(bad)} (steps must be whole numbers >= 1, the sigma > 0)")
 
 
 @dataclass(frozen=True)
@@ -219,11 +228,12 @@ class Driver:
         return self._remeasure_steps if block.phase == "remeasure" else self.plan.measure_steps
 
     def _choose_remeasure_steps(self, finalists: list[Knobs]) -> int:
-        """Steps of each re-measurement block: ``plan.remeasure_steps`` if set; else enough that one
-        round's paired ratio (a finalist's block and a reference block) has step noise of about
-        ``remeasure_sigma``, from the step noise measured so far, between ``measure_steps`` and
-        ``remeasure_max_steps``.  Exploration screens with short blocks; the decision gets longer ones
-        where the host is noisy (a quiet host keeps them short)."""
+        """Steps of each re-measurement block, chosen once as re-measurement starts: ``plan.remeasure_steps``
+        if set; else enough that the step-noise part of one round's paired ratio (a finalist's block
+        and a reference block; the block-level noise between blocks does not shrink with more steps)
+        is about ``remeasure_sigma``, from the step noise measured so far, between ``measure_steps``
+        and ``remeasure_max_steps``.  Exploration screens with short blocks; the decision gets longer
+        ones where the host is noisy (a quiet host keeps them short)."""
         plan = self.plan
         if plan.remeasure_steps is not None:
             return plan.remeasure_steps
@@ -232,7 +242,7 @@ class Driver:
         model = self.noise()
         worst = max(model.step_var.get(k, model.pooled_var) for k in finalists)
         need = (worst + model.step_var.get(self.default, model.pooled_var)) / plan.remeasure_sigma ** 2
-        most = plan.remeasure_max_steps or 4 * plan.measure_steps
+        most = max(plan.measure_steps, plan.remeasure_max_steps or 4 * plan.measure_steps)
         return int(min(most, max(plan.measure_steps, math.ceil(need))))
 
     def _finish(self, block: _Block) -> None:
