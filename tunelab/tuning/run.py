@@ -241,8 +241,9 @@ def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], Non
         count[0] = count[0] + 1 if s.phase == "explore" else count[0]
         label = f"{count[0]:>3}/{budget}" if s.phase == "explore" else f"{s.phase[:1]:>6}"
         ratio = f"  {math.exp(s.told):.3f}x ref" if s.told is not None else ""
+        steps = f", {s.steps} steps" if s.phase == "remeasure" else ""  # their length follows the noise
         print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<52} {s.score:8.2f} samples/s "
-              f"(±{100 * s.spread / 2:.1f}%){ratio}", flush=True)
+              f"(±{100 * s.spread / 2:.1f}%{steps}){ratio}", flush=True)
 
     return show
 
