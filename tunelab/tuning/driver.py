@@ -26,10 +26,11 @@ Phases (``Driver.phase``):
    round, each round closed by a block of the reference.  These blocks are as long as the step noise
    measured so far asks for (the step-noise part of a round's paired ratio near ``remeasure_sigma``;
    between ``measure_steps`` and ``remeasure_max_steps``; chosen as re-measurement starts):
-   exploration screens with short blocks, the decision gets longer ones on a noisy host.  Their gains and confidence intervals rest on
-   these fresh blocks only (not on the exploration that picked them, which favours the lucky).  The
-   best finalist is adopted as soon as its interval's low end clears ``1 + min_gain``; finalists whose
-   high end cannot, or that are clearly behind the leader, are dropped.  When every finalist is dropped
+   exploration screens with short blocks, the decision gets longer ones on a noisy host.  Their gains
+   and confidence intervals rest on these fresh blocks only (not on the exploration that picked them,
+   which favours the lucky).  The best finalist is adopted as soon as its interval's low end clears
+   ``1 + min_gain``; finalists whose high end cannot, or that are clearly behind the leader, are
+   dropped.  When every finalist is dropped
    and exploration budget is left, exploration resumes (the re-measured blocks told to the strategy
    too); else, or after ``max_rounds``, the default is kept;
 4. ``locked``: the decision is applied.  With ``retune``, blocks of the locked configuration go on being
@@ -345,8 +346,7 @@ class Driver:
         if not self._finalists:
             return self._lock(None, None, "no configuration is expected to reach the minimum gain "
                                           f"({1 + self.plan.min_gain:.2f}x)")
-        remeasured = any(s.epoch == self.epoch and s.phase == "remeasure" for s in self.samples)
-        if self.plan.lock_from_exploration and self._forced is None and not remeasured:
+        if self.plan.lock_from_exploration and self._forced is None and not self._remeasured():
             # (once a re-measurement had its say in this search, it decides: exploration alone does not)
             explored, iv = self._explored_interval(self._finalists[0])
             if iv is not None and iv.low >= 1.0 + self.plan.min_gain:
@@ -355,6 +355,10 @@ class Driver:
                                   f"with an interval simultaneous over the {explored} configurations explored")
         self._remeasure_steps = self._choose_remeasure_steps(self._finalists)
         return self._queue_round()
+
+    def _remeasured(self) -> bool:
+        """Whether this search (epoch) has re-measured anything yet."""
+        return any(s.epoch == self.epoch and s.phase == "remeasure" for s in self.samples)
 
     def _explored_interval(self, knobs: Knobs) -> tuple[int, stats.Interval | None]:
         """The gain of ``knobs`` from its own exploration blocks, with a confidence level that holds for
@@ -373,7 +377,7 @@ class Driver:
         for s in self.samples:
             if s.epoch == self.epoch and s.phase == "explore" and s.told is not None and s.knobs != self.default:
                 told.setdefault(s.knobs, []).append(s.told)
-        if any(s.epoch == self.epoch and s.phase == "remeasure" for s in self.samples):
+        if self._remeasured():
             return []  # once per search: a re-measurement already had its say
         means = {k: float(np.mean(v)) for k, v in told.items()}
         return sorted((k for k, m in means.items() if m >= goal), key=lambda k: -means[k])

@@ -52,6 +52,13 @@ def evidence(driver: Driver, decision: Decision) -> list[Any]:
     return [s for s in mine if s.phase == "remeasure"] or mine
 
 
+def record_sample(store: Any, profile_id: int, run_id: str, s: Any) -> None:
+    """A measured block as a trial of profile ``profile_id`` (the store's phases: a reference block is
+    the default's)."""
+    phase = "default" if s.role == "reference" else s.phase
+    store.record_trial(profile_id, s.knobs.as_dict(), s.score, s.spread, s.steps, s.seconds, run_id, phase)
+
+
 def outcome(decision: Decision) -> str:
     """How the search ended, in two words where it can: "converged" or "budget exhausted"."""
     if decision.converged:

@@ -16,7 +16,7 @@ from typing import Any
 from ..knobs import Knobs
 from ..units import format_size
 from .driver import Plan, Sample
-from .result import summarise
+from .result import record_sample, summarise
 from .session import TuningSession
 
 
@@ -288,9 +288,7 @@ class _Recorder:
     def record(self, s: Sample) -> None:
         if not self.write:
             return
-        phase = "default" if s.role == "reference" else s.phase  # the store's phases
-        self.store.record_trial(self.profile_id, s.knobs.as_dict(), s.score, s.spread, s.steps, s.seconds,
-                                self.run_id, phase)
+        record_sample(self.store, self.profile_id, self.run_id, s)
 
     def finish(self, result: dict) -> None:
         if not self.write:

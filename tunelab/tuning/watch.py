@@ -24,7 +24,7 @@ from typing import Any
 
 from ..knobs import Knobs
 from .driver import Decision, Driver, Plan, Sample
-from .result import evidence
+from .result import evidence, record_sample
 from .space import SearchSpace
 from .strategies import Observation, Told, make_strategy
 
@@ -88,9 +88,7 @@ class StoreWriter:
         """A measured block: trials are the retune's blocks, not the watched blocks of the loaded knobs."""
         if s.epoch == 0 or s.role == "locked":
             return
-        phase = "default" if s.role == "reference" else s.phase
-        self._write(lambda: self.store.record_trial(self.profile_id, s.knobs.as_dict(), s.score, s.spread,
-                                                    s.steps, s.seconds, self.run_id, phase))
+        self._write(lambda: record_sample(self.store, self.profile_id, self.run_id, s))
 
     def lock(self, driver: Driver, d: Decision) -> str:
         """The new lock as the profile's best; returns what to add to the line said (or "")."""
