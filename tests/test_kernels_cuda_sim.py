@@ -268,7 +268,7 @@ def _run_all() -> dict[str, str]:
         try:
             fn()
             verdicts[name] = "ok"
-        except Exception:
+        except Exception:  # noqa: BLE001 (each check's failure is collected and reported)
             verdicts[name] = traceback.format_exc(limit=3)
     return verdicts
 

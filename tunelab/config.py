@@ -62,7 +62,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     unknown = set(other) - {"ranks_per_node", "timeout_s", "backend", "timeline", "link_gbps",
                             "link_latency_us", "retune"}
     if unknown:
-        raise ValueError(f"unknown engine setting {sorted(unknown)[0]!r}")
+        raise ValueError(f"unknown engine setting {min(unknown)!r}")
     rpn = other.get("ranks_per_node")
     if rpn is not None:
         rpn = _positive_int("ranks_per_node", rpn)
@@ -164,8 +164,8 @@ def _non_negative_float(name: str, value: object) -> float:
 
 
 def _float(name: str, value: object, what: str) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be {what}, got {value!r}")
+    if isinstance(value, bool):  # ValueError, as for any other bad setting (callers catch that one)
+        raise ValueError(f"{name} must be {what}, got {value!r}")  # noqa: TRY004
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

@@ -62,10 +62,10 @@ class Knobs:
         for spec in SPECS.values():
             object.__setattr__(self, spec.name, _validate(spec, getattr(self, spec.name)))
 
-    def replace(self, **changes: object) -> "Knobs":
+    def replace(self, **changes: object) -> Knobs:
         unknown = set(changes) - set(SPECS)
         if unknown:
-            raise ValueError(f"unknown knob {sorted(unknown)[0]!r}; knobs are {', '.join(SPECS)}")
+            raise ValueError(f"unknown knob {min(unknown)!r}; knobs are {', '.join(SPECS)}")
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, object]:
@@ -80,7 +80,8 @@ def _validate(spec: KnobSpec, value: object) -> object:
             raise ValueError(f"knob {spec.name} must be {spec.describe_range()}, got {value!r}")
         return value
     if isinstance(value, bool):
-        raise ValueError(f"knob {spec.name} must be a number in {spec.describe_range()}, got {value!r}")
+        # ValueError, not TypeError: every caller reports a bad setting the same way, whatever its type
+        raise ValueError(f"knob {spec.name} must be a number in {spec.describe_range()}, got {value!r}")  # noqa: TRY004
     try:
         if spec.kind is int:
             number: float = parse_size(value) if isinstance(value, str) else int(value)

@@ -242,7 +242,7 @@ class Coordinator:
                 rest = (cycle_s * (_IDLE_FACTOR if self._idle else 1)) - (time.monotonic() - start)
                 if rest > 0 and self._wake.wait(rest):
                     self._wake.clear()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 (whatever stops the thread is handed to the caller)
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:

@@ -345,7 +345,7 @@ class Engine:
         self.barrier.free()
         self.topology.free()
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Engine:  # noqa: PYI034 (not subclassed; py3.10 has no typing.Self)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,8 +10,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO
 
 
 class Timeline:
@@ -19,7 +20,7 @@ class Timeline:
         self.rank = rank
         self._lock = threading.Lock()
         self._t0 = time.perf_counter()
-        self._file: IO[str] | None = open(path, "w")
+        self._file: IO[str] | None = open(path, "w")  # noqa: SIM115 (open for the timeline's life; close() ends it)
         self._file.write("[\n")
         self._emit({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
 
