@@ -12,7 +12,7 @@ import pytest
 from tunelab.bench.landscape import DEFAULT_GRID, grid_points, grid_space, parse_grid, visit_order
 from tunelab.bench.tuner import LANDSCAPE_DIR, Landscape, evaluate, exhaustive_pick
 from tunelab.knobs import Knobs, MiB
-from tunelab.tuning.driver import Plan
+from tunelab.tuning.plan import Plan
 from tunelab.tuning.replay import Drift, Objective
 
 pytest.importorskip("skopt")

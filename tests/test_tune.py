@@ -37,7 +37,7 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
     assert phases[:explored] == ["explore"] * explored and set(phases[explored:]) <= {"remeasure"}
     assert explored in (5, 6) and samples[explored - 1]["role"] == "reference"  # budget 5, then closing the bracket
     refs = [i for i, s in enumerate(samples) if s["role"] == "reference"]
-    from tunelab.tuning.driver import Plan
+    from tunelab.tuning.plan import Plan
 
     gap = Plan().reference_every + 1  # the default between every reference_every candidates
     assert max(b - a for a, b in itertools.pairwise(refs)) <= gap
@@ -120,7 +120,8 @@ def _replayed_result(speed, drift=0.05, strategy="tunelab"):
     from types import SimpleNamespace
 
     from tunelab.knobs import MiB
-    from tunelab.tuning.driver import Driver, Plan
+    from tunelab.tuning.driver import Driver
+    from tunelab.tuning.plan import Plan
     from tunelab.tuning.replay import Drift, Objective, simulate, synthetic
     from tunelab.tuning.result import summarise
     from tunelab.tuning.space import search_space

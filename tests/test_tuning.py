@@ -8,7 +8,8 @@ import pytest
 
 from tunelab.knobs import Knobs, MiB
 from tunelab.tuning import noise, stats
-from tunelab.tuning.driver import Driver, Plan
+from tunelab.tuning.driver import Driver
+from tunelab.tuning.plan import Plan
 from tunelab.tuning.replay import Drift, Objective, simulate, synthetic
 from tunelab.tuning.session import TuningSession
 from tunelab.tuning.space import search_space

@@ -178,7 +178,7 @@ class Runtime:
 
     def _watch_profile(self, loaded: Any, signature: str, framework: str) -> Any:
         from .profiles import ProfileStore
-        from .tuning.driver import Plan
+        from .tuning.plan import Plan
         from .tuning.result import stored_observations
         from .tuning.space import search_space
         from .tuning.watch import ProfileWatch, StoreWriter

@@ -24,7 +24,8 @@ import numpy as np
 from ..cli.finish import add_output_flags, finish
 from ..cli.types import choice_list, fraction, positive_float, positive_int
 from ..errors import TunelabError, UsageError
-from ..tuning.driver import Driver, Plan
+from ..tuning.driver import Driver
+from ..tuning.plan import Plan
 from ..tuning.replay import Drift, Landscape, Objective, simulate
 from ..tuning.strategies import STRATEGIES, make_strategy
 

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..knobs import Knobs
-from .driver import Decision, Driver
+from .driver import Driver
+from .plan import Decision
 from .strategies import Observation
 
 

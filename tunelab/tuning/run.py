@@ -15,7 +15,7 @@ from typing import Any
 
 from ..knobs import Knobs
 from ..units import format_size
-from .driver import Plan, Sample
+from .plan import Plan, Sample
 from .result import record_sample, summarise
 from .session import TuningSession
 

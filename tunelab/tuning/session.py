@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..knobs import Knobs
-from .driver import Decision, Driver, Plan, Sample
+from .driver import Driver
+from .plan import Decision, Plan, Sample
 from .space import SearchSpace
 from .strategies import Told
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..knobs import Knobs
-from .driver import Decision, Driver, Plan, Sample
+from .driver import Driver
+from .plan import Decision, Plan, Sample
 from .result import evidence, record_sample
 from .space import SearchSpace
 from .strategies import Observation, Told, make_strategy
