@@ -16,7 +16,8 @@ import pytest
 
 from tunelab.config import tunelab_home
 from tunelab.errors import StoreError
-from tunelab.profiles import FILE_NAME, InvalidExport, ProfileKey, ProfileStore
+from tunelab.profile_export import InvalidExport
+from tunelab.profiles import FILE_NAME, ProfileKey, ProfileStore
 
 KEY = ProfileKey("aaaa000011112222", "resnet50:25.6M:161", "torch", 2)
 FACTS = {"hostname": "n1", "cpu_model": "AMD EPYC", "cpu_cores": 2, "memory_gib": 24, "gpu_count": 0,

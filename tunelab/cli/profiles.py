@@ -154,7 +154,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..profiles import InvalidExport
+    from ..profile_export import InvalidExport
 
     try:
         data = json.loads(args.file.read_text(encoding="utf-8"))

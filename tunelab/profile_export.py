@@ -1,0 +1,65 @@
+"""The profiles export format (``tunelab profiles export`` / ``import``): what a valid export holds,
+checked field by field before the store writes anything."""
+
+from __future__ import annotations
+
+import math
+
+EXPORT_FORMAT = "tunelab-profiles"
+EXPORT_VERSION = 1
+PHASES = ("default", "explore", "remeasure", "locked")
+
+
+class InvalidExport(ValueError):
+    """Data given to ``import_`` is not a tunelab profiles export this version can read."""
+
+
+_NUM, _STR, _INT, _OBJ = ((int, float), "number"), ((str,), "string"), ((int,), "integer"), ((dict,), "object")
+_PROFILE_FIELDS = {"hardware_hash": _STR, "model_signature": _STR, "framework": _STR, "world_size": _INT,
+                   "hardware_name": _STR, "hardware_facts": _OBJ, "model_name": _STR, "created": _STR,
+                   "updated": _STR, "trials": ((list,), "list")}
+_TRIAL_FIELDS = {"uid": _STR, "knobs": _OBJ, "score": _NUM, "spread": _NUM, "steps": _INT,
+                 "seconds": _NUM, "run_id": _STR, "phase": _STR, "created": _STR}
+_BEST_FIELDS = {"knobs": _OBJ, "score": _NUM, "default_score": _NUM, "spread": _NUM, "run_id": _STR,
+                "updated": _STR}
+_BEST_OPTIONAL = {"gain_low": _NUM, "gain_high": _NUM, "steps": _INT, "outcome": _STR}  # schema 2
+
+
+def validate_export(data: object) -> list[dict]:
+    """The export's profiles, every field checked before anything is written."""
+    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+        raise InvalidExport(f'not a tunelab profiles export (expected "format": "{EXPORT_FORMAT}")')
+    version = data.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidExport(f'"version" must be an integer, got {version!r}')
+    if version > EXPORT_VERSION:
+        raise InvalidExport(f"export version {version} is newer than this tunelab reads ({EXPORT_VERSION})")
+    profiles = data.get("profiles")
+    if not isinstance(profiles, list):
+        raise InvalidExport('"profiles" must be a list')
+    for i, p in enumerate(profiles):
+        _check_fields(p, _PROFILE_FIELDS, f"profiles[{i}]")
+        if p["world_size"] < 1:
+            raise InvalidExport(f"profiles[{i}].world_size must be >= 1")
+        for j, t in enumerate(p["trials"]):
+            _check_fields(t, _TRIAL_FIELDS, f"profiles[{i}].trials[{j}]")
+            if t["phase"] not in PHASES:
+                raise InvalidExport(f"profiles[{i}].trials[{j}].phase {t['phase']!r} is not one of {PHASES}")
+        if p.get("best") is not None:
+            _check_fields(p["best"], _BEST_FIELDS, f"profiles[{i}].best")
+            optional = {k: v for k, v in _BEST_OPTIONAL.items() if p["best"].get(k) is not None}
+            _check_fields(p["best"], optional, f"profiles[{i}].best")
+            if p["best"]["default_score"] <= 0:
+                raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
+    return profiles
+
+
+def _check_fields(obj: object, fields: dict, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise InvalidExport(f"{where} must be an object")
+    for name, (kinds, kind_name) in fields.items():
+        value = obj.get(name)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise InvalidExport(f"{where}.{name} is missing or not a {kind_name}")
+        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
+            raise InvalidExport(f"{where}.{name} must be a finite number >= 0")

@@ -1,0 +1,86 @@
+"""What the tuning protocol (:mod:`.driver`) is told and what it tells: the :class:`Plan` (how long
+each phase runs and what counts as a gain), each measured block (:class:`Sample`) and each lock
+(:class:`Decision`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..knobs import Knobs
+from . import stats
+
+
+@dataclass(frozen=True)
+class Plan:
+    warmup_steps: int = 2
+    discard_steps: int = 1
+    measure_steps: int = 3
+    budget_samples: int = 14        # most blocks measured in exploration, the reference's included
+    time_budget_s: float | None = None
+    reference_every: int = 3        # candidate blocks between two blocks of the reference
+    explore_first: int | None = None  # candidates before exploration may stop early (None: searched knobs + 2)
+    explore_more: int = 2           # candidates after a failed re-measurement before it may stop again
+    confirm_z: float = 1.0          # promising: estimate - z sd clears the goal, and nothing else is expected
+    near_best: float | None = 0.02  # ... to beat it by more than this (estimate + z sd; None: not asked)
+    futile_z: float = 2.0           # futile: no configuration's estimate + z sd reaches the goal
+    finalists: int = 1
+    remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: from remeasure_sigma)
+    remeasure_sigma: float | None = 0.02  # ... as many as bring the step-noise part of a round's ratio to this
+    remeasure_max_steps: int | None = None  # ... at most (None: 4 x measure_steps), at least measure_steps
+    max_rounds: int = 4
+    futility_after: int = 2         # from this round on, finalists whose gain estimate is below the goal drop
+    min_rounds: int = 1             # rounds before a finalist may be adopted
+    finalist_distance: float = 0.1  # finalists at least this far apart (unit coordinates)
+    min_gain: float = 0.01          # a gain smaller than this is not worth changing a user's job for
+    confidence: float = 0.9         # two-sided: the low end is a 95 % one-sided bound
+    lock_from_exploration: bool = True  # lock without re-measuring when a simultaneous interval already clears
+    retune: bool = False
+    watch_sustain: int = 4          # locked blocks in a row outside the interval that re-open the search
+    watch_z: float = 3.0            # the watched interval: locked mean +- watch_z block sigmas
+    watch_baseline: int = 4         # a profile loaded, not tuned here: its first locked blocks set the interval
+    warm_start_noise: float = 0.10  # extra sigma (log units) of earlier trials (a retune, a stored profile)
+
+    def __post_init__(self) -> None:
+        steps = {"measure_steps": self.measure_steps, "remeasure_steps": self.remeasure_steps,
+                 "remeasure_max_steps": self.remeasure_max_steps}
+        bad = [f"{k}={v}" for k, v in steps.items() if v is not None and (int(v) != v or v < 1)]
+        if self.remeasure_sigma is not None and not self.remeasure_sigma > 0:
+            bad.append(f"remeasure_sigma={self.remeasure_sigma}")
+        if bad:
+            raise ValueError(f"tuning plan: {', '.join(bad)} (steps must be whole numbers >= 1, the sigma > 0)")
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int
+    phase: str            # explore | remeasure | locked
+    role: str             # reference | candidate | locked
+    knobs: Knobs
+    score: float          # samples/s: geometric mean over the block's measured steps
+    spread: float         # (p90 - p10) / median of those steps' samples/s
+    steps: int
+    seconds: float
+    at_s: float           # end of the block, seconds of measured training since the driver started
+    epoch: int = 0        # 0 for the first search, +1 per retune
+    told: float | None = None  # the paired log ratio told to the strategy (candidates)
+    logs: tuple[float, ...] = ()  # log samples/s of each measured step (what the statistics read)
+
+    @property
+    def log_score(self) -> float:
+        return sum(self.logs) / len(self.logs) if self.logs else math.log(self.score)
+
+
+@dataclass(frozen=True)
+class Decision:
+    epoch: int
+    knobs: Knobs          # what was locked
+    adopted: bool         # False: the default was kept
+    best: Knobs | None    # the best finalist (the one locked, or the one that did not clear)
+    interval: stats.Interval | None
+    reason: str
+    stop_reason: str      # why exploration ended
+    converged: bool
+    samples: int          # blocks measured until this lock (references included)
+    steps: int            # training steps until this lock (warm-up and discarded ones included)
+    seconds: float
