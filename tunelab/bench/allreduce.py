@@ -33,31 +33,12 @@ ALGORITHMS = ("ring", "hierarchical", "mpi", "gloo", "bound")
 def run_rank(p: dict) -> dict:
     from mpi4py import MPI
 
-    from ..engine.engine import Engine
-
     comm = MPI.COMM_WORLD
     dtype = dtype_from_name(p["dtype"])
-    algorithms = list(p["algorithms"])
-    notes: list[str] = []
     on_device = p.get("device", "cpu") == "cuda"
-    upload, download, store, copy = _device_tools() if on_device else (None, None, None, None)
-    if on_device and "gloo" in algorithms:
-        algorithms.remove("gloo")
-        notes.append("gloo: skipped on --device cuda (it reduces host memory only)")
-    if on_device and "mpi" in algorithms:
-        notes.append("mpi on --device cuda: device -> host copy, MPI_Allreduce, host -> device copy")
-    engines: dict[str, Engine] = {}
-    for algo in ("ring", "hierarchical"):
-        if algo in algorithms:
-            cfg = load_engine_config(ranks_per_node=p.get("ranks_per_node"), link_gbps=p.get("link_gbps"),
-                                     link_latency_us=p.get("link_latency_us"),
-                                     **{**p.get("knobs", {}), "hierarchical": algo == "hierarchical"})
-            engines[algo] = Engine(comm, cfg)
-    if "mpi" in algorithms and dtype.name in MPI_UNSUPPORTED:
-        algorithms.remove("mpi")
-        notes.append(f"mpi: skipped, MPI has no standard {dtype.name} sum")
-    if p.get("link_gbps") is not None and ({"mpi", "gloo"} & set(algorithms)):
-        notes.append("mpi and gloo run outside the engine: the emulated link does not slow them")
+    tools = _device_tools() if on_device else None
+    algorithms, notes = _algorithms(p, dtype, on_device)
+    engines = _engines(comm, p, algorithms)
     gloo = None
     if "gloo" in algorithms:
         if torch_available():
@@ -71,60 +52,104 @@ def run_rank(p: dict) -> dict:
         src = exact_input(count, comm.rank, comm.size, dtype)
         expected = exact_sum(count, comm.size, dtype)
         for algo in algorithms:
-            out = np.empty_like(src)
-            out.view(np.uint8).fill(0xFF)
-            reset = None
-            if on_device:
-                d_src, d_out = upload(src), upload(out)
-                if algo == "bound":
-                    def op(src=d_src, out=d_out) -> None:
-                        copy(out, src)
-                elif algo in engines:
-                    def op(e=engines[algo], src=d_src, out=d_out) -> None:
-                        e.allreduce(src, out=out)
-                else:
-                    def op(src=d_src, out=d_out, host=out) -> None:
-                        comm.Allreduce(download(src), host, op=MPI.SUM)
-                        store(out, host)
-                times = timed_iterations(comm, op, p["iters"], p["warmup"], None)
-                wrong = None if algo == "bound" else comm.allreduce(count_wrong(download(d_out), expected), op=MPI.SUM)
-                rows.append(_row(algo, count, dtype, times, wrong, comm.size))
-                continue
-            if algo == "bound":
-                def op(src=src, out=out) -> None:
-                    np.copyto(out, src)
-            elif algo in engines:
-                def op(e=engines[algo], src=src, out=out) -> None:
-                    e.allreduce(src, out=out)
-            elif algo == "mpi":
-                def op(src=src, out=out) -> None:
-                    comm.Allreduce(src, out, op=MPI.SUM)
-            else:
-                def reset(src=src, out=out) -> None:
-                    np.copyto(out, src)
-
-                def op(out=out) -> None:
-                    gloo.allreduce_(out)
+            op, reset, result = _operation(algo, comm, src, engines, gloo, tools)
             times = timed_iterations(comm, op, p["iters"], p["warmup"], reset)
-            wrong = None if algo == "bound" else comm.allreduce(count_wrong(out, expected), op=MPI.SUM)
+            wrong = None if algo == "bound" else comm.allreduce(count_wrong(result(), expected), op=MPI.SUM)
             rows.append(_row(algo, count, dtype, times, wrong, comm.size))
-    topo = next(iter(engines.values())).topology if engines else None
     if on_device and engines:
         from ..engine.device import device_backend_name, simulated
 
         notes.append(f"device kernels: {device_backend_name(next(iter(engines.values())).config.backend)}"
                      + (" under the CUDA simulator: results are checked, timings mean nothing" if simulated() else ""))
-    hardware = {**host_info(), "world_size": comm.size,
-                "nodes": topo.num_nodes if topo else None,
-                "ranks_per_node": list(topo.node_sizes) if topo else None,
-                "link_gbps": p.get("link_gbps"), "link_latency_us": p.get("link_latency_us") or 0.0,
-                "knobs": (next(iter(engines.values())).knobs if engines else Knobs(**p.get("knobs", {}))).as_dict(),
-                **lab_facts(comm)}
+    hardware = _hardware(comm, p, engines)
     for e in engines.values():
         e.close()
     if gloo is not None:
         gloo.close()
     return {"rows": rows, "hardware": hardware, "notes": notes}
+
+
+def _algorithms(p: dict, dtype: np.dtype, on_device: bool) -> tuple[list[str], list[str]]:
+    """The algorithms this run can measure, and a note for each one left out or measured differently."""
+    algorithms = list(p["algorithms"])
+    notes: list[str] = []
+    if on_device and "gloo" in algorithms:
+        algorithms.remove("gloo")
+        notes.append("gloo: skipped on --device cuda (it reduces host memory only)")
+    if on_device and "mpi" in algorithms:
+        notes.append("mpi on --device cuda: device -> host copy, MPI_Allreduce, host -> device copy")
+    if "mpi" in algorithms and dtype.name in MPI_UNSUPPORTED:
+        algorithms.remove("mpi")
+        notes.append(f"mpi: skipped, MPI has no standard {dtype.name} sum")
+    if p.get("link_gbps") is not None and ({"mpi", "gloo"} & set(algorithms)):
+        notes.append("mpi and gloo run outside the engine: the emulated link does not slow them")
+    return algorithms, notes
+
+
+def _engines(comm, p: dict, algorithms: list[str]) -> dict:
+    """One engine per engine algorithm asked for (flat ring, hierarchical), with the run's knobs."""
+    from ..engine.engine import Engine
+
+    engines = {}
+    for algo in ("ring", "hierarchical"):
+        if algo in algorithms:
+            cfg = load_engine_config(ranks_per_node=p.get("ranks_per_node"), link_gbps=p.get("link_gbps"),
+                                     link_latency_us=p.get("link_latency_us"),
+                                     **{**p.get("knobs", {}), "hierarchical": algo == "hierarchical"})
+            engines[algo] = Engine(comm, cfg)
+    return engines
+
+
+def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tuple | None) -> tuple:
+    """(op, reset, result) for one algorithm at one size: ``op`` is what is timed, ``reset`` (or None)
+    restores its input before each iteration, ``result()`` is its output as a host array.  The output
+    is poisoned first, so an allreduce that writes nothing is caught."""
+    from mpi4py import MPI
+
+    out = np.empty_like(src)
+    out.view(np.uint8).fill(0xFF)
+    if tools is not None:  # --device cuda: inputs and outputs in device memory
+        upload, download, store, copy = tools
+        d_src, d_out = upload(src), upload(out)
+        if algo == "bound":
+            def op() -> None:
+                copy(d_out, d_src)
+        elif algo in engines:
+            def op() -> None:
+                engines[algo].allreduce(d_src, out=d_out)
+        else:
+            def op() -> None:
+                comm.Allreduce(download(d_src), out, op=MPI.SUM)
+                store(d_out, out)
+        return op, None, lambda: download(d_out)
+    reset = None
+    if algo == "bound":
+        def op() -> None:
+            np.copyto(out, src)
+    elif algo in engines:
+        def op() -> None:
+            engines[algo].allreduce(src, out=out)
+    elif algo == "mpi":
+        def op() -> None:
+            comm.Allreduce(src, out, op=MPI.SUM)
+    else:
+        def reset() -> None:
+            np.copyto(out, src)
+
+        def op() -> None:
+            gloo.allreduce_(out)
+    return op, reset, lambda: out
+
+
+def _hardware(comm, p: dict, engines: dict) -> dict:
+    """What ran where: the host, the ranks' layout into nodes, the emulated link, the knobs, a lab's facts."""
+    topo = next(iter(engines.values())).topology if engines else None
+    return {**host_info(), "world_size": comm.size,
+            "nodes": topo.num_nodes if topo else None,
+            "ranks_per_node": list(topo.node_sizes) if topo else None,
+            "link_gbps": p.get("link_gbps"), "link_latency_us": p.get("link_latency_us") or 0.0,
+            "knobs": (next(iter(engines.values())).knobs if engines else Knobs(**p.get("knobs", {}))).as_dict(),
+            **lab_facts(comm)}
 
 
 def _device_tools() -> tuple:
