@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..knobs import Knobs
+from .costs import Topology
 from .data import Observation
 from .fit import ScaleModel
 from .predict import TIE, Crossover, onset
@@ -64,50 +66,62 @@ def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[
     out = []
     for mine in layouts.values():
         sources = list(dict.fromkeys(o.source for o in mine))
-        per_size: dict[int, list[float]] = {}
-        for src in sources:
-            flat = {o.size: o for o in mine if o.source == src and o.algorithm == "flat"}
-            hier = {o.size: o for o in mine if o.source == src and o.algorithm == "hierarchical"}
-            for size in set(flat) & set(hier):
-                per_size.setdefault(size, []).append(math.log(flat[size].time_s / hier[size].time_s))
+        per_size = _log_ratios(mine, sources)
         if not per_size:
             continue
-        name, topo, knobs = sources[0].split(".")[0], mine[0].topo, mine[0].knobs
-        both = sorted(per_size)
+        name, topo = sources[0].split(".")[0], mine[0].topo
         if topo.ranks_per_host == 1:
-            spread = [abs(d) for s in both for d in per_size[s]]
-            out.append({"source": name, "repeats": len(sources), "same_path": True, "sizes": len(both),
+            spread = [abs(d) for ds in per_size.values() for d in ds]
+            out.append({"source": name, "repeats": len(sources), "same_path": True, "sizes": len(per_size),
                         "same_path_spread": {"median": math.expm1(float(np.median(spread))),
                                              "max": math.expm1(max(spread))}})
             continue
-        diffs = {s: float(np.median(per_size[s])) for s in both}
-        measured = crossover_of(diffs)
-        if measured is None:
-            continue
-        pdiffs = {s: math.log(model.time_s("flat", topo, s, knobs) / model.time_s("hierarchical", topo, s, knobs))
-                  for s in both}
-        predicted = crossover_of(pdiffs)
-        mw, pw = [_winner(diffs[s]) for s in both], [_winner(pdiffs[s]) for s in both]
-        row: dict[str, Any] = {"source": name, "repeats": len(sources), "layout": topo.describe(),
-                               "measured": measured.describe(), "predicted": predicted.describe(),
-                               "winners_agree": sum(a == b or "tie" in (a, b) for a, b in zip(mw, pw)),
-                               "sizes": len(both),
-                               "measured_onset": measured.onset, "predicted_onset": predicted.onset,
-                               "measured_onset_below_range": measured.onset_below_range,
-                               "predicted_onset_below_range": predicted.onset_below_range}
-        if measured.sizes and predicted.sizes:
-            row["factor"] = predicted.sizes[0] / measured.sizes[0]
-        if measured.onset is not None and predicted.onset is not None \
-                and measured.faster_above == predicted.faster_above:
-            # An onset at the smallest size is only a bound (at most that size), and so is a factor with
-            # one: "<=" when only the predicted one is, ">=" when only the measured one is; both: they
-            # agree as far as the sizes measured can tell.
-            both = measured.onset_below_range and predicted.onset_below_range
-            row["onset_factor"] = 1.0 if both else predicted.onset / measured.onset
-            row["onset_factor_bound"] = "" if both or measured.onset_below_range == predicted.onset_below_range \
-                else ("<=" if predicted.onset_below_range else ">=")
-        out.append(row)
+        row = _compare(model, topo, mine[0].knobs, {s: float(np.median(d)) for s, d in sorted(per_size.items())})
+        if row is not None:
+            out.append({"source": name, "repeats": len(sources), **row})
     return out
+
+
+def _log_ratios(mine: Sequence[Observation], sources: list[str]) -> dict[int, list[float]]:
+    """Per size: each repeat's own log(flat time / hierarchical time), both measured in that repeat."""
+    per_size: dict[int, list[float]] = {}
+    for src in sources:
+        flat = {o.size: o for o in mine if o.source == src and o.algorithm == "flat"}
+        hier = {o.size: o for o in mine if o.source == src and o.algorithm == "hierarchical"}
+        for size in set(flat) & set(hier):
+            per_size.setdefault(size, []).append(math.log(flat[size].time_s / hier[size].time_s))
+    return per_size
+
+
+def _compare(model: ScaleModel, topo: Topology, knobs: Knobs, diffs: dict[int, float]) -> dict[str, Any] | None:
+    """The measured crossover of ``diffs`` ({size: median log ratio}) against the model's at the same sizes."""
+    measured = crossover_of(diffs)
+    if measured is None:
+        return None
+    sizes = list(diffs)
+    pdiffs = {s: math.log(model.time_s("flat", topo, s, knobs) / model.time_s("hierarchical", topo, s, knobs))
+              for s in sizes}
+    predicted = crossover_of(pdiffs)
+    mw, pw = [_winner(diffs[s]) for s in sizes], [_winner(pdiffs[s]) for s in sizes]
+    row: dict[str, Any] = {"layout": topo.describe(), "measured": measured.describe(),
+                           "predicted": predicted.describe(),
+                           "winners_agree": sum(a == b or "tie" in (a, b) for a, b in zip(mw, pw)),
+                           "sizes": len(sizes),
+                           "measured_onset": measured.onset, "predicted_onset": predicted.onset,
+                           "measured_onset_below_range": measured.onset_below_range,
+                           "predicted_onset_below_range": predicted.onset_below_range}
+    if measured.sizes and predicted.sizes:
+        row["factor"] = predicted.sizes[0] / measured.sizes[0]
+    if measured.onset is not None and predicted.onset is not None \
+            and measured.faster_above == predicted.faster_above:
+        # An onset at the smallest size is only a bound (at most that size), and so is a factor with one:
+        # "<=" when only the predicted one is, ">=" when only the measured one is; both: they agree as far
+        # as the sizes measured can tell.
+        both = measured.onset_below_range and predicted.onset_below_range
+        row["onset_factor"] = 1.0 if both else predicted.onset / measured.onset
+        row["onset_factor_bound"] = "" if both or measured.onset_below_range == predicted.onset_below_range \
+            else ("<=" if predicted.onset_below_range else ">=")
+    return row
 
 
 def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link: str) -> list[dict[str, Any]]:
