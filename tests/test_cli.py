@@ -19,6 +19,13 @@ def tunelab(*args, timeout=300, env=None):
 @pytest.mark.parametrize("args,fragment", [
     (["bench", "allreduce", "--algorithms", "ring,nccl"], "unknown choice 'nccl'"),
     (["bench", "allreduce", "--sizes", "12XB"], "invalid size '12XB'"),
+    (["bench", "allreduce", "--sizes", "0"], "a size must be at least 1 byte, got '0'"),
+    (["bench", "allreduce", "--sizes", "1KiB,,2KiB"], "an empty item in '1KiB,,2KiB'"),
+    (["bench", "allreduce", "--json", "."], "cannot write '.': it is a directory"),
+    (["bench", "tuner", "--json", "/dev/null/x.json"], "/dev/null is not a directory"),
+    (["model", "fit", "a.json", "--out", "tests"], "cannot write 'tests': it is a directory"),
+    (["profiles", "export", "--out", "."], "it is a directory"),
+    (["report", "--bench", "x.json", "--out", "."], "it is a directory"),
     (["bench", "allreduce", "--np", "0"], "expected a positive integer, got '0'"),
     (["bench", "allreduce", "--np", "two"], "expected a positive integer"),
     (["bench", "allreduce", "--dtype", "float8"], "invalid choice: 'float8'"),
@@ -257,3 +264,21 @@ def test_a_failed_jobs_error_line_survives_lost_stderr(monkeypatch):
     monkeypatch.setattr(launch.subprocess, "run", job_whose_stderr_was_lost)
     with pytest.raises(TunelabError, match="^rank 1: boom$"):
         launch.run_job("bench-allreduce", {}, 2)
+
+
+def test_an_output_that_cannot_be_written_loses_nothing(tmp_path):
+    from tunelab.errors import TunelabError
+    from tunelab.files import unwritable, write_text
+
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    target = blocker / "sub" / "result.json"  # its folder cannot be made: a file is in the way
+    assert "is not a directory" in unwritable(target)
+    with pytest.raises(TunelabError, match=r"cannot write .*result\.json: .*saved to (\S+)$") as info:
+        write_text(target, '{"rows": [1, 2]}\n')
+    saved = Path(str(info.value).rsplit(" ", 1)[-1])
+    assert json.loads(saved.read_text()) == {"rows": [1, 2]}
+    saved.unlink()
+    good = tmp_path / "new" / "dir" / "out.json"
+    assert unwritable(good) is None and write_text(good, "x") == good and good.read_text() == "x"
+    assert [p.name for p in good.parent.iterdir()] == ["out.json"]  # no temporary file left behind

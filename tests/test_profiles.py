@@ -381,7 +381,7 @@ def test_cli_list_show_export_import_delete(tmp_path):
     imported = cli(other, "import", str(tmp_path / "x.json"))
     assert imported.returncode == 0 and "2 new profiles, 4 new trials" in imported.stdout
     assert "0 new profiles, 0 new trials" in cli(other, "import", str(tmp_path / "x.json")).stdout
-    one_error_line(cli(home, "delete", str(a)), 1, "without --yes")
+    one_error_line(cli(home, "delete", str(a)), 2, "without --yes")
     assert ProfileStore(home / FILE_NAME).get(a) is not None
     deleted = cli(home, "delete", str(a), "--yes")
     assert deleted.returncode == 0 and "deleted profile" in deleted.stdout
@@ -407,3 +407,27 @@ def test_cli_errors_are_one_line(tmp_path):
     corrupt.mkdir()
     (corrupt / FILE_NAME).write_bytes(b"\x00garbage" * 100)
     one_error_line(cli(corrupt, "list"), 1, "not a tunelab profile store")
+
+
+@pytest.mark.parametrize(("column", "value", "fragment"), [
+    ("profiles.hardware_facts", "{bad", "its hardware facts are not a JSON object"),
+    ("trials.knobs", "[1]", "the knobs of its trial"),
+    ("best.knobs", "3", "its best config's knobs are not a JSON object"),
+    ("best.default_score", "0", "its best config's scores are not positive numbers"),
+])
+def test_a_damaged_row_is_one_line_naming_the_profile_and_delete_recovers(tmp_path, column, value, fragment):
+    home = tmp_path / "home"
+    a, b = populated(ProfileStore(home / FILE_NAME))
+    table, field = column.split(".")
+    where = "id" if table == "profiles" else "profile_id"
+    conn = sqlite3.connect(home / FILE_NAME)
+    conn.execute(f"UPDATE {table} SET {field} = ? WHERE {where} = ?", (value, a))
+    conn.commit()
+    conn.close()
+    before = (home / FILE_NAME).read_bytes()
+    command = ["show", str(a)] if table != "profiles" else ["list"]
+    one_error_line(cli(home, *command), 1, f"profile {a} is damaged ({fragment}")
+    one_error_line(cli(home, "export"), 1, f"profiles delete {a} --yes")
+    assert (home / FILE_NAME).read_bytes() == before  # refused, not rewritten
+    assert cli(home, "delete", str(a), "--yes").returncode == 0
+    assert cli(home, "list").returncode == 0 and cli(home, "show", str(b)).returncode == 0

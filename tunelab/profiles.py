@@ -223,18 +223,18 @@ class ProfileStore:
             row = conn.execute("SELECT b.* FROM best b JOIN profiles p ON p.id = b.profile_id"
                                f" WHERE {_KEY_WHERE}",
                                key.params()).fetchone()
-        return None if row is None else _best(row)
+        return None if row is None else _best(row, self.path)
 
     def best_of(self, profile_id: int) -> Best | None:
         with self._connect() as conn:
             row = conn.execute("SELECT * FROM best WHERE profile_id = ?", (profile_id,)).fetchone()
-        return None if row is None else _best(row)
+        return None if row is None else _best(row, self.path)
 
     def trials(self, profile_id: int) -> list[Trial]:
         """The profile's trials in the order they were recorded."""
         with self._connect() as conn:
             rows = conn.execute("SELECT * FROM trials WHERE profile_id = ? ORDER BY id", (profile_id,))
-            return [_trial(r) for r in rows.fetchall()]
+            return [_trial(r, self.path) for r in rows.fetchall()]
 
     def profiles(self) -> list[ProfileSummary]:
         return self._summaries("ORDER BY p.id", ())
@@ -390,13 +390,14 @@ class ProfileStore:
     def _summaries(self, clause: str, params: tuple) -> list[ProfileSummary]:
         with self._connect() as conn:
             rows = conn.execute(f"{_SUMMARY_SQL} {clause}", params).fetchall()
-        return [ProfileSummary(**{**dict(r), "hardware_facts": json.loads(r["hardware_facts"])}) for r in rows]
+        return [ProfileSummary(**{**dict(r), "hardware_facts": _stored_object(
+            self.path, r["hardware_facts"], r["id"], "its hardware facts are")}) for r in rows]
 
     def _facts_of(self, hardware_hash: str) -> dict:
         with self._connect() as conn:
-            row = conn.execute("SELECT hardware_facts FROM profiles WHERE hardware_hash = ? LIMIT 1",
+            row = conn.execute("SELECT hardware_facts, id FROM profiles WHERE hardware_hash = ? LIMIT 1",
                                (hardware_hash,)).fetchone()
-        return {} if row is None else json.loads(row[0])
+        return {} if row is None else _stored_object(self.path, row[0], row[1], "its hardware facts are")
 
     def _export_one(self, s: ProfileSummary) -> dict:
         best = self.best_of(s.id)
@@ -472,13 +473,39 @@ def _equal_facts(a: dict, b: dict) -> int:
     return sum(1 for k, v in a.items() if k in b and b[k] == v)
 
 
-def _trial(row: sqlite3.Row) -> Trial:
-    return Trial(**{**dict(row), "knobs": json.loads(row["knobs"])})
+def _trial(row: sqlite3.Row, path: Path) -> Trial:
+    knobs = _stored_object(path, row["knobs"], row["profile_id"], f"the knobs of its trial {row['id']} are")
+    return Trial(**{**dict(row), "knobs": knobs})
 
 
-def _best(row: sqlite3.Row) -> Best:
+def _best(row: sqlite3.Row, path: Path) -> Best:
     d = dict(row)
-    return Best(**{**d, "knobs": json.loads(d["knobs"]), "gain": d["score"] / d["default_score"]})
+    knobs = _stored_object(path, d["knobs"], d["profile_id"], "its best config's knobs are")
+    try:
+        gain = float(d["score"]) / float(d["default_score"])
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise _damaged(path, d["profile_id"], "its best config's scores are not positive numbers") from None
+    return Best(**{**d, "knobs": knobs, "gain": gain})
+
+
+def _stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:
+    """A JSON object read from the store, or StoreError naming what is damaged (the file is left as is)."""
+    try:
+        value = json.loads(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        raise _damaged(path, profile_id, f"{what} not a JSON object")
+    return value
+
+
+class DamagedProfileError(StoreError):
+    """One profile's stored data cannot be read (the rest of the store can): delete it, or restore the file."""
+
+
+def _damaged(path: Path, profile_id: int, what: str) -> StoreError:
+    return DamagedProfileError(f"profile store {path}: profile {profile_id} is damaged ({what}); the file is left as is: "
+                      f"delete that profile ('tunelab profiles delete {profile_id} --yes') or restore the file")
 
 
 def _describe(path: Path, exc: sqlite3.Error) -> str:

@@ -213,12 +213,21 @@ class Runtime:
 
     def has_profile(self, signature: str, framework: str) -> bool:
         """Whether a tuned config is stored for this job (collective; rank 0 reads the store)."""
-        found = False
+        found: bool | str = False
         if self.sync_comm.rank == 0:
+            from .errors import StoreError
             from .profiles import ProfileStore
 
-            found = ProfileStore().best(self.profile_key(signature, framework)) is not None
-        return bool(self.sync_comm.bcast(found, root=0))
+            try:
+                found = ProfileStore().best(self.profile_key(signature, framework)) is not None
+            except StoreError as exc:  # every rank raises it, not rank 0 alone (the others would wait)
+                found = str(exc)
+        found = self.sync_comm.bcast(found, root=0)
+        if isinstance(found, str):
+            from .errors import StoreError
+
+            raise StoreError(found)
+        return found
 
     def _lookup_profile(self, signature: str, framework: str, model_name: str) -> tuple[str, dict | None]:
         from .errors import StoreError

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from pathlib import Path
 
 from ..report.auto import add_report_flag, write_outputs
+from .types import output_file
 
 
 def finish(args: argparse.Namespace, result: dict, name: str, kind: str | None = None,
@@ -28,7 +28,7 @@ def finish(args: argparse.Namespace, result: dict, name: str, kind: str | None =
 
 def add_output_flags(p: argparse.ArgumentParser, report: bool = True, what: str = "results") -> None:
     """``--json PATH`` and (with ``report``) ``--report/--no-report``: what :func:`finish` reads."""
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help=f"also write {what} as JSON")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help=f"also write {what} as JSON")
     if report:
         add_report_flag(p)
 

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from ..files import write_text
 from .finish import add_output_flags
 from .types import positive_float, positive_int
 
@@ -73,7 +74,7 @@ def _status(args: argparse.Namespace) -> int:
         print("no lab is up" + (f"; left behind: {', '.join(stale)} (removed by 'lab up' or 'lab down')"
                                 if stale else ""))
         if args.json:
-            args.json.write_text(json.dumps({"up": False, "left_behind": present}, indent=2))
+            write_text(args.json, json.dumps({"up": False, "left_behind": present}, indent=2) + "\n")
         return 0
     _print_state(state)
     missing = [h.name for h in state.hosts if h.name not in present["namespaces"]]
@@ -85,7 +86,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  tc {line}")
     if args.json:
         data = {"up": not missing, "state": json.loads(state.to_json()), "counters": counters, "missing": missing}
-        args.json.write_text(json.dumps(data, indent=2))
+        write_text(args.json, json.dumps(data, indent=2) + "\n")
     if missing:
         sys.stderr.write(f"tunelab: error: the lab is broken, missing {', '.join(missing)}: run 'tunelab lab up'\n")
         return 1

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import UsageError
 from ..units import format_size
 from .finish import add_output_flags, finish
-from .types import Parser, knob, positive_float, positive_int, size_list
+from .types import Parser, knob, output_file, positive_float, positive_int, size_list
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB,256MiB,1GiB"
 STEP_ROWS = 12
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     msub = model.add_subparsers(dest="model_command", required=True, parser_class=Parser)
     fit = msub.add_parser("fit", help="fit the alpha-beta-gamma model on bench allreduce --json files")
     fit.add_argument("files", type=Path, nargs="+", metavar="FILE.json")
-    fit.add_argument("--out", type=Path, required=True, metavar="MODEL.json", help="where to write the model")
+    fit.add_argument("--out", type=output_file, required=True, metavar="MODEL.json", help="where to write the model")
     fit.add_argument("--link-gbps", type=positive_float, default=None, metavar="GBPS",
                      help="link speed of files that do not record theirs")
     fit.add_argument("--sizes", type=size_list, default=None, metavar="LIST",

@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 from ..errors import TunelabError, UsageError
+from ..files import write_text
 from ..knobs import Knobs
 from ..units import format_size
+from .types import output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("id", type=_profile_id, metavar="ID")
     show.set_defaults(func=cmd_show)
     export = psub.add_parser("export", help="write profiles (all, or IDS) as JSON")
-    export.add_argument("--out", type=Path, default=None, metavar="FILE", help="default: stdout")
+    export.add_argument("--out", type=output_file, default=None, metavar="FILE", help="default: stdout")
     export.add_argument("ids", type=_profile_id, nargs="*", metavar="ID")
     export.set_defaults(func=cmd_export)
     import_ = psub.add_parser("import", help="merge profiles from an export file")
@@ -143,11 +145,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.write(text)
         return 0
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    except OSError as exc:
-        raise TunelabError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    write_text(args.out, text)
     n_trials = sum(len(p["trials"]) for p in data["profiles"])
     print(f"# wrote {len(data['profiles'])} profiles ({n_trials} trials) to {args.out}")
     return 0
@@ -175,12 +173,17 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
+    from ..profiles import DamagedProfileError
+
     store = _store()
-    s = _existing(store, args.id)
-    what = f"profile {s.id} ({s.model_name}, {s.framework}, world {s.world_size}, {s.n_trials} trials)"
+    try:
+        s = _existing(store, args.id)
+        what = f"profile {s.id} ({s.model_name}, {s.framework}, world {s.world_size}, {s.n_trials} trials)"
+    except DamagedProfileError:
+        what = f"profile {args.id} (damaged)"  # a damaged profile can still be deleted: that is the way out
     if not args.yes:
         if not sys.stdin.isatty():
-            raise TunelabError(f"refusing to delete {what} without --yes (no terminal to confirm on)")
+            raise UsageError(f"refusing to delete {what} without --yes (no terminal to confirm on)")
         try:
             answer = input(f"delete {what}? [y/N] ")
         except EOFError:
@@ -188,6 +191,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("not deleted")
             return 1
-    store.delete(s.id)
+    if not store.delete(args.id):
+        raise TunelabError(f"no profile with id {args.id} in {store.path}")
     print(f"deleted {what}")
     return 0

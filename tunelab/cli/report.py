@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UsageError
+from .types import output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rep.add_argument("--tune", type=Path, action="append", default=[], metavar="FILE.json",
                      help="a tunelab tune --json result; repeatable")
     rep.add_argument("--title", default="tunelab report")
-    rep.add_argument("--out", type=Path, default=None, metavar="PATH",
+    rep.add_argument("--out", type=output_file, default=None, metavar="PATH",
                      help="output file (default reports/report-<timestamp>.html)")
     rep.set_defaults(func=run)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from ..units import parse_size
 
-__all__ = ["Parser", "choice_list", "fraction", "knob", "non_negative_int", "positive_float", "positive_int",
-           "size_list"]
+__all__ = ["Parser", "choice_list", "fraction", "knob", "non_negative_int", "output_file", "positive_float",
+           "positive_int", "size_list"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -53,14 +54,31 @@ def fraction(text: str) -> float:
 
 
 def size_list(text: str) -> list[int]:
-    """``"1KiB,1MiB"`` -> byte counts."""
+    """``"1KiB,1MiB"`` -> byte counts, each at least one byte."""
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError("no sizes given")
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}")
     try:
-        sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+        sizes = [parse_size(part) for part in parts]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if not sizes:
-        raise argparse.ArgumentTypeError("no sizes given")
+    small = [p for p, s in zip(parts, sizes) if s < 1]
+    if small:
+        raise argparse.ArgumentTypeError(f"a size must be at least 1 byte, got {small[0]!r}")
     return sizes
+
+
+def output_file(text: str) -> Path:
+    """A file the command will write: refused now (exit 2), before any work, when it cannot be."""
+    from ..files import unwritable
+
+    path = Path(text)
+    why = unwritable(path)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {why}")
+    return path
 
 
 def choice_list(choices: Sequence[str]) -> Callable[[str], list[str]]:

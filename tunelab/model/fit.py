@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
+from ..files import write_text
 from ..knobs import Knobs
 from .costs import OVER, TCP_BETA, Topology, coefficients, contention_class, contention_keys, family, seconds
 from .data import ModelInputError, Observation
@@ -108,8 +109,7 @@ class ScaleModel:
                 "rel_errors": self.rel_errors, "fit_points": self.fit_points}
 
     def save(self, path: Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> ScaleModel:

@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 
+from ..files import write_text
+
 
 def add_report_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
@@ -24,8 +26,7 @@ def write_outputs(result: dict, json_path: Path | None, name: str, kind: str | N
         return
     stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = json_path or Path("reports") / f"{stem}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_text(path, json.dumps(result, indent=2) + "\n")
     print(f"# wrote {path}")
     if kind is not None:
         _write_report(path, Path("reports") / f"{stem}.html", kind)

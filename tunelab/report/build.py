@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TunelabError, UsageError
+from ..files import write_text
 
 
 def default_out() -> Path:
@@ -59,6 +60,4 @@ def build_html(title: str, profiles: list[int], benches: list[Path], tunes: list
 def write_report(out: Path, title: str, profiles: list[int], benches: list[Path], tunes: list[Path],
                  store: Any | None = None) -> Path:
     html = build_html(title, profiles, benches, tunes, store)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
-    return out
+    return write_text(out, html)

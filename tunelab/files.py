@@ -1,0 +1,58 @@
+"""Writing what a command produces: one clear line when a path cannot be written, and never a lost result.
+
+A run can take minutes; finding out at its end that ``--json`` names a directory or a folder nobody may
+write to must not throw its results away.  :func:`unwritable` lets the command line refuse such a path
+before any work starts; :func:`write_text` writes atomically (a temporary file in the same folder, then
+a rename, so a reader never sees half a file) and, when the path still cannot be written, saves the text
+to a temporary file and raises a one-line error that says where it went.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import TunelabError
+
+
+def unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written as a file (None when it looks writable): it is a directory, or the
+    nearest folder that exists on its way is not a folder or not writable (missing folders are made)."""
+    if str(path) == "":
+        return "an empty path"
+    if path.is_dir():
+        return "it is a directory"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file is not writable"
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable"
+    return None
+
+
+def write_text(path: Path, text: str, rescue: bool = True) -> Path:
+    """Write ``text`` to ``path`` (folders made as needed), atomically.  When that fails: TunelabError in
+    one line and, with ``rescue``, the text saved to a temporary file that the error names."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        reason = exc.strerror or type(exc).__name__
+        if not rescue:
+            raise TunelabError(f"cannot write {path}: {reason}") from None
+        fd, saved = tempfile.mkstemp(prefix=f"tunelab-{path.stem or 'output'}-", suffix=path.suffix or ".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        raise TunelabError(f"cannot write {path}: {reason}; its contents were saved to {saved}") from None
