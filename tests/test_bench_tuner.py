@@ -146,11 +146,27 @@ def test_cli_on_a_shipped_landscape(tmp_path):
 def test_bad_cli_input_is_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    for args, fragment in ((["--landscape", str(bad)], "not a landscape file"), (["--drift", "2"], "fraction")):
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    doc = json.loads((LANDSCAPE_DIR / "replay-bert-2ranks.json").read_text())
+    (tmp_path / "zero.json").write_text(json.dumps({**doc, "samples_per_step": 0}))
+    cases = [(["--landscape", str(bad)], "not a landscape file"), (["--drift", "2"], "fraction"),
+             (["--landscape", str(tmp_path / "binary.json")], "is not a landscape JSON file"),
+             (["--landscape", str(tmp_path / "zero.json")], "samples_per_step and every step time must be positive"),
+             (["--landscape", "no-such-landscape"], "No such file"),
+             (["--hosts", "4", "--model-noise", "0.1"], "--hosts, --model-noise describe the scale model's objective")]
+    for args, fragment in cases:
         proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", *args, "--no-report"],
                               check=False, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and fragment in proc.stderr.strip().splitlines()[-1]
-        assert "Traceback" not in proc.stderr
+        assert proc.returncode == 2 and fragment in proc.stderr.strip().splitlines()[-1], proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_shipped_landscape_is_named_by_its_name(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", "--landscape", "replay-bert-2ranks",
+                           "--seeds", "1", "--strategies", "random", "--no-report"],
+                          check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "# replay-bert-2ranks: 24 points" in proc.stdout
 
 
 def test_the_shipped_two_node_landscape_searches_hierarchical_jointly():

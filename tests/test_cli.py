@@ -21,6 +21,8 @@ def tunelab(*args, timeout=300, env=None):
     (["bench", "allreduce", "--sizes", "12XB"], "invalid size '12XB'"),
     (["bench", "allreduce", "--sizes", "0"], "a size must be at least 1 byte, got '0'"),
     (["bench", "allreduce", "--sizes", "1KiB,,2KiB"], "an empty item in '1KiB,,2KiB'"),
+    (["bench", "allreduce", "--sizes", "1KiB,1001", "--dtype", "float64"], "is not a whole number of float64 elements"),
+    (["bench", "tuner", "--scenario", "replay-bert"], "--scenario describes the scale model's objective"),
     (["bench", "allreduce", "--json", "."], "cannot write '.': it is a directory"),
     (["bench", "tuner", "--json", "/dev/null/x.json"], "/dev/null is not a directory"),
     (["model", "fit", "a.json", "--out", "tests"], "cannot write 'tests': it is a directory"),
@@ -282,3 +284,11 @@ def test_an_output_that_cannot_be_written_loses_nothing(tmp_path):
     good = tmp_path / "new" / "dir" / "out.json"
     assert unwritable(good) is None and write_text(good, "x") == good and good.read_text() == "x"
     assert [p.name for p in good.parent.iterdir()] == ["out.json"]  # no temporary file left behind
+
+
+def test_a_reader_that_goes_away_stops_the_command_quietly():
+    proc = subprocess.Popen([sys.executable, "-m", "tunelab.cli", "hw"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # as `tunelab hw | head -0` would: nobody reads what it prints
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == "", err

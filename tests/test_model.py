@@ -491,3 +491,60 @@ def test_crossover_check_takes_the_median_over_repeats() -> None:
     assert row["predicted_onset"] == 64 << 10 and row["predicted_onset_below_range"]  # at most 64 KiB
     assert row["onset_factor"] == pytest.approx((64 << 10) / expected) and row["onset_factor_bound"] == "<="
     assert "every size with a winner (the others within 10 %)" in row["measured"]  # 64 KiB is a tie
+
+
+def test_a_derived_link_keeps_the_baselines_fitted_through_the_fitted_one(tmp_path: Path) -> None:
+    """At a link speed not measured, MPI through the lab's link is still predicted: its own latency and
+    per-byte work as fitted, its bytes on the wire at the new speed (computed here from the formulas)."""
+    rng = np.random.default_rng(3)
+    obs = []
+    for h, k in ((2, 1), (2, 2)):
+        path = bench_file(tmp_path / f"lab{h}{k}.json", h, k, 0.0, rng)
+        doc = json.loads(path.read_text())
+        doc["hardware"]["lab"] = {"hosts": h, "ranks_per_host": k, "link_gbps": 1.0}
+        doc["hardware"]["link_gbps"] = None
+        for row in doc["rows"]:
+            if row["algorithm"] == "mpi":
+                row["time_us"] = 1e6 * mpi_in_lab(h, k, row["size"])
+        path.write_text(json.dumps(doc))
+        obs += load_bench(path)
+    model = fit_model(obs)
+    fast, link = model.for_link(40.0)
+    topo = Topology(4, 2, link)
+    wire40 = {**model.values, "link:1gbps.beta": model.values["link:1gbps.beta"] / 40}
+    assert fast.can_predict("mpi", topo)
+    for size in (MiB, 64 * MiB):
+        expected = mpi_in_lab(4, 2, size, p={**PLANTED, **wire40})
+        assert fast.time_s("mpi", topo, size) == pytest.approx(expected, rel=0.05)
+        assert fast.time_s("mpi", topo, size) < model.time_s("mpi", Topology(4, 2, "1gbps"), size)
+
+
+def test_no_crossover_is_predicted_on_hosts_of_one_rank(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tunelab.model.predict import crossover
+
+    model = _hand_model()
+    assert crossover(model, Topology(4, 1, "1gbps")) is None  # the same path: nothing trades places
+    assert crossover(model, Topology(4, 2, "1gbps")) is not None
+    path = tmp_path / "m.json"
+    model.save(path)
+    assert _cli(["model", "predict", "--model-file", str(path), "--hosts", "2", "--ranks-per-host", "1",
+                 "--no-report"]) == 0
+    assert "no crossover: with one rank per host, hierarchical is the flat ring" in capsys.readouterr().out
+
+
+def test_check_steps_refuses_a_landscape_of_another_scenario_or_none(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.json"
+    _hand_model().save(path)
+    knobs = Knobs().as_dict()
+    good = {"world_size": 4, "nodes": 2, "scenario": "replay-bert", "points": [{"knobs": knobs, "steps_s": [[0.1]]}]}
+    cases = {"list.json": [1, 2], "other.json": good, "empty.json": {**good, "points": []},
+             "nosteps.json": {**good, "scenario": "replay-resnet50", "points": [{"knobs": knobs, "steps_s": []}]}}
+    for name, doc in cases.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+        assert _cli(["model", "predict", "--model-file", str(path), "--hosts", "2", "--ranks-per-host", "2",
+                     "--scenario", "replay-resnet50", "--check-steps", str(tmp_path / name), "--no-report"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line]
+    expected = ["list.json: not a bench landscape result", "other.json: recorded on scenario 'replay-bert'",
+                "empty.json: the landscape has no measured points", "nosteps: no landscape point has step times"]
+    assert len(errors) == len(expected) and all(e in line for e, line in zip(expected, errors)), errors

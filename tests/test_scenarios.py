@@ -181,3 +181,12 @@ def test_lab_table_errors_name_the_key(tmp_path, text, words):
     with pytest.raises(ScenarioError) as err:
         load_scenario(write(tmp_path, HEADER + text))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_file_in_the_working_directory_loads_whatever_its_extension(tmp_path, monkeypatch):
+    shipped = load_scenario("resnet50")
+    (tmp_path / "mine.txt").write_text(Path(shipped.path).read_text())
+    monkeypatch.chdir(tmp_path)
+    mine = load_scenario("mine.txt")  # a bare name that is no shipped scenario, but a file here
+    assert mine.model == shipped.model and Path(mine.path).name == "mine.txt"
+    assert load_scenario("resnet50").path == shipped.path  # a shipped name still means the shipped file

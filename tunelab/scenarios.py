@@ -285,6 +285,8 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
         raise ScenarioError(f"no scenario named {text!r}: no scenarios directory found "
                             f"(looked in {', '.join(map(str, scenario_dirs()))})")
     path = directory / f"{text}.toml"
+    if not path.is_file() and Path(text).is_file():
+        return Path(text)  # not a shipped name, but a file by that name (any extension) is here: read it
     if not path.is_file():
         raise ScenarioError(f"{_display(path)}: no scenario named {text!r}; "
                             f"shipped scenarios are {', '.join(list_scenarios())}")

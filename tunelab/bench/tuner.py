@@ -140,7 +140,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench tuner`` under the ``bench`` sub-command parsers."""
     p = subparsers.add_parser("tuner", help="search strategies replayed on recorded landscapes (no training)")
     p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
-                   help="a landscape JSON from bench landscape (repeatable; default: the shipped ones)")
+                   help="a landscape JSON from bench landscape, or a shipped landscape's name (repeatable; "
+                        f"default: every shipped one: {', '.join(shipped_landscapes())})")
     p.add_argument("--seeds", type=positive_int, default=20, help="runs per strategy and landscape (default 20)")
     p.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                    help="exploration blocks per run (default: the landscape's scenario budget, as tunelab tune "
@@ -152,14 +153,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     m = p.add_argument_group("the scale model as the objective (instead of recorded landscapes)")
     m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
-    m.add_argument("--scenario", default="replay-resnet50", help="the workload's scenario (name or file)")
+    m.add_argument("--scenario", default=None, help="the workload's scenario (name or file; default replay-resnet50)")
     m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
                    help="hosts of the modelled topology (repeatable; default 2)")
-    m.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="K")
+    m.add_argument("--ranks-per-host", type=positive_int, default=None, metavar="K", help="default 1")
     m.add_argument("--link-gbps", type=positive_float, default=None, metavar="G",
                    help="the link between hosts (default: the model's one fitted link; another speed is "
                         "derived from the nearest fitted one)")
-    m.add_argument("--model-noise", type=fraction, default=0.03,
+    m.add_argument("--model-noise", type=fraction, default=None,
                    help="per-step noise (log sigma) added to predicted step times (default 0.03)")
     add_output_flags(p)
     p.set_defaults(func=_cmd)
@@ -169,16 +170,22 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _cmd(args: argparse.Namespace) -> int:
     from .common import format_table
 
+    model_only = {"--scenario": args.scenario, "--hosts": args.hosts, "--ranks-per-host": args.ranks_per_host,
+                  "--link-gbps": args.link_gbps, "--model-noise": args.model_noise}
     if args.model_file is not None:
         if args.landscape:
             raise UsageError("--model-file replaces recorded landscapes: drop --landscape")
         landscapes = _model_landscapes(args)
     else:
+        given = [flag for flag, value in model_only.items() if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} the scale model's "
+                             "objective: give --model-file too (or drop them to replay recorded landscapes)")
         if args.landscape:  # files the command line names: what is wrong with them is a usage error
             landscapes = []
             for path in args.landscape:
                 try:
-                    landscapes.append(Landscape.load(path))
+                    landscapes.append(Landscape.load(_landscape_path(path)))
                 except TunelabError as exc:
                     raise UsageError(str(exc)) from None
         else:
@@ -211,6 +218,20 @@ def _model_landscapes(args: argparse.Namespace) -> list[Landscape]:
 
     # a bad file, an ambiguous link or a parameter the topology needs but was not fitted: usage errors
     model, link = ScaleModel.load(args.model_file).for_link(args.link_gbps)
-    work = Workload.from_scenario(args.scenario)
-    return [recorded_landscape(model, work, Topology(h, args.ranks_per_host, link), args.model_noise, seed=h)
+    work = Workload.from_scenario(args.scenario or "replay-resnet50")
+    noise = 0.03 if args.model_noise is None else args.model_noise
+    return [recorded_landscape(model, work, Topology(h, args.ranks_per_host or 1, link), noise, seed=h)
             for h in (args.hosts or [2])]
+
+
+def shipped_landscapes() -> list[str]:
+    """Names of the landscapes shipped with tunelab (``--landscape NAME`` takes them)."""
+    return sorted(p.stem for p in LANDSCAPE_DIR.glob("*.json"))
+
+
+def _landscape_path(path: Path) -> Path:
+    """``path`` as given, or the shipped landscape of that name when no such file exists."""
+    shipped = LANDSCAPE_DIR / f"{path.name}.json"
+    if not path.exists() and path.parent == Path(".") and shipped.is_file():
+        return shipped
+    return path

@@ -60,3 +60,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("tunelab: interrupted\n")
         return 130
+    except BrokenPipeError as exc:
+        if _reader_gone():  # the reader of our output went away (``tunelab ... | head``): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+            return 141
+        sys.stderr.write(f"tunelab: error: {exc}\n")  # some other pipe broke: that is an error
+        return 1
+
+
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll here, or stdout is not a file
+        return False

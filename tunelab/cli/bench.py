@@ -80,6 +80,14 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     if args.link_gbps is not None and args.ranks_per_node is None:
         raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     _check_lab_flags(args)
+    from ..dtypes import dtype_from_name
+    from ..units import format_size
+
+    itemsize = dtype_from_name(args.dtype).itemsize
+    odd = [s for s in args.sizes if s % itemsize]
+    if odd:
+        raise UsageError(f"--sizes: {format_size(odd[0])} is not a whole number of {args.dtype} elements "
+                         f"({itemsize} B each)")
     params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms,
               "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us, "device": args.device}
     with lab_session(args.lab) as lab:

@@ -170,6 +170,8 @@ def _crossover(model: Any, topo: Any, knobs: Any) -> dict | None:
 
     c = crossover(model, topo, knobs)
     if c is None:
+        if topo.hosts > 1:
+            print("# flat vs hierarchical: no crossover: with one rank per host, hierarchical is the flat ring")
         return None
     print(f"# flat vs hierarchical: {c.describe()}")
     return {"sizes": list(c.sizes), "faster_below": c.faster_below, "faster_above": c.faster_above,
@@ -264,11 +266,24 @@ def _check_steps(model: Any, files: list[Path], scenario: str, link: str) -> lis
     docs = []
     for path in files:
         try:
-            docs.append(json.loads(Path(path).read_text()))
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{path}: cannot read a landscape ({exc})") from None
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read a landscape ({exc.strerror or exc})") from None
+        except ValueError as exc:
+            raise UsageError(f"{path}: not a landscape JSON file ({' '.join(str(exc).split())})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
+            raise UsageError(f"{path}: not a bench landscape result (no list of points)")
+        if not doc["points"]:
+            raise UsageError(f"{path}: the landscape has no measured points")
+        recorded = doc.get("scenario")
+        if recorded is not None and recorded != work.name:
+            raise UsageError(f"{path}: recorded on scenario {recorded!r}, not {work.name!r}: "
+                             f"give --scenario {recorded}")
+        docs.append(doc)
     source = ",".join(Path(p).stem for p in files)
     rows = [{**r, "source": source} for r in step_check(model, merge_landscapes(docs), work, link)]
+    if not rows:
+        raise UsageError(f"{source}: no landscape point has step times (recorded before step times were kept?)")
     table = [{"fusion": format_size(r["knobs"]["fusion_threshold_bytes"]), "cycle_ms": r["knobs"]["cycle_time_ms"],
               "segment": format_size(r["knobs"]["segment_bytes"]), "hier": r["knobs"]["hierarchical"],
               "visits": r["visits"], "median_all_ms": 1e3 * r["median_all_s"],

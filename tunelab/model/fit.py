@@ -78,7 +78,9 @@ class ScaleModel:
 
     def with_link(self, name: str, gbps: float) -> ScaleModel:
         """A copy that also knows a link of ``gbps`` not measured: its latency is the fitted link's,
-        its inverse bandwidth the fitted link's scaled by their nominal speeds (the same efficiency)."""
+        its inverse bandwidth the fitted link's scaled by their nominal speeds (the same efficiency).
+        Baselines fitted through that link (``mpi@<link>``) are carried over too: their own latency and
+        per-byte work as fitted, their bytes on the wire at the new link's speed."""
         if name in self.links:
             return self
         ref = _nearest_link(self.links, gbps)
@@ -89,6 +91,9 @@ class ScaleModel:
         for key in [k for k in self.values if k.startswith(src + ".")]:
             new = key.replace(src, f"link:{name}", 1)
             values[new] = values[key] * (ref[1] / gbps if ".beta" in key else 1.0)
+        for key in [k for k in self.values if k.split(".")[0].split("~")[0].endswith(f"@{ref[0]}")]:
+            owner, rest = key.split("@", 1)
+            values[f"{owner}@{name}{rest[len(ref[0]):]}"] = values[key]
         return ScaleModel(values, self.points, self.sources, self.rel_errors, self.fit_points)
 
     def for_link(self, link_gbps: float | None) -> tuple[ScaleModel, str]:

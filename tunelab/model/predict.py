@@ -115,8 +115,9 @@ def onset(sizes: Sequence[float], diffs: Sequence[float]) -> tuple[float | None,
 
 def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
               low: int = 1 << 10, high: int = 1 << 32, points_per_octave: int = 4) -> Crossover | None:
-    """The crossover on ``topo`` (None on one host, where both are the same path)."""
-    if topo.hosts < 2:
+    """The crossover on ``topo`` (None on one host, or on hosts of one rank each: there both are the same
+    path, the engine taking hierarchical as the flat ring)."""
+    if topo.hosts < 2 or topo.ranks_per_host == 1:
         return None
     knobs = knobs or Knobs()
     steps = round(math.log2(high / low) * points_per_octave)

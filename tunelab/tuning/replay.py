@@ -59,8 +59,11 @@ class Landscape:
             scores = [np.asarray(p["scores"], dtype=np.float64) for p in points]
         except (KeyError, TypeError, ValueError) as exc:
             raise TunelabError(f"landscape {name}: not a landscape file ({type(exc).__name__}: {exc})") from None
-        if not points or any(s.size == 0 for s in scores) or any(np.any(s <= 0) for s in scores):
-            raise TunelabError(f"landscape {name}: no measured points, or a score that is not positive")
+        if not points or any(s.size == 0 for s in scores) or any(not np.all(np.isfinite(s) & (s > 0)) for s in scores):
+            raise TunelabError(f"landscape {name}: no measured points, or a score that is not a positive number")
+        if not (math.isfinite(per_step) and per_step > 0) \
+                or any(p.size and not np.all(np.isfinite(p) & (p > 0)) for p in pools):
+            raise TunelabError(f"landscape {name}: samples_per_step and every step time must be positive numbers")
         recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps") if k in doc}
         if all(p.size for p in pools):
             means = np.asarray([float(np.mean(per_step / p)) for p in pools])
@@ -75,9 +78,11 @@ class Landscape:
     @classmethod
     def load(cls, path: Path) -> Landscape:
         try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise TunelabError(f"cannot read landscape {path}: {exc}") from None
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise TunelabError(f"cannot read landscape {path}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # not UTF-8, or not JSON
+            raise TunelabError(f"landscape {path} is not a landscape JSON file ({' '.join(str(exc).split())})") from None
         return cls.from_dict(doc, Path(path).stem)
 
     @property
