@@ -34,12 +34,13 @@ def tunelab(*args, timeout=300, env=None):
     (["bench", "allreduce", "--knob", "fusion=1"], "expected NAME=VALUE"),
     (["bench", "allreduce", "--knob", "segment_bytes=1"], "out of range 4KiB .. 256MiB"),
     (["bench", "fusion", "--model", "alexnet"], "invalid choice: 'alexnet'"),
-    (["bench", "allreduce", "--bogus"], "unrecognized arguments: --bogus"),
+    (["bench", "allreduce", "--bogus"], "tunelab bench allreduce: error: unrecognized arguments: --bogus"),
     (["bench", "allreduce", "--link-gbps", "0"], "expected a number > 0, got '0'"),
     (["tune", "--link-gbps", "fast"], "expected a number > 0, got 'fast'"),
     (["tune", "--link-latency-us", "-1"], "expected a number >= 0, got '-1'"),
-    (["bench"], "required"),
-    ([], "required"),
+    (["bench"], "tunelab bench: error: the following arguments are required: {allreduce,fusion,kernels,"),
+    (["profiles"], "required: {list,show,export,import,delete}"),
+    ([], "required: {bench,tune,hw,report,profiles,lab,model}"),
 ])
 def test_bad_cli_input_is_one_line_and_exit_2(args, fragment):
     proc = tunelab(*args, timeout=60)
@@ -292,3 +293,15 @@ def test_a_reader_that_goes_away_stops_the_command_quietly():
     proc.stdout.close()  # as `tunelab hw | head -0` would: nobody reads what it prints
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == "", err
+
+
+@pytest.mark.parametrize(("name", "value", "fragment"), [
+    ("TUNELAB_SEGMENT_BYTES", "12XB", "knob segment_bytes must be a number"),
+    ("TUNELAB_TIMEOUT_S", "abc", "timeout_s must be a number > 0"),
+    ("TUNELAB_RANKS_PER_NODE", "0", "ranks_per_node"),
+])
+def test_a_bad_environment_variable_is_named_before_any_rank_starts(name, value, fragment):
+    proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "1KiB", "--no-report", timeout=60, env={name: value})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{name}={value!r}: " in lines[0] and fragment in lines[0], proc.stderr

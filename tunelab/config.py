@@ -52,6 +52,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
                        **explicit: object) -> EngineConfig:
     """Merge defaults, environment, scenario and explicit values (``None`` means unset)."""
     env = os.environ if environ is None else environ
+    check_environment(env)
     layers: list[Mapping[str, object]] = [_env_layer(env), scenario or {},
                                           {k: v for k, v in explicit.items() if v is not None}]
     merged: dict[str, object] = {}
@@ -66,9 +67,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     rpn = other.get("ranks_per_node")
     if rpn is not None:
         rpn = _positive_int("ranks_per_node", rpn)
-    timeout = float(other.get("timeout_s", 60.0))  # type: ignore[arg-type]
-    if timeout <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout}")
+    timeout = _positive_float("timeout_s", other.get("timeout_s", 60.0))
     gbps = other.get("link_gbps")
     if gbps is not None:
         gbps = _positive_float("link_gbps", gbps)
@@ -106,6 +105,26 @@ def lab_state_path(environ: Mapping[str, str] | None = None) -> Path | None:
     """In a rank launched into a lab: its lab's state file (None elsewhere)."""
     env = os.environ if environ is None else environ
     return Path(env[ENV_LAB_STATE]) if env.get(ENV_LAB_STATE) else None
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Each ``TUNELAB_*`` engine setting in ``environ`` on its own: ValueError naming the variable and
+    its value when one is not valid (what needs two of them together is checked with the rest)."""
+    env = os.environ if environ is None else environ
+    variables = {"ranks_per_node": ENV_RANKS_PER_NODE, "timeout_s": ENV_TIMEOUT_S, "backend": ENV_BACKEND,
+                 "link_gbps": ENV_LINK_GBPS, "link_latency_us": ENV_LINK_LATENCY_US, "retune": ENV_RETUNE}
+    checks = {"ranks_per_node": _positive_int, "timeout_s": _positive_float, "link_gbps": _positive_float,
+              "link_latency_us": _non_negative_float, "retune": _flag,
+              "backend": lambda name, value: _backend(value)}
+    for name, value in _env_layer(env).items():
+        try:
+            if name in SPECS:
+                Knobs(**{name: value})
+            elif name in checks:
+                checks[name](name, value)
+        except ValueError as exc:
+            var = variables.get(name, ENV_PREFIX + name.upper())
+            raise ValueError(f"{var}={value!r}: {exc}") from None
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:

@@ -72,6 +72,12 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
             lab: LabState | None = None) -> dict:
     """Run ``job`` on ``np_`` ranks and return rank 0's result.  TunelabError on failure, carrying the
     first error line a rank printed.  With ``lab``, the ranks run on the lab's hosts, spread evenly."""
+    from .config import check_environment
+
+    try:  # a bad TUNELAB_* variable is the user's to fix: say so once, before any rank starts
+        check_environment()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if inside_mpi_job():
         if lab is not None:
             raise UsageError("--lab launches its own ranks: run it outside mpiexec/srun")

@@ -306,6 +306,9 @@ class ProfileStore:
     def _open_or_create(self) -> None:
         """Check an existing file read-only before anything writes to it; create the schema if new."""
         try:
+            if self.path.parent.exists() and not self.path.parent.is_dir():
+                raise StoreError(f"cannot use profile store {self.path}: {self.path.parent} is a file, not a "
+                                 "directory (is TUNELAB_HOME set to a file?)")
             self.path.parent.mkdir(parents=True, exist_ok=True)
             existing = self.path.exists() and self.path.stat().st_size > 0
             if existing:

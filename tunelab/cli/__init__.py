@@ -40,11 +40,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
+    _name_the_commands(parser)
     return parser
 
 
+def _name_the_commands(parser: argparse.ArgumentParser) -> None:
+    """Every sub-command level names its choices in errors ("required: {allreduce,fusion,...}", not the
+    internal dest), and every parser records its ``prog`` so that an unknown flag is reported by the
+    command it was given to."""
+    parser.set_defaults(_prog=parser.prog)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            action.metavar = "{" + ",".join(action.choices) + "}"
+            for child in action.choices.values():
+                _name_the_commands(child)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # reported by the (sub-)command that was given them, as argparse's parse_args would at the top
+        Parser(prog=args._prog).error(f"unrecognized arguments: {' '.join(extra)}")
     from ..launch import inside_mpi_job, job_rank
 
     if inside_mpi_job() and job_rank() != 0:  # under the user's mpiexec/srun: rank 0 speaks for the job

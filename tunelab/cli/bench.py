@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..bench.landscape import add_parser as add_landscape
     from ..bench.tuner import add_parser as add_tuner
 
-    bench = subparsers.add_parser("bench", help="benchmarks (allreduce, fusion, kernels)")
+    bench = subparsers.add_parser("bench", help="benchmarks (allreduce, fusion, kernels, train, landscape, tuner)")
     bsub = bench.add_subparsers(dest="bench", required=True, parser_class=Parser)
     _add_allreduce(bsub)
     _add_fusion(bsub)

@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from ..tuning.report_text import print_tune_summary
 
     scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
+    if args.link_gbps is not None and args.ranks_per_node is None and scenario.ranks_per_node is None:
+        raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     scenario = scenario.with_overrides(
         framework=args.framework, np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
         link_latency_us=args.link_latency_us, image_size=args.image_size, device=args.device,

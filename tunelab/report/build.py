@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import TunelabError, UsageError
+from ..errors import UsageError
 from ..files import write_text
 
 
@@ -51,7 +51,8 @@ def build_html(title: str, profiles: list[int], benches: list[Path], tunes: list
         bench_data = [_load(p) for p in benches]
         sections += bench_sections(list(zip(_labels(benches, bench_data), bench_data)))
     except (KeyError, TypeError, IndexError) as exc:
-        raise TunelabError(f"malformed input: missing or wrong field {exc}") from None
+        raise UsageError(f"malformed input: missing or wrong field {exc} (--tune takes the --json of tunelab tune, "
+                         "--bench that of a tunelab bench command)") from None
     sources = [p.name for p in tunes + benches] + [f"profile {i}" for i in profiles]
     return render({"title": title, "sections": sections, "sources": sources,
                    "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
