@@ -305,3 +305,21 @@ def test_a_bad_environment_variable_is_named_before_any_rank_starts(name, value,
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{name}={value!r}: " in lines[0] and fragment in lines[0], proc.stderr
+
+
+def test_python_dash_m_tunelab_and_hw_read_as_people_read():
+    version = subprocess.run([sys.executable, "-m", "tunelab", "--version"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert version.returncode == 0 and version.stdout.startswith("tunelab ")
+    hw = tunelab("hw", timeout=120)
+    assert hw.returncode == 0, hw.stderr
+    lines = dict(line.split(": ", 1) for line in hw.stdout.strip().splitlines())
+    assert re.fullmatch(r"[\d.]+ [KMG]iB", lines["memory"]) and "gpu_count" in lines and "frameworks" in lines
+    assert "  " not in lines.get("mpi_library", "")  # one line, not MPI's padded banner
+
+
+def test_human_size_against_hand_written_spellings():
+    from tunelab.units import human_size
+
+    cases = {600: "600 B", 1024: "1 KiB", 1536: "1.5 KiB", 102228128: "97.5 MiB", 3 << 30: "3 GiB"}
+    assert {n: human_size(n) for n in cases} == cases

@@ -29,6 +29,15 @@ def parse_size(text: str | int) -> int:
     return int(value)
 
 
+def human_size(nbytes: float) -> str:
+    """A size as people read it, to three significant digits ("97.5 MiB", "1 KiB", "600 B"); not exact
+    (use :func:`format_size` where the text is read back)."""
+    for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= mult:
+            return f"{nbytes / mult:.3g} {suffix}"
+    return f"{nbytes:g} B"
+
+
 def format_size(nbytes: int) -> str:
     """Shortest exact binary-unit spelling of ``nbytes`` ("64MiB", "1000B")."""
     for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

@@ -1,8 +1,14 @@
-"""``tunelab hw``: this host's hardware and software facts, one per line."""
+"""``tunelab hw``: this host's hardware and software facts, one per line, as people read them.
+
+The facts are those a benchmark records (``host_info``) and those a tuning profile is keyed on (the
+fingerprint's: sockets, GPUs, frameworks); sizes in binary units, versions on one line.
+"""
 
 from __future__ import annotations
 
 import argparse
+
+from ..units import human_size
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -11,8 +17,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hardware import host_info
+    from ..hardware import fingerprint, host_info
 
-    for key, value in host_info().items():
-        print(f"{key}: {value}")
+    facts = dict(host_info())
+    job = ("nodes", "ranks_per_node", "memory_gib", "hostname")  # the job's layout, or said already
+    facts.update({k: v for k, v in fingerprint(1, [1]).facts.items() if k not in facts and k not in job})
+    for key, value in facts.items():
+        print(f"{key.removesuffix('_bytes')}: {_text(key, value)}")
     return 0
+
+
+def _text(key: str, value: object) -> str:
+    if key.endswith("_bytes") and isinstance(value, int):
+        return human_size(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+    return " ".join(str(value).split())  # e.g. MPI's version line, padded with spaces

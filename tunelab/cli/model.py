@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..units import format_size
+from ..units import format_size, human_size
 from .finish import add_output_flags, finish
 from .types import Parser, knob, output_file, positive_float, positive_int, size_list
 
@@ -190,7 +190,7 @@ def _steps(model: Any, topo: Any, scenario: str, base: Any) -> dict:
     flat = [{**r["knobs"].as_dict(), **{k: v for k, v in r.items() if k != "knobs"}} for r in rows]
     for r in flat:
         r["fusion"], r["segment"] = format_size(r["fusion_threshold_bytes"]), format_size(r["segment_bytes"])
-    print(f"# step time of {work.name}: {len(work.gradient_bytes)} gradients, {format_size(work.total_bytes)}, "
+    print(f"# step time of {work.name}: {len(work.gradient_bytes)} gradients, {human_size(work.total_bytes)}, "
           f"forward {work.forward_ms:g} ms + backward {work.backward_ms:g} ms; {len(knobs_list)} knob settings, "
           f"fastest first (first {STEP_ROWS})")
     print(format_table(flat[:STEP_ROWS], [

@@ -117,9 +117,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     trials = store.trials(s.id)
     print(f"trials: {len(trials)}")
     if trials:
-        rows = [{**vars(t), "n": i, "changed": _changed_knobs(t.knobs)} for i, t in enumerate(trials, 1)]
+        rows = [{**vars(t), "n": i, "changed": _changed_knobs(t.knobs), "spread_pct": 100 * t.spread}
+                for i, t in enumerate(trials, 1)]
         print(format_table(rows, [
-            ("n", "#", "d"), ("phase", "phase", ""), ("score", "samples/s", ".2f"), ("spread", "spread", ".3f"),
+            ("n", "#", "d"), ("phase", "phase", ""), ("score", "samples/s", ".2f"), ("spread_pct", "spread_%", ".1f"),
             ("steps", "steps", "d"), ("seconds", "seconds", ".1f"), ("run_id", "run", ""),
             ("changed", "knobs (vs defaults)", "")]))
     return 0
