@@ -154,10 +154,9 @@ def mpi_in_lab(hosts: int, per_host: int, size: int, p: dict = PLANTED) -> float
     return 2 * steps * p["mpi.alpha"] + own * (p["mpi.beta"] + p["mpi.gamma"] / 2) + wire * p["link:1gbps.beta"]
 
 
-def test_mpi_in_a_lab_shares_the_wire_and_is_placed_host_by_host(tmp_path: Path) -> None:
-    """In a lab MPI's bytes between hosts cross the same shaped link as the engine's: fitted on 2-host
-    runs (engine and MPI), the model predicts MPI on 4 and 8 hosts, and 4 x 2, where the bytes through a
-    host's link grow as 2 (N-1)/N S (not as 2 (P-1)/P S, which would put 4 x 1 and 2 x 2 alike)."""
+def lab_runs(tmp_path: Path) -> list:
+    """Engine and MPI runs on 2 x 1 and 2 x 2 lab hosts behind 1 Gb/s, exact (no noise): MPI's times from
+    :func:`mpi_in_lab`, the engine's from the planted parameters."""
     rng = np.random.default_rng(3)
     obs = []
     for h, k in ((2, 1), (2, 2)):
@@ -170,7 +169,14 @@ def test_mpi_in_a_lab_shares_the_wire_and_is_placed_host_by_host(tmp_path: Path)
                 row["time_us"] = 1e6 * mpi_in_lab(h, k, row["size"])
         path.write_text(json.dumps(doc))
         obs += load_bench(path)
-    model = fit_model(obs)
+    return obs
+
+
+def test_mpi_in_a_lab_shares_the_wire_and_is_placed_host_by_host(tmp_path: Path) -> None:
+    """In a lab MPI's bytes between hosts cross the same shaped link as the engine's: fitted on 2-host
+    runs (engine and MPI), the model predicts MPI on 4 and 8 hosts, and 4 x 2, where the bytes through a
+    host's link grow as 2 (N-1)/N S (not as 2 (P-1)/P S, which would put 4 x 1 and 2 x 2 alike)."""
+    model = fit_model(lab_runs(tmp_path))
     assert model.values["link:1gbps.beta"] == pytest.approx(PLANTED["link:1gbps.beta"], rel=0.03)
     for h, k in ((4, 1), (4, 2), (8, 1), (8, 4)):
         for size in (MiB, 64 * MiB):
@@ -496,19 +502,7 @@ def test_crossover_check_takes_the_median_over_repeats() -> None:
 def test_a_derived_link_keeps_the_baselines_fitted_through_the_fitted_one(tmp_path: Path) -> None:
     """At a link speed not measured, MPI through the lab's link is still predicted: its own latency and
     per-byte work as fitted, its bytes on the wire at the new speed (computed here from the formulas)."""
-    rng = np.random.default_rng(3)
-    obs = []
-    for h, k in ((2, 1), (2, 2)):
-        path = bench_file(tmp_path / f"lab{h}{k}.json", h, k, 0.0, rng)
-        doc = json.loads(path.read_text())
-        doc["hardware"]["lab"] = {"hosts": h, "ranks_per_host": k, "link_gbps": 1.0}
-        doc["hardware"]["link_gbps"] = None
-        for row in doc["rows"]:
-            if row["algorithm"] == "mpi":
-                row["time_us"] = 1e6 * mpi_in_lab(h, k, row["size"])
-        path.write_text(json.dumps(doc))
-        obs += load_bench(path)
-    model = fit_model(obs)
+    model = fit_model(lab_runs(tmp_path))
     fast, link = model.for_link(40.0)
     topo = Topology(4, 2, link)
     wire40 = {**model.values, "link:1gbps.beta": model.values["link:1gbps.beta"] / 40}
