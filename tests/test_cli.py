@@ -40,6 +40,8 @@ def tunelab(*args, timeout=300, env=None):
     (["tune", "--link-latency-us", "-1"], "expected a number >= 0, got '-1'"),
     (["bench"], "tunelab bench: error: the following arguments are required: {allreduce,fusion,kernels,"),
     (["profiles"], "required: {list,show,export,import,delete}"),
+    (["--bogus", "hw"], "tunelab: error: unrecognized arguments: --bogus"),
+    (["hw", "--bogus"], "tunelab hw: error: unrecognized arguments: --bogus"),
     ([], "required: {bench,tune,hw,report,profiles,lab,model}"),
 ])
 def test_bad_cli_input_is_one_line_and_exit_2(args, fragment):
@@ -288,8 +290,9 @@ def test_an_output_that_cannot_be_written_loses_nothing(tmp_path):
 
 
 def test_a_reader_that_goes_away_stops_the_command_quietly():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output buffered, flushed at the end
     proc = subprocess.Popen([sys.executable, "-m", "tunelab.cli", "hw"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     proc.stdout.close()  # as `tunelab hw | head -0` would: nobody reads what it prints
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == "", err
@@ -300,7 +303,7 @@ def test_a_reader_that_goes_away_stops_the_command_quietly():
     ("TUNELAB_TIMEOUT_S", "abc", "timeout_s must be a number > 0"),
     ("TUNELAB_RANKS_PER_NODE", "0", "ranks_per_node"),
 ])
-def test_a_bad_environment_variable_is_named_before_any_rank_starts(name, value, fragment):
+def test_a_bad_environment_variable_is_named_in_one_line_and_a_usage_error(name, value, fragment):
     proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "1KiB", "--no-report", timeout=60, env={name: value})
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -321,5 +324,23 @@ def test_python_dash_m_tunelab_and_hw_read_as_people_read():
 def test_human_size_against_hand_written_spellings():
     from tunelab.units import human_size
 
-    cases = {600: "600 B", 1024: "1 KiB", 1536: "1.5 KiB", 102228128: "97.5 MiB", 3 << 30: "3 GiB"}
+    cases = {600: "600 B", 1024: "1 KiB", 1536: "1.5 KiB", 102228128: "97.5 MiB", 3 << 30: "3 GiB",
+             1023 << 10: "1023 KiB", 5 << 40: "5 TiB"}
     assert {n: human_size(n) for n in cases} == cases
+
+
+def test_an_output_through_a_link_or_to_a_device_is_written_where_it_points(tmp_path):
+    from tunelab.files import unwritable, write_text
+
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    target.chmod(0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_text(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"  # the link stays a link
+    write_text(target, "newer")
+    assert target.read_text() == "newer" and (target.stat().st_mode & 0o777) == 0o600  # its mode kept
+    assert unwritable(Path(os.devnull)) is None
+    write_text(Path(os.devnull), "discarded")
+    assert Path(os.devnull).exists() and not Path(os.devnull).is_file()  # still the device

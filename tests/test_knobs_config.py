@@ -75,3 +75,14 @@ def test_emulated_link_settings_are_checked():
             load_engine_config({"TUNELAB_LINK_GBPS": bad}, ranks_per_node=2)
     with pytest.raises(ValueError, match="link_latency_us must be a number >= 0"):
         load_engine_config({}, ranks_per_node=2, link_gbps=1, link_latency_us=-1)
+
+
+def test_an_environment_setting_is_checked_only_where_nothing_overrides_it():
+    from tunelab.config import EnvironmentSettingError, load_engine_config
+
+    env = {"TUNELAB_HIERARCHICAL": "maybe", "TUNELAB_RANKS_PER_NODE": ""}
+    with pytest.raises(EnvironmentSettingError, match=r"^TUNELAB_HIERARCHICAL='maybe': "):
+        load_engine_config(env)
+    cfg = load_engine_config(env, hierarchical=True)  # an explicit value outranks the environment's
+    assert cfg.knobs.hierarchical is True and cfg.ranks_per_node is None  # an empty variable is unset
+    assert load_engine_config(env, scenario={"hierarchical": False}).knobs.hierarchical is False

@@ -542,3 +542,12 @@ def test_check_steps_refuses_a_landscape_of_another_scenario_or_none(tmp_path: P
     expected = ["list.json: not a bench landscape result", "other.json: recorded on scenario 'replay-bert'",
                 "empty.json: the landscape has no measured points", "nosteps: no landscape point has step times"]
     assert len(errors) == len(expected) and all(e in line for e, line in zip(expected, errors)), errors
+
+
+def test_a_derived_link_from_a_fractional_one_keeps_every_baseline_key() -> None:
+    values = {"link.alpha": 1e-5, "link:2.5gbps.beta": 3.2e-9, "mpi@2.5gbps.alpha": 1e-5, "mpi@2.5gbps.beta": 1e-9,
+              "mpi@2.5gbps~over.alpha": 0.5, "gloo@2.5gbps.beta": 2e-9, "shm.beta": 1e-10}
+    derived = ScaleModel(dict(values)).with_link("10gbps", 10.0).values
+    assert derived["link:10gbps.beta"] == pytest.approx(0.8e-9)  # the wire, 4x as fast
+    for key in ("mpi@2.5gbps.alpha", "mpi@2.5gbps.beta", "mpi@2.5gbps~over.alpha", "gloo@2.5gbps.beta"):
+        assert derived[key.replace("2.5gbps", "10gbps")] == values[key]  # the baselines' own costs, as fitted

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import UsageError
 from .knobs import SPECS, Knobs
 
 ENV_PREFIX = "TUNELAB_"
@@ -44,7 +45,7 @@ class EngineConfig:
 def env_knobs(environ: Mapping[str, str]) -> dict[str, str]:
     """Knob values found in ``environ`` as raw strings (validated by ``Knobs``)."""
     return {name: environ[ENV_PREFIX + name.upper()] for name in SPECS
-            if ENV_PREFIX + name.upper() in environ}
+            if environ.get(ENV_PREFIX + name.upper())}
 
 
 def load_engine_config(environ: Mapping[str, str] | None = None,
@@ -52,9 +53,9 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
                        **explicit: object) -> EngineConfig:
     """Merge defaults, environment, scenario and explicit values (``None`` means unset)."""
     env = os.environ if environ is None else environ
-    check_environment(env)
-    layers: list[Mapping[str, object]] = [_env_layer(env), scenario or {},
-                                          {k: v for k, v in explicit.items() if v is not None}]
+    given = {k: v for k, v in explicit.items() if v is not None}
+    check_environment(env, overridden=set(scenario or {}) | set(given))
+    layers: list[Mapping[str, object]] = [_env_layer(env), scenario or {}, given]
     merged: dict[str, object] = {}
     for layer in layers:
         merged.update(layer)
@@ -107,9 +108,15 @@ def lab_state_path(environ: Mapping[str, str] | None = None) -> Path | None:
     return Path(env[ENV_LAB_STATE]) if env.get(ENV_LAB_STATE) else None
 
 
-def check_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Each ``TUNELAB_*`` engine setting in ``environ`` on its own: ValueError naming the variable and
-    its value when one is not valid (what needs two of them together is checked with the rest)."""
+class EnvironmentSettingError(UsageError, ValueError):
+    """A ``TUNELAB_*`` variable holds a value its setting cannot take (a usage error: exit 2)."""
+
+
+def check_environment(environ: Mapping[str, str] | None = None,
+                      overridden: set[str] | frozenset[str] = frozenset()) -> None:
+    """Each ``TUNELAB_*`` engine setting in ``environ`` on its own, except those ``overridden`` (given by
+    a scenario or explicitly: the environment is the lowest layer): EnvironmentSettingError naming the
+    variable and its value when one is not valid (what needs two settings together is checked later)."""
     env = os.environ if environ is None else environ
     variables = {"ranks_per_node": ENV_RANKS_PER_NODE, "timeout_s": ENV_TIMEOUT_S, "backend": ENV_BACKEND,
                  "link_gbps": ENV_LINK_GBPS, "link_latency_us": ENV_LINK_LATENCY_US, "retune": ENV_RETUNE}
@@ -117,6 +124,8 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
               "link_latency_us": _non_negative_float, "retune": _flag,
               "backend": lambda name, value: _backend(value)}
     for name, value in _env_layer(env).items():
+        if name in overridden:
+            continue
         try:
             if name in SPECS:
                 Knobs(**{name: value})
@@ -124,16 +133,17 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
                 checks[name](name, value)
         except ValueError as exc:
             var = variables.get(name, ENV_PREFIX + name.upper())
-            raise ValueError(f"{var}={value!r}: {exc}") from None
+            raise EnvironmentSettingError(f"{var}={value!r}: {exc}") from None
 
 
 def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
     layer: dict[str, object] = dict(env_knobs(environ))
-    if ENV_RANKS_PER_NODE in environ:
+    # (an empty variable is an unset one, for every setting)
+    if environ.get(ENV_RANKS_PER_NODE):
         layer["ranks_per_node"] = environ[ENV_RANKS_PER_NODE]
-    if ENV_TIMEOUT_S in environ:
+    if environ.get(ENV_TIMEOUT_S):
         layer["timeout_s"] = environ[ENV_TIMEOUT_S]
-    if ENV_BACKEND in environ:
+    if environ.get(ENV_BACKEND):
         layer["backend"] = environ[ENV_BACKEND]
     if environ.get(ENV_LINK_GBPS):
         layer["link_gbps"] = environ[ENV_LINK_GBPS]

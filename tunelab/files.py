@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -24,8 +25,8 @@ def unwritable(path: Path) -> str | None:
         return "an empty path"
     if path.is_dir():
         return "it is a directory"
-    if path.exists() and not os.access(path, os.W_OK):
-        return "the file is not writable"
+    if path.exists():  # a file, a link to one, or a device such as /dev/null: written where it is
+        return None if os.access(path, os.W_OK) else "the file is not writable"
     folder = path.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -37,22 +38,36 @@ def unwritable(path: Path) -> str | None:
 
 
 def write_text(path: Path, text: str, rescue: bool = True) -> Path:
-    """Write ``text`` to ``path`` (folders made as needed), atomically.  When that fails: TunelabError in
-    one line and, with ``rescue``, the text saved to a temporary file that the error names."""
+    """Write ``text`` to ``path`` (folders made as needed): a new or regular file atomically, keeping an
+    existing file's permissions; a symbolic link, a device (``/dev/stdout``) or a pipe in place.  When
+    that fails: TunelabError in one line and, with ``rescue``, the text saved to a temporary file that
+    the error names."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name[:200]}.{os.getpid()}.tmp")
     try:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
+        if path.exists():
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
         os.replace(tmp, path)
         return path
-    except OSError as exc:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if not isinstance(exc, OSError):
+            raise  # (an interrupt, say: the temporary file is gone, the error goes on)
         reason = exc.strerror or type(exc).__name__
         if not rescue:
             raise TunelabError(f"cannot write {path}: {reason}") from None
-        fd, saved = tempfile.mkstemp(prefix=f"tunelab-{path.stem or 'output'}-", suffix=path.suffix or ".txt")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            fd, saved = tempfile.mkstemp(prefix=f"tunelab-{path.stem[:40] or 'output'}-", suffix=path.suffix or ".txt")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as again:
+            raise TunelabError(f"cannot write {path}: {reason}; nor a temporary copy: "
+                               f"{again.strerror or again}") from None
         raise TunelabError(f"cannot write {path}: {reason}; its contents were saved to {saved}") from None

@@ -72,12 +72,6 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
             lab: LabState | None = None) -> dict:
     """Run ``job`` on ``np_`` ranks and return rank 0's result.  TunelabError on failure, carrying the
     first error line a rank printed.  With ``lab``, the ranks run on the lab's hosts, spread evenly."""
-    from .config import check_environment
-
-    try:  # a bad TUNELAB_* variable is the user's to fix: say so once, before any rank starts
-        check_environment()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     if inside_mpi_job():
         if lab is not None:
             raise UsageError("--lab launches its own ranks: run it outside mpiexec/srun")
@@ -103,7 +97,11 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
         stderr = err_path.read_text(errors="replace")
         if proc.returncode != 0 or not result_path.exists():
             left = _left_errors(result_path)
-            raise TunelabError(_first_error(left + stderr) or f"{job} failed (exit code {proc.returncode})")
+            message = _first_error(left + stderr) or f"{job} failed (exit code {proc.returncode})"
+            from .rankmain import USAGE_SUFFIX
+
+            usage = any(result_path.parent.glob(result_path.name + ".error.*" + USAGE_SUFFIX))
+            raise (UsageError if usage else TunelabError)(message)  # a rank's usage error is still one
         if stderr.strip():
             sys.stderr.write(stderr)
         return json.loads(result_path.read_text())

@@ -21,7 +21,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import StoreError
-from .profile_export import EXPORT_FORMAT, EXPORT_VERSION, PHASES, validate_export
+from .profile_export import (  # noqa: F401 (InvalidExport: still importable from here, where it began)
+    EXPORT_FORMAT,
+    EXPORT_VERSION,
+    PHASES,
+    InvalidExport,
+    validate_export,
+)
 
 SCHEMA_VERSION = 2  # 2: the best config carries its gain interval, steps to lock and outcome
 FILE_NAME = "profiles.sqlite"

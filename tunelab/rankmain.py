@@ -14,7 +14,9 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from .errors import TunelabError
+from .errors import TunelabError, UsageError
+
+USAGE_SUFFIX = ".usage"  # on a rank's error file: the error was the user's input (the command exits 2)
 
 JOBS = {
     "bench-allreduce": "tunelab.bench.allreduce:run_rank",
@@ -59,7 +61,7 @@ def main(argv: list[str]) -> int:
             traceback.print_exc()
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         line = f"tunelab: error: rank {comm.rank}: {message}\n"
-        _leave_error(result_path, comm.rank, line)
+        _leave_error(result_path, comm.rank, line, usage=isinstance(exc, UsageError))
         sys.stderr.write(line)
         sys.stderr.flush()
         comm.Abort(1)
@@ -72,9 +74,9 @@ def error_file(result_path: str, rank: int) -> str:
     return f"{result_path}.error.{rank}"
 
 
-def _leave_error(result_path: str, rank: int, line: str) -> None:
+def _leave_error(result_path: str, rank: int, line: str, usage: bool = False) -> None:
     try:
-        with open(error_file(result_path, rank), "w") as f:
+        with open(error_file(result_path, rank) + (USAGE_SUFFIX if usage else ""), "w") as f:
             f.write(line)
     except OSError:
         pass  # stderr still carries it

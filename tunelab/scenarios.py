@@ -281,12 +281,12 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
     if not _NAME_RE.fullmatch(text) or text.endswith(".toml"):
         return Path(text).expanduser()
     directory = _shipped_dir()
+    if (directory is None or not (directory / f"{text}.toml").is_file()) and Path(text).is_file():
+        return Path(text)  # not a shipped name, but a file by that name (any extension) is here: read it
     if directory is None:
         raise ScenarioError(f"no scenario named {text!r}: no scenarios directory found "
                             f"(looked in {', '.join(map(str, scenario_dirs()))})")
     path = directory / f"{text}.toml"
-    if not path.is_file() and Path(text).is_file():
-        return Path(text)  # not a shipped name, but a file by that name (any extension) is here: read it
     if not path.is_file():
         raise ScenarioError(f"{_display(path)}: no scenario named {text!r}; "
                             f"shipped scenarios are {', '.join(list_scenarios())}")

@@ -32,10 +32,11 @@ def parse_size(text: str | int) -> int:
 def human_size(nbytes: float) -> str:
     """A size as people read it, to three significant digits ("97.5 MiB", "1 KiB", "600 B"); not exact
     (use :func:`format_size` where the text is read back)."""
-    for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= mult:
-            return f"{nbytes / mult:.3g} {suffix}"
-    return f"{nbytes:g} B"
+    for suffix, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
+        if nbytes >= mult or suffix == "B":
+            value = nbytes / mult
+            return f"{value:.3g} {suffix}" if value < 1000 else f"{value:.0f} {suffix}"
+    raise AssertionError("unreachable")
 
 
 def format_size(nbytes: int) -> str:

@@ -57,15 +57,21 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the (sub-)command that was given them, as argparse's parse_args would at the top
-        Parser(prog=args._prog).error(f"unrecognized arguments: {' '.join(extra)}")
+        words = list(sys.argv[1:] if argv is None else argv)
+        path = args._prog.split()[1:]  # the sub-command words, e.g. ["bench", "allreduce"]
+        before = path and path[0] in words and extra[0] in words and words.index(extra[0]) < words.index(path[0])
+        Parser(prog=parser.prog if before else args._prog).error(f"unrecognized arguments: {' '.join(extra)}")
     from ..launch import inside_mpi_job, job_rank
 
     if inside_mpi_job() and job_rank() != 0:  # under the user's mpiexec/srun: rank 0 speaks for the job
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is handled below like any other
+        return status
     except UsageError as exc:
         sys.stderr.write(f"tunelab: error: {exc}\n")
         return 2

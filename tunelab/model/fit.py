@@ -22,7 +22,17 @@ import numpy as np
 from ..errors import UsageError
 from ..files import write_text
 from ..knobs import Knobs
-from .costs import OVER, TCP_BETA, Topology, coefficients, contention_class, contention_keys, family, seconds
+from .costs import (
+    BASELINES,
+    OVER,
+    TCP_BETA,
+    Topology,
+    coefficients,
+    contention_class,
+    contention_keys,
+    family,
+    seconds,
+)
 from .data import ModelInputError, Observation
 
 FORMAT = "tunelab-scale-model/1"
@@ -91,9 +101,9 @@ class ScaleModel:
         for key in [k for k in self.values if k.startswith(src + ".")]:
             new = key.replace(src, f"link:{name}", 1)
             values[new] = values[key] * (ref[1] / gbps if ".beta" in key else 1.0)
-        for key in [k for k in self.values if k.split(".")[0].split("~")[0].endswith(f"@{ref[0]}")]:
-            owner, rest = key.split("@", 1)
-            values[f"{owner}@{name}{rest[len(ref[0]):]}"] = values[key]
+        through = {f"{b}@{ref[0]}" for b in BASELINES}  # e.g. mpi@1gbps, and its mpi@1gbps~over.* factors
+        for key in [k for k in self.values if _owner(k).removesuffix(OVER) in through]:
+            values[key.replace(f"@{ref[0]}", f"@{name}", 1)] = values[key]
         return ScaleModel(values, self.points, self.sources, self.rel_errors, self.fit_points)
 
     def for_link(self, link_gbps: float | None) -> tuple[ScaleModel, str]:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import write_text
 from ..knobs import Knobs
 from ..units import format_size
 from .costs import Topology
@@ -112,6 +113,5 @@ def write_model_report(out: Path, section: dict[str, Any], sources: Sequence[str
 
     html = render({"title": title, "sections": [section], "sources": list(sources) or ["the scale model"],
                    "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
+    write_text(out, html)
     return out
