@@ -165,3 +165,31 @@ def test_a_kept_default_shows_the_runner_up(inputs: dict, tmp_path: Path) -> Non
     html = build_html("kept", [], [], [path])
     assert "not adopted" in html and "<td>42.5</td>" in html
     assert "not adopted" not in build_html("plain", [], [], [inputs["tune"]])
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_profile_report_says_what_its_run_decided(tmp_path: Path, kept: bool) -> None:
+    from tunelab.profiles import ProfileKey
+    from tunelab.report.runs import run_from_profile
+    from tunelab.report.tuning import drift_text, outcome_text
+
+    store = ProfileStore(tmp_path / "p.sqlite")
+    pid = store.upsert_profile(ProfileKey("h" * 16, "m", "torch", 2), "host", {"nodes": 1}, "tiny")
+    default, tuned = {"cycle_time_ms": 1.0}, {"cycle_time_ms": 8.0}
+    for score, knobs, phase in ((100.0, default, "default"), (110.0, tuned, "explore"), (90.0, default, "default")):
+        store.record_trial(pid, knobs, score, 0.02, 3, 2.0, "run-1", phase)
+    if kept:
+        store.set_best(pid, default, 95.0, 95.0, 0.02, "run-1", steps=40, outcome="budget exhausted")
+    else:
+        store.set_best(pid, tuned, 110.0, 95.0, 0.02, "run-1", gain_interval=(1.05, 1.25), steps=40,
+                       outcome="converged")
+    run = run_from_profile(pid, store)
+    text = outcome_text(run)
+    assert "without an interval" not in text
+    assert "Tuning measured 3 blocks (40 training steps, 6 s of measured steps)" in text
+    if kept:
+        assert text.startswith("Kept the default configuration") and "ran out of its budget" in text
+    else:
+        assert text.startswith("Locked a tuned configuration: 1.16x the default's throughput, 90 % interval "
+                               "[1.05, 1.25] (as the profile store recorded it)") and "converged" in text
+    assert "ranged from 90.00 to 100.00 samples/s (10.5 % of its mean)" in drift_text(run)  # (100 - 90) / 95

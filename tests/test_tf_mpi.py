@@ -33,7 +33,7 @@ def test_tf_training_loads_the_tuned_profile_and_keeps_pinned_knobs(tmp_path):
     r0, r1 = results
     assert r0["first"].startswith("tunelab: no tuned profile for tiny / tensorflow / 2 ranks")
     assert len(r0["second"].splitlines()) == 1  # once per tape wrapper, not once per step
-    assert r0["second"].startswith("tunelab: loaded tuned profile") and "(measured 1.25x default)" in r0["second"]
+    assert r0["second"].startswith("tunelab: loaded tuned profile") and "(measured 1.250x the default)" in r0["second"]
     assert r0["fit"].startswith("tunelab: loaded tuned profile") and "fitted / tensorflow" in r0["fit"]
     assert r0["knobs"] == r1["knobs"]  # applied by every rank
     assert r0["knobs"]["fusion_threshold_bytes"] == 1 << 20 and r0["knobs"]["segment_bytes"] == 1 << 16

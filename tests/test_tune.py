@@ -85,7 +85,7 @@ def test_training_jobs_load_the_tuned_profile_and_keep_pinned_knobs(tmp_path):
     r0, r1 = results
     assert r0["first"].startswith("tunelab: no tuned profile for tiny / torch / 2 ranks")
     assert r0["second"].startswith("tunelab: loaded tuned profile")
-    assert "(measured 1.25x default)" in r0["second"]
+    assert "(measured 1.250x the default)" in r0["second"]
     assert r0["knobs"] == r1["knobs"]  # applied by every rank
     assert r0["knobs"]["fusion_threshold_bytes"] == 1 << 20 and r0["knobs"]["segment_bytes"] == 1 << 16
     assert r0["knobs"]["cycle_time_ms"] == 7.0  # pinned by the job: the profile's 3.0 must not win

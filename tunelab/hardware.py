@@ -63,6 +63,20 @@ def host_info() -> dict[str, object]:
     return info
 
 
+def fact_text(name: str, value: object) -> str:
+    """One fact as people read it: sizes in binary units, ``{"torch": "2.13"}`` as "torch 2.13", lists
+    joined, version banners on one line."""
+    from .units import human_size
+
+    if name.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        return human_size(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "none"
+    return " ".join(str(value).split())
+
+
 # --- Fingerprint: which tuning profile a run belongs to -------------------------------------------
 
 # Facts recorded for people but kept out of the hash: the same machine type under another name

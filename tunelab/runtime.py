@@ -244,9 +244,20 @@ class Runtime:
         if best is None:
             return f"tunelab: no tuned profile for {what} on this hardware: using default knobs", None
         knobs = {k: v for k, v in best.knobs.items() if k not in self.config.pinned}
-        shown = ", ".join(f"{k}={format_size(v) if k.endswith('_bytes') else v}" for k, v in knobs.items())
+        if best.gain_low is None and best.outcome is not None:  # tuned, and the default was kept
+            return (f"tunelab: loaded profile {best.profile_id} for {what}: its tuning kept the default knobs "
+                    f"(no configuration cleared the minimum gain; {best.outcome})"), knobs
+
+        def text(k: str, v: object) -> str:
+            if isinstance(v, bool):
+                return str(v).lower()
+            if k.endswith("_bytes") and isinstance(v, int):
+                return format_size(v)
+            return f"{v:g}" if isinstance(v, float) else str(v)
+
+        shown = ", ".join(f"{k}={text(k, v)}" for k, v in knobs.items())
         return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
-                f"(measured {best.gain:.2f}x default)"), knobs
+                f"(measured {best.interval_text()} the default)"), knobs
 
     def _check_roots(self, roots: list[int], what: str) -> None:
         """Every rank's root, gathered: a root that is not a rank fails the call on every rank."""

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..units import human_size
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     hw = subparsers.add_parser("hw", help="print this host's hardware and software facts")
@@ -17,19 +15,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hardware import fingerprint, host_info
+    from ..hardware import fact_text, fingerprint, host_info
 
     facts = dict(host_info())
     job = ("nodes", "ranks_per_node", "memory_gib", "hostname")  # the job's layout, or said already
     facts.update({k: v for k, v in fingerprint(1, [1]).facts.items() if k not in facts and k not in job})
     for key, value in facts.items():
-        print(f"{key.removesuffix('_bytes')}: {_text(key, value)}")
+        print(f"{key.removesuffix('_bytes')}: {fact_text(key, value)}")
     return 0
-
-
-def _text(key: str, value: object) -> str:
-    if key.endswith("_bytes") and isinstance(value, int):
-        return human_size(value)
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
-    return " ".join(str(value).split())  # e.g. MPI's version line, padded with spaces

@@ -96,13 +96,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"profile {s.id}: {s.model_name} [{s.model_signature}]  framework={s.framework}  "
           f"world_size={s.world_size}  created={s.created}  updated={s.updated}")
     print(f"hardware: {s.hardware_name} [{s.hardware_hash}]")
+    from ..hardware import fact_text
+
     for name, value in s.hardware_facts.items():
-        print(f"  {name}: {value}")
+        print(f"  {name}: {fact_text(name, value)}")
     best = store.best_of(s.id)
     if best is None:
         print("best: none yet")
     else:
-        print(f"best: {best.score:.2f} samples/s, x{best.gain:.3f} vs default {best.default_score:.2f} "
+        print(f"best: {best.score:.2f} samples/s, {best.gain:.3f}x vs default {best.default_score:.2f} "
               f"(spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
         if best.gain_low is not None or best.steps is not None or best.outcome:
             parts = [f"gain {best.interval_text()} (90 % interval)" if best.gain_low is not None else

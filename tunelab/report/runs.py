@@ -69,7 +69,31 @@ def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any
         "default": {"knobs": default["knobs"], "score": best.default_score, "spread": default["spread"]},
         "best": {"knobs": best.knobs, "score": best.score, "spread": best.spread},
         "locked_final": None, "profile_id": profile_id,
+        "outcome": _outcome_of_best(best, default["knobs"], [t for t in trials if t.run_id == best.run_id]),
     }
+
+
+def _outcome_of_best(best: Any, default_knobs: dict, run: list[Any]) -> dict[str, Any]:
+    """What the store says of the run that set the profile's best, in the terms of a tune result (a
+    store from before schema 2, without an outcome: empty, and the report says so)."""
+    if best.outcome is None:
+        return {}
+    adopted = best.knobs != default_knobs
+    interval = ({"gain": best.gain, "low": best.gain_low, "high": best.gain_high, "n": None}
+                if adopted and best.gain_low is not None and best.gain_high is not None else None)
+    return {"adopted": adopted, "gain_interval": interval, "converged": best.outcome == "converged",
+            "decision": "the run that stored it kept the default" if not adopted else "",
+            "stop_reason": best.outcome, "samples_to_lock": len(run) if run else None,
+            "steps_to_lock": best.steps, "seconds_to_lock": sum(t.seconds for t in run), "drift": _drift(run)}
+
+
+def _drift(run: list[Any]) -> dict[str, Any] | None:
+    """How far the default's blocks of that run wandered (the store keeps their scores, not their noise)."""
+    refs = [t.score for t in run if t.phase == "default"]
+    if len(refs) < 2:
+        return None
+    return {"reference_scores": refs, "range_frac": (max(refs) - min(refs)) / (sum(refs) / len(refs)),
+            "block_sigma_frac": None}
 
 
 def _facts_from_store(data: dict[str, Any]) -> tuple[dict[str, Any], str]:

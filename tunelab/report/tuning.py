@@ -38,14 +38,15 @@ def outcome_text(run: dict[str, Any]) -> str:
     cost = ""
     if out.get("samples_to_lock") is not None:
         ending = "converged" if out.get("converged") else "ran out of its budget"
-        cost = (f" Tuning measured {out['samples_to_lock']} blocks ({out['steps_to_lock']} training steps, "
-                f"{out['seconds_to_lock']:.0f} s) before locking; the search {ending} "
-                f"({out.get('stop_reason', '')}).")
+        steps = f"{out['steps_to_lock']} training steps, " if out.get("steps_to_lock") is not None else ""
+        cost = (f" Tuning measured {out['samples_to_lock']} blocks ({steps}{out['seconds_to_lock']:.0f} s of "
+                f"measured steps) before locking; the search {ending} ({out.get('stop_reason', '')}).")
     if out.get("adopted") and iv:
-        plural = "s" if iv["n"] != 1 else ""
+        n = iv.get("n")
+        source = (f" from {n} re-measurement{'s' if n != 1 else ''} paired with the default" if n is not None
+                  else " (as the profile store recorded it)")
         return (f"Locked a tuned configuration: {iv['gain']:.2f}x the default's throughput, 90 % interval "
-                f"[{iv['low']:.2f}, {iv['high']:.2f}] from {iv['n']} re-measurement{plural} paired with the default."
-                + cost)
+                f"[{iv['low']:.2f}, {iv['high']:.2f}]{source}." + cost)
     up = out.get("runner_up_interval")
     if up:
         return (f"Kept the default configuration: the best finalist measured {up['gain']:.2f}x, 90 % interval "
@@ -87,9 +88,10 @@ def drift_text(run: dict[str, Any]) -> str:
     if len(refs) < 2:
         return ""
     return (f"Drift seen: the default configuration, measured {len(refs)} times between candidates, ranged from "
-            f"{min(refs):.2f} to {max(refs):.2f} samples/s ({100 * drift['range_frac']:.1f} % of its mean); one "
-            f"block's noise, drift between neighbouring blocks included, was about "
-            f"{100 * (drift.get('block_sigma_frac') or 0.0):.1f} %. Candidates are scored as ratios to the "
+            f"{min(refs):.2f} to {max(refs):.2f} samples/s ({100 * drift['range_frac']:.1f} % of its mean)"
+            + ("; one block's noise, drift between neighbouring blocks included, was about "
+               f"{100 * drift['block_sigma_frac']:.1f} %" if drift.get("block_sigma_frac") is not None else "")
+            + ". Candidates are scored as ratios to the "
             "default's blocks around them, so a drift this size does not pass for a knob's effect."
             + (f" {drift['disturbed_blocks']} reference block(s) far outside the others (the host busy with "
                "something else) were set aside." if drift.get("disturbed_blocks") else ""))
