@@ -170,7 +170,7 @@ def test_result_and_report_state_the_gain_with_its_interval_cost_and_drift(fast,
         assert f"{iv['gain']:.3f}x [{iv['low']:.3f}, {iv['high']:.3f}]" in out
     else:
         assert result["gain"] == 1.0 and "default kept" in out and result["best"] == result["default"]
-    assert ("converged" in out) or ("ran out of budget" in out)
+    assert ("exploration ended: converged" in out) or ("exploration ended: budget of" in out)
     assert "drift  : the default's blocks ranged over" in out
     path = tmp_path / "tune.json"
     path.write_text(json.dumps(result))

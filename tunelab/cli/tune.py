@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         np_ = scenario_ranks(lab, args.np, scenario)
         print(f"# tuning {scenario.name}: {scenario.model} "
               f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {np_} ranks, "
-              f"budget {scenario.budget_samples} samples"
+              f"budget {scenario.budget_samples} exploration blocks (the default's included)"
               + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
         if lab is not None:
             print(f"# on the lab: {lab.describe()}", flush=True)

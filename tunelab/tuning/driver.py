@@ -229,7 +229,7 @@ class Driver:
         if not self.space.names:
             return "every knob is pinned"
         if self._explored >= self.plan.budget_samples:
-            return f"budget of {self.plan.budget_samples} samples spent"
+            return f"budget of {self.plan.budget_samples} exploration blocks spent"
         t0 = self._epoch_start[0]
         if self.plan.time_budget_s is not None and self.elapsed_s - t0 >= self.plan.time_budget_s:
             return f"time budget of {self.plan.time_budget_s:g} s spent"

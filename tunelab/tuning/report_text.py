@@ -9,10 +9,9 @@ from .run import describe
 
 def print_tune_summary(result: dict) -> None:
     default, best, final = result["default"], result["best"], result["locked_final"]
-    ending = "converged" if result.get("converged") else "ran out of budget"
     print(f"# {len(result['samples'])} blocks in {result['seconds']:.0f} s; locked after "
           f"{result['samples_to_lock']} blocks, {result['steps_to_lock']} steps "
-          f"({result['seconds_to_lock']:.0f} s); exploration {ending}: {result['stop_reason']}")
+          f"({result['seconds_to_lock']:.0f} s); exploration ended: {result['stop_reason']}")
     print(f"default: {describe(Knobs(**default['knobs'])):<52} {default['score']:8.2f} samples/s "
           f"(mean of its {len(default['scores'])} reference blocks)")
     print(f"locked : {describe(Knobs(**best['knobs'])):<52} {best['score']:8.2f} samples/s")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..knobs import Knobs
-from ..units import format_size
+from ..units import format_size, human_size
 from .plan import Plan, Sample
 from .result import record_sample, summarise
 from .session import TuningSession
@@ -227,23 +227,40 @@ def _measure_locked(workload: Workload, comm: Any, steps: int) -> list[float]:
 
 
 def describe(knobs: Knobs) -> str:
-    fusion = "off" if knobs.fusion_threshold_bytes == 0 else format_size(knobs.fusion_threshold_bytes)
-    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={format_size(knobs.segment_bytes)}"
+    fusion = "off" if knobs.fusion_threshold_bytes == 0 else _size(knobs.fusion_threshold_bytes)
+    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={_size(knobs.segment_bytes)}"
             f" hier={'on' if knobs.hierarchical else 'off'}")
+
+
+def _size(nbytes: int) -> str:
+    """Exact where that is short ("4MiB", "516KiB"); else to three digits ("68.1MiB" for 69712KiB)."""
+    exact = format_size(nbytes)
+    if nbytes >= 1 << 20 and not exact.endswith(("MiB", "GiB")):
+        return human_size(nbytes).replace(" ", "")
+    return exact
 
 
 def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
     count = [0]
+    explored: set[Knobs] = set()
 
     def show(s: Sample) -> None:
         if recorder is not None:
             recorder.record(s)
         count[0] = count[0] + 1 if s.phase == "explore" else count[0]
-        label = f"{count[0]:>3}/{budget}" if s.phase == "explore" else f"{s.phase[:1]:>6}"
+        if s.phase == "explore":  # the reference that closes a spent budget is past it: "close"
+            label = f"{count[0]:>3}/{budget}" if count[0] <= budget else f"{'close':>6}"
+            explored.add(s.knobs)
+        else:
+            label = f"{s.phase[:1]:>6}"
         ratio = f"  {math.exp(s.told):.3f}x ref" if s.told is not None else ""
         steps = f", {s.steps} steps" if s.phase == "remeasure" else ""  # their length follows the noise
+        why = ""
+        if s.phase == "remeasure" and s.role == "candidate" and s.knobs not in explored:
+            why = "  (the model's pick near the best measured: single blocks above are noisy)"
+            explored.add(s.knobs)
         print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<52} {s.score:8.2f} samples/s "
-              f"(±{100 * s.spread / 2:.1f}%{steps}){ratio}", flush=True)
+              f"(spread {100 * s.spread:.1f}%{steps}){ratio}{why}", flush=True)
 
     return show
 
