@@ -178,3 +178,17 @@ def test_result_and_report_state_the_gain_with_its_interval_cost_and_drift(fast,
     top = html.index("Locked a tuned configuration" if fast else "Kept the default configuration")
     assert top < html.index("Drift seen") < html.index("trials")
     assert "90 % interval" in html and "% of its mean" in html and "{&#39;" not in html
+
+
+def test_bench_train_notes_say_which_knobs_the_tuned_system_ran():
+    from tunelab.bench.train import _knob_notes
+    from tunelab.knobs import Knobs
+
+    default = Knobs().as_dict()
+    tuned = {**default, "cycle_time_ms": 8.0}
+    same = _knob_notes({"tunelab": default, "tunelab-tuned": dict(default)}, {"rounds": 1})
+    assert same[0].endswith("the same knobs as tunelab (the stored tuning kept the default)")
+    assert "one round" in same[1]
+    other = _knob_notes({"tunelab": default, "tunelab-tuned": tuned}, {"rounds": 3})
+    assert other == ["tunelab-tuned ran fusion=64MiB cycle=8ms segment=4MiB hier=off"]
+    assert _knob_notes({"tunelab": default}, {"rounds": 2}) == []  # no tuned system: nothing to say

@@ -96,6 +96,7 @@ def _torch_bench(p: dict) -> dict:
         notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
                      "(run tunelab tune first)")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
+    knobs: dict[str, dict] = {}
     for r in range(p["rounds"]):
         for system in rotated(systems, r):
             torch.manual_seed(0)
@@ -107,12 +108,44 @@ def _torch_bench(p: dict) -> dict:
                 total, per_step = _timed(comm, _train_step(model, opt, x, y), p["steps"], p["warmup"])
                 identical = True  # nothing is shared: each rank trains on its own data
             else:
-                total, per_step, identical = _tunelab_phase(comm, model, x, y, p, tuned=system == "tunelab-tuned")
+                total, per_step, identical = _tunelab_phase(comm, model, x, y, p, tuned=system == "tunelab-tuned",
+                                                            seen=knobs.setdefault(system, {}))
             runs[system].append(_round_result(p, comm.size, total, per_step, identical))
-    return {"rows": _rows(runs), "notes": notes, "model": p["model"], "framework": "torch", "world_size": comm.size,
-            "device": str(device.type),
+    return {"rows": _rows(runs), "notes": notes + _knob_notes(knobs, p), "knobs": knobs, "hardware": _hardware(comm),
+            "model": p["model"], "framework": "torch", "world_size": comm.size, "device": str(device.type),
             "batch_size": p["batch_size"], "image_size": p["image_size"], "steps": p["steps"],
             "threads_per_rank": torch.get_num_threads()}
+
+
+def _knobs_ran(seen: dict | None) -> None:
+    """Record the knobs the engine ran with (a tuned phase: after its profile was loaded)."""
+    if seen is not None:
+        from .. import runtime
+
+        seen.update(runtime.current().engine.knobs.as_dict())
+
+
+def _knob_notes(knobs: dict[str, dict], p: dict) -> list[str]:
+    """What a reader needs to read the table: the tuned knobs, or that they are the defaults' own; and
+    that one round gives no spread."""
+    notes = []
+    tuned, plain = knobs.get("tunelab-tuned"), knobs.get("tunelab")
+    if tuned:
+        from ..knobs import Knobs
+        from ..tuning.run import describe
+
+        notes.append(f"tunelab-tuned ran {describe(Knobs(**tuned))}"
+                     + (": the same knobs as tunelab (the stored tuning kept the default)" if tuned == plain else ""))
+    if p["rounds"] == 1:
+        notes.append("one round: min and max are that round's; give --rounds 3 or more to see the spread")
+    return notes
+
+
+def _hardware(comm: Any) -> dict:
+    """Where it ran, as bench allreduce records it: the host's facts and the ranks."""
+    from ..hardware import host_info
+
+    return {**host_info(), "world_size": comm.size}
 
 
 def rotated(systems: list[str], round_index: int) -> list[str]:
@@ -168,8 +201,8 @@ def _has_profile(comm: Any, p: dict, build: Any) -> bool:
         tl.shutdown()
 
 
-def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict,
-                   tuned: bool) -> tuple[float, list[float], bool]:
+def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict, tuned: bool,
+                   seen: dict | None = None) -> tuple[float, list[float], bool]:
     import torch
 
     import tunelab.torch as tl
@@ -181,6 +214,7 @@ def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict,
                                       named_parameters=model.named_parameters(), load_profile=tuned,
                                       model_name=p["model"])
         total, per_step = _timed(comm, _train_step(model, opt, x, y), p["steps"], p["warmup"])
+        _knobs_ran(seen)
         return total, per_step, _weights_identical(comm, model)
     finally:
         tl.shutdown()
@@ -227,14 +261,17 @@ def _tf_bench(p: dict) -> dict:
         notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
                      "(run tunelab tune --framework tensorflow first)")
     runs: dict[str, list[dict]] = {s: [] for s in systems}
+    knobs: dict[str, dict] = {}
     for r in range(p["rounds"]):
         for system in rotated(systems, r):
             if system == "mwms":
                 total, per_step, identical = _mwms_phase(comm, strategy, x, y, p)
             else:
-                total, per_step, identical = _tf_tunelab_phase(comm, x, y, p, tuned=system == "tunelab-tuned")
+                total, per_step, identical = _tf_tunelab_phase(comm, x, y, p, tuned=system == "tunelab-tuned",
+                                                               seen=knobs.setdefault(system, {}))
             runs[system].append(_round_result(p, comm.size, total, per_step, identical))
-    return {"rows": _rows(runs), "notes": notes, "model": p["model"], "framework": "tensorflow",
+    return {"rows": _rows(runs), "notes": notes + _knob_notes(knobs, p), "knobs": knobs, "hardware": _hardware(comm),
+            "model": p["model"], "framework": "tensorflow",
             "world_size": comm.size, "batch_size": p["batch_size"], "image_size": p["image_size"],
             "steps": p["steps"], "threads_per_rank": tf.config.threading.get_intra_op_parallelism_threads()}
 
@@ -303,7 +340,8 @@ def _tf_has_profile(comm: Any, p: dict) -> bool:
         tl.shutdown()
 
 
-def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool) -> tuple[float, list[float], bool]:
+def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool,
+                      seen: dict | None = None) -> tuple[float, list[float], bool]:
     """tunelab's DistributedGradientTape in a ``tf.function``; a tuned run loads the profile while the
     step is traced (in warm-up)."""
     import keras
@@ -326,6 +364,7 @@ def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool) -> tuple[
             opt.apply_gradients(zip(grads, model.trainable_variables))
 
         total, per_step = _timed(comm, step, p["steps"], p["warmup"])
+        _knobs_ran(seen)
         return total, per_step, _tf_weights_identical(comm, model)
     finally:
         tl.shutdown()

@@ -33,8 +33,10 @@ def _common(p: argparse.ArgumentParser, iters: int, warmup: int) -> None:
                    help="run the ranks on the hosts of 'tunelab lab up' (spread evenly, TCP over shaped links)")
     p.add_argument("--ranks-per-node", type=positive_int, default=None,
                    help="emulate nodes of K ranks on one host")
-    p.add_argument("--iters", type=positive_int, default=iters)
-    p.add_argument("--warmup", type=non_negative_int, default=warmup)
+    p.add_argument("--iters", type=positive_int, default=iters, help="timed iterations (steps) per measurement "
+                   "(default %(default)s)")
+    p.add_argument("--warmup", type=non_negative_int, default=warmup,
+                   help="untimed iterations before them (default %(default)s)")
     p.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
                    help="set an engine knob, e.g. segment_bytes=1MiB (repeatable)")
 
@@ -154,9 +156,10 @@ def _add_train(bsub: argparse._SubParsersAction) -> None:
     _common(tr, iters=10, warmup=3)
     tr.add_argument("--model", choices=sorted(MODELS), default="resnet50")
     tr.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
-    tr.add_argument("--image-size", type=positive_int, default=64)
-    tr.add_argument("--batch-size", type=positive_int, default=8, help="per rank")
-    tr.add_argument("--rounds", type=positive_int, default=2, help="alternating rounds per system")
+    tr.add_argument("--image-size", type=positive_int, default=64, help="square input images (default %(default)s)")
+    tr.add_argument("--batch-size", type=positive_int, default=8, help="per rank (default %(default)s)")
+    tr.add_argument("--rounds", type=positive_int, default=2,
+                    help="alternating rounds per system; the table gives their median, min and max (default %(default)s)")
     tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where each rank trains (cuda: its GPU; torch only)")
     add_output_flags(tr)

@@ -89,9 +89,13 @@ def train_section(results: list[Result]) -> dict[str, Any]:
     series = {label: [_lookup(d["rows"], "system", s, "samples_per_s") for s in systems] for label, d in results}
     fig = figures.grouped_bars(systems, series, "samples/s")
     blocks = [_figure("fig-train", "training throughput per system, measured in the same run", fig)]
+    names = {"system": "system", "samples_per_s": "samples/s (median round)", "samples_per_s_min": "min",
+             "samples_per_s_max": "max", "step_ms": "step ms", "rounds": "rounds", "weights_identical": "same weights"}
     for label, d in results:
         title = f"training: {label} (model {d.get('model', '?')}, {d.get('framework', '?')}, {d.get('world_size', '?')} ranks)"
-        blocks.append(table_block(title, d["rows"]))
+        blocks.append(table_block(title, [{names.get(k, k): v for k, v in r.items()} for r in d["rows"]]))
+        for note in d.get("notes", []):
+            blocks.append({"kind": "text", "text": f"Note: {note}."})
     return {"id": "bench-train", "title": "Training throughput", "blocks": blocks}
 
 
