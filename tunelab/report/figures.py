@@ -81,7 +81,7 @@ def convergence(scores: Sequence[float], phases: Sequence[str], default_score: f
 
 
 def heatmap(xs: Sequence[float], ys: Sequence[float], z: Any, points: Sequence[tuple[float, float]],
-            xlabel: str, ylabel: str, zlabel: str) -> str:
+            xlabel: str, ylabel: str, zlabel: str, xticks: Sequence[tuple[float, str]] = ()) -> str:
     fig, ax = new_figure(7.0, 4.5)
     mesh = ax.pcolormesh(xs, ys, z, shading="auto", cmap="viridis")
     bar = fig.colorbar(mesh, ax=ax, label=zlabel)
@@ -93,6 +93,8 @@ def heatmap(xs: Sequence[float], ys: Sequence[float], z: Any, points: Sequence[t
         ax.scatter(px[:1], py[:1], c="red", edgecolors="black", s=60, marker="s", label="default")
         ax.legend(fontsize="small", loc="upper right")
     ax.set_yscale("log")
+    if xticks:
+        ax.set_xticks([x for x, _ in xticks], [label for _, label in xticks])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     return to_data_uri(fig)

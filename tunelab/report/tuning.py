@@ -120,16 +120,26 @@ def _pct(frac: Any) -> str:
 
 def _trial_row(s: dict[str, Any]) -> dict[str, Any]:
     k = s["knobs"]
-    return {"#": s["index"], "phase": s["phase"], "fusion": format_size(int(k["fusion_threshold_bytes"])),
+    return {"#": s["index"], "phase": s["phase"], "fusion": _knob_value("fusion_threshold_bytes", k["fusion_threshold_bytes"]),
             "cycle ms": k["cycle_time_ms"], "segment": format_size(int(k["segment_bytes"])),
-            "hierarchical": k["hierarchical"], "role": s.get("role", ""), "samples/s": s["score"],
+            "hierarchical": _knob_value("hierarchical", k["hierarchical"]), "role": s.get("role", ""), "samples/s": s["score"],
             "vs default": f"{s['ratio']:.3f}x" if s.get("ratio") else "", "spread": _pct(s.get("spread", 0.0))}
+
+
+def _knob_value(name: str, value: Any) -> str:
+    """A knob's value as the terminal prints it: "off" for no fusion, on/off, sizes, plain numbers."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if name == "fusion_threshold_bytes" and int(value) == 0:
+        return "off"
+    if name.endswith("_bytes"):
+        return format_size(int(value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _locked(run: dict[str, Any]) -> list[dict[str, Any]]:
     k = run["best"]["knobs"]
-    rows = [{"knob": name, "value": format_size(int(v)) if name.endswith("_bytes") else str(v)}
-            for name, v in k.items()]
+    rows = [{"knob": name, "value": _knob_value(name, v)} for name, v in k.items()]
     export = "tunelab profiles export" + (f" {run['profile_id']}" if run.get("profile_id") is not None else "")
     return [table_block("locked configuration", rows),
             {"kind": "text", "text": "Training jobs on this hardware load it automatically; "
@@ -164,10 +174,12 @@ def landscape_block(run: dict[str, Any], sid: str) -> dict[str, Any]:
     fx = fs.low + units * (fs.high - fs.low)
     cy = np.exp(np.log(cs.low) + units * (np.log(cs.high) - np.log(cs.low)))
     points = [(fs.to_coordinate(o.knobs.fusion_threshold_bytes), o.knobs.cycle_time_ms) for o in tuner.observations]
-    uri = figures.heatmap(fx, cy, z, points, "fusion threshold (log2 bytes; 13 = no fusion)", "cycle time (ms)",
-                          "samples/s (GP mean)")
+    ticks = [(fs.low, "off")] + [(float(e), format_size(1 << e)) for e in range(int(fs.low) + 4, int(fs.high) + 1, 3)]
+    uri = figures.heatmap(fx, cy, z, points, "fusion threshold", "cycle time (ms)", "samples/s (GP mean)", ticks)
+    span = 100 * float(z.max() - z.min()) / float(run["default"]["score"])
     return _figure(f"{sid}-landscape", "knob landscape: GP posterior mean, fusion threshold x cycle time "
-                   "(other knobs at the locked values); dots are samples, the square is the default", uri)
+                   "(other knobs at the locked values); dots are samples, the square is the default; the "
+                   f"colours span {span:.1f} % of the default's throughput", uri)
 
 
 def _refit(run: dict[str, Any], names: tuple[str, ...]) -> Any:
