@@ -108,7 +108,7 @@ def cmd_show(args: argparse.Namespace) -> int:
               f"(spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
         if best.gain_low is not None or best.steps is not None or best.outcome:
             parts = [f"gain {best.interval_text()} (90 % interval)" if best.gain_low is not None else
-                     "gain: default kept (no interval cleared the minimum gain)"]
+                     "gain: default kept (no configuration cleared the minimum gain)"]
             if best.steps is not None:
                 parts.append(f"{best.steps} steps to lock")
             if best.outcome:

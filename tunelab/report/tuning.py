@@ -120,7 +120,8 @@ def _pct(frac: Any) -> str:
 
 def _trial_row(s: dict[str, Any]) -> dict[str, Any]:
     k = s["knobs"]
-    return {"#": s["index"], "phase": s["phase"], "fusion": _knob_value("fusion_threshold_bytes", k["fusion_threshold_bytes"]),
+    return {"#": s["index"] + 1, "phase": s["phase"],  # numbered from 1, as tune's progress and profiles show
+            "fusion": _knob_value("fusion_threshold_bytes", k["fusion_threshold_bytes"]),
             "cycle ms": k["cycle_time_ms"], "segment": format_size(int(k["segment_bytes"])),
             "hierarchical": _knob_value("hierarchical", k["hierarchical"]), "role": s.get("role", ""), "samples/s": s["score"],
             "vs default": f"{s['ratio']:.3f}x" if s.get("ratio") else "", "spread": _pct(s.get("spread", 0.0))}
