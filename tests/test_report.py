@@ -193,3 +193,40 @@ def test_a_profile_report_says_what_its_run_decided(tmp_path: Path, kept: bool) 
         assert text.startswith("Locked a tuned configuration: 1.16x the default's throughput, 90 % interval "
                                "[1.05, 1.25] (as the profile store recorded it)") and "converged" in text
     assert "ranged from 90.00 to 100.00 samples/s (10.5 % of its mean)" in drift_text(run)  # (100 - 90) / 95
+
+
+def test_a_profile_report_reads_retunes_and_runs_with_other_pins(tmp_path: Path) -> None:
+    """The interval, not a comparison with some run's default knobs, says whether a run locked; a retune's
+    outcome is read through its prefix; only the search that set the best is counted, not the locked
+    blocks a retuning run watched before it, nor another run's default."""
+    from tunelab.profiles import ProfileKey
+    from tunelab.report.runs import run_from_profile
+    from tunelab.report.tuning import outcome_text
+
+    store = ProfileStore(tmp_path / "p.sqlite")
+    pid = store.upsert_profile(ProfileKey("h" * 16, "m", "torch", 2), "host", {"nodes": 1}, "tiny")
+    base, tuned = {"cycle_time_ms": 1.0}, {"cycle_time_ms": 8.0}
+    trials = [(100.0, base, "default"), (110.0, tuned, "explore"), (99.0, base, "default"),  # the first search
+              (108.0, tuned, "locked"), (80.0, tuned, "locked"),                              # watched, then re-opened
+              (90.0, base, "default"), (91.0, tuned, "explore"), (94.0, base, "default"), (92.0, base, "default")]
+    for score, knobs, phase in trials:
+        store.record_trial(pid, knobs, score, 0.02, 3, 2.0, "run-1", phase)
+    store.set_best(pid, base, 92.0, 92.0, 0.02, "run-1", steps=30, outcome="retuned: converged, default kept")
+    run = run_from_profile(pid, store)
+    assert run["outcome"]["adopted"] is False and run["outcome"]["converged"] is True
+    text = outcome_text(run)
+    assert text.startswith("Kept the default configuration (no configuration cleared the minimum gain)")
+    assert "measured 4 blocks (30 training steps, 8 s" in text and "the search converged" in text
+    assert run["outcome"]["drift"]["reference_scores"] == [90.0, 94.0, 92.0]
+
+    # a later run that pinned the segment and kept its own default: not "adopted", and its default is its own
+    pinned = {"cycle_time_ms": 1.0, "segment_bytes": 1 << 20}
+    for score, knobs, phase in ((100.0, pinned, "default"), (100.5, {**pinned, "cycle_time_ms": 8.0}, "explore"),
+                                (99.0, pinned, "default")):
+        store.record_trial(pid, knobs, score, 0.02, 3, 2.0, "run-2", phase)
+    store.set_best(pid, pinned, 99.5, 99.5, 0.02, "run-2", steps=20, outcome="every knob is pinned")
+    run = run_from_profile(pid, store)
+    assert run["outcome"]["adopted"] is False and run["default"]["knobs"] == pinned
+    text = outcome_text(run)
+    assert text.startswith("Kept the default configuration (every knob was pinned)")
+    assert "the search ended (every knob is pinned)" in text and "budget" not in text

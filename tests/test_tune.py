@@ -187,8 +187,62 @@ def test_bench_train_notes_say_which_knobs_the_tuned_system_ran():
     default = Knobs().as_dict()
     tuned = {**default, "cycle_time_ms": 8.0}
     same = _knob_notes({"tunelab": default, "tunelab-tuned": dict(default)}, {"rounds": 1})
-    assert same[0].endswith("the same knobs as tunelab (the stored tuning kept the default)")
+    assert same[0].endswith("the same knobs as tunelab (no stored tuning changed them)")
     assert "one round" in same[1]
     other = _knob_notes({"tunelab": default, "tunelab-tuned": tuned}, {"rounds": 3})
     assert other == ["tunelab-tuned ran fusion=64MiB cycle=8ms segment=4MiB hier=off"]
     assert _knob_notes({"tunelab": default}, {"rounds": 2}) == []  # no tuned system: nothing to say
+
+
+def test_tune_progress_counts_each_search_against_its_own_budget(capsys):
+    """A retune re-opens the search with a fresh budget: its blocks are numbered from 1 again, not all
+    shown as the 'close' past the first search's budget."""
+    import dataclasses
+
+    from tunelab.knobs import Knobs
+    from tunelab.tuning.plan import Sample
+    from tunelab.tuning.run import _progress
+
+    show = _progress(2, None)
+    block = Sample(0, "explore", "reference", Knobs(), 10.0, 0.01, 3, 0.3, 0.3)
+    for epoch in (0, 1):
+        for _ in range(3):  # two blocks of budget, then the closing reference
+            show(dataclasses.replace(block, epoch=epoch))
+    labels = [line.split("]")[0] + "]" for line in capsys.readouterr().out.splitlines()]
+    assert labels == ["[  1/2]", "[  2/2]", "[ close]"] * 2
+
+
+def test_knob_sizes_that_are_not_round_are_not_printed_as_round():
+    from tunelab.knobs import Knobs
+    from tunelab.tuning.run import describe
+
+    assert describe(Knobs(fusion_threshold_bytes=1025 * 1024, segment_bytes=4 << 20)).startswith(
+        "fusion=1.00MiB cycle=1ms segment=4MiB")
+    assert "fusion=68.1MiB" in describe(Knobs(fusion_threshold_bytes=69712 * 1024))
+    assert "fusion=516KiB" in describe(Knobs(fusion_threshold_bytes=516 * 1024))
+
+
+def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_applies(tmp_path, monkeypatch):
+    """The knobs pinned while that run tuned are its default: loading it says which ones it applies."""
+    from types import SimpleNamespace
+
+    from tunelab.knobs import Knobs
+    from tunelab.profiles import ProfileKey, ProfileStore
+    from tunelab.runtime import Runtime
+
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
+    key = ProfileKey("h" * 16, "m", "torch", 2)
+    store = ProfileStore()
+    pid = store.upsert_profile(key, "host", {"nodes": 1}, "tiny")
+    job = SimpleNamespace(topology=SimpleNamespace(size=2), config=SimpleNamespace(pinned=set(), knobs=Knobs()),
+                          profile_key=lambda signature, framework: key)
+    store.set_best(pid, Knobs(segment_bytes=1 << 20).as_dict(), 99.0, 99.0, 0.02, "r", steps=30,
+                   outcome="retuned: budget exhausted, default kept")
+    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert line == (f"tunelab: loaded profile {pid} for tiny / torch / 2 ranks: its tuning kept the default knobs "
+                    "(no configuration cleared the minimum gain; budget exhausted); that run's default had "
+                    "segment_bytes=1MiB (pinned then), applied here")
+    assert knobs["segment_bytes"] == 1 << 20
+    store.set_best(pid, Knobs().as_dict(), 99.0, 99.0, 0.02, "r", steps=3, outcome="every knob is pinned")
+    line, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert line.endswith("its tuning kept the default knobs (every knob was pinned)")

@@ -135,7 +135,7 @@ def _knob_notes(knobs: dict[str, dict], p: dict) -> list[str]:
         from ..tuning.run import describe
 
         notes.append(f"tunelab-tuned ran {describe(Knobs(**tuned))}"
-                     + (": the same knobs as tunelab (the stored tuning kept the default)" if tuned == plain else ""))
+                     + (": the same knobs as tunelab (no stored tuning changed them)" if tuned == plain else ""))
     if p["rounds"] == 1:
         notes.append("one round: min and max are that round's; give --rounds 3 or more to see the spread")
     return notes

@@ -60,7 +60,11 @@ def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any
         raise TunelabError(f"profile {profile_id} has no trials or no best config yet")
     samples = [{"index": i, "phase": t.phase, "knobs": t.knobs, "score": t.score, "spread": t.spread}
                for i, t in enumerate(trials)]
-    default = next((s for s in samples if s["phase"] == "default"), samples[0])
+    search = _search_of(best, [t for t in trials if t.run_id == best.run_id])
+    # the default of the run that set the best (a later run may have pinned other knobs)
+    picked = {id(t) for t in search}
+    default = next((s for s in samples if s["phase"] == "default" and id(trials[s["index"]]) in picked),
+                   next((s for s in samples if s["phase"] == "default"), samples[0]))
     nodes = int(summary.hardware_facts.get("nodes", 1) or 1)
     return {
         "label": f"profile {profile_id}", "model": summary.model_name, "hardware_name": summary.hardware_name,
@@ -69,22 +73,41 @@ def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any
         "default": {"knobs": default["knobs"], "score": best.default_score, "spread": default["spread"]},
         "best": {"knobs": best.knobs, "score": best.score, "spread": best.spread},
         "locked_final": None, "profile_id": profile_id,
-        "outcome": _outcome_of_best(best, default["knobs"], [t for t in trials if t.run_id == best.run_id]),
+        "outcome": _outcome_of_best(best, search),
     }
 
 
-def _outcome_of_best(best: Any, default_knobs: dict, run: list[Any]) -> dict[str, Any]:
-    """What the store says of the run that set the profile's best, in the terms of a tune result (a
-    store from before schema 2, without an outcome: empty, and the report says so)."""
+def _search_of(best: Any, run: list[Any]) -> list[Any]:
+    """The trials of the search that set ``best``, from its run's trials in order: a run that watched its
+    lock (``--retune``) recorded its locked blocks and each later search too, so they split at the locked
+    blocks; a retune's lock (outcome ``retuned: ...``) is the run's last search, a tune's its first."""
+    searches: list[list[Any]] = [[]]
+    for t in run:
+        if t.phase == "locked":
+            if searches[-1]:
+                searches.append([])
+        else:
+            searches[-1].append(t)
+    searches = [s for s in searches if s]
+    if not searches:
+        return []
+    return searches[-1] if (best.outcome or "").startswith("retuned:") else searches[0]
+
+
+def _outcome_of_best(best: Any, search: list[Any]) -> dict[str, Any]:
+    """What the store says of the search that set the profile's best, in the terms of a tune result (a
+    store from before schema 2, without an outcome: empty, and the report says so).  A lock stores its
+    interval and a kept default none, so the interval tells which it was."""
     if best.outcome is None:
         return {}
-    adopted = best.knobs != default_knobs
-    interval = ({"gain": best.gain, "low": best.gain_low, "high": best.gain_high, "n": None}
-                if adopted and best.gain_low is not None and best.gain_high is not None else None)
-    return {"adopted": adopted, "gain_interval": interval, "converged": best.outcome == "converged",
-            "decision": "the run that stored it kept the default" if not adopted else "",
-            "stop_reason": best.outcome, "samples_to_lock": len(run) if run else None,
-            "steps_to_lock": best.steps, "seconds_to_lock": sum(t.seconds for t in run), "drift": _drift(run)}
+    adopted = best.gain_low is not None and best.gain_high is not None
+    interval = {"gain": best.gain, "low": best.gain_low, "high": best.gain_high, "n": None} if adopted else None
+    how = best.outcome.removeprefix("retuned: ").removesuffix(", default kept")
+    decision = ("" if adopted else "every knob was pinned" if how == "every knob is pinned"
+                else "no configuration cleared the minimum gain")
+    return {"adopted": adopted, "gain_interval": interval, "converged": how == "converged",
+            "decision": decision, "stop_reason": best.outcome, "samples_to_lock": len(search) or None,
+            "steps_to_lock": best.steps, "seconds_to_lock": sum(t.seconds for t in search), "drift": _drift(search)}
 
 
 def _drift(run: list[Any]) -> dict[str, Any] | None:

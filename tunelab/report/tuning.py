@@ -37,10 +37,12 @@ def outcome_text(run: dict[str, Any]) -> str:
     iv = out.get("gain_interval")
     cost = ""
     if out.get("samples_to_lock") is not None:
-        ending = "converged" if out.get("converged") else "ran out of its budget"
+        reason = out.get("stop_reason") or ""
+        ending = ("converged" if out.get("converged") else "ran out of its budget" if "budget" in reason
+                  else "ended")
         steps = f"{out['steps_to_lock']} training steps, " if out.get("steps_to_lock") is not None else ""
         cost = (f" Tuning measured {out['samples_to_lock']} blocks ({steps}{out['seconds_to_lock']:.0f} s of "
-                f"measured steps) before locking; the search {ending} ({out.get('stop_reason', '')}).")
+                f"measured steps) before locking; the search {ending}" + (f" ({reason})." if reason else "."))
     if out.get("adopted") and iv:
         n = iv.get("n")
         source = (f" from {n} re-measurement{'s' if n != 1 else ''} paired with the default" if n is not None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..knobs import Knobs
-from ..units import format_size, human_size
+from ..units import format_size
 from .plan import Plan, Sample
 from .result import record_sample, summarise
 from .session import TuningSession
@@ -233,20 +233,26 @@ def describe(knobs: Knobs) -> str:
 
 
 def _size(nbytes: int) -> str:
-    """Exact where that is short ("4MiB", "516KiB"); else to three digits ("68.1MiB" for 69712KiB)."""
+    """Exact where that is short ("4MiB", "516KiB"); else to three digits, zeros kept so that a rounded
+    size never reads as a round one ("68.1MiB" for 69712KiB, "1.00MiB" for 1025KiB)."""
     exact = format_size(nbytes)
     if nbytes >= 1 << 20 and not exact.endswith(("MiB", "GiB")):
-        return human_size(nbytes).replace(" ", "")
+        unit, suffix = (1 << 30, "GiB") if nbytes >= 1 << 30 else (1 << 20, "MiB")
+        value = nbytes / unit
+        return f"{value:#.3g}{suffix}" if value < 1000 else f"{value:.0f}{suffix}"
     return exact
 
 
 def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
-    count = [0]
+    count = [0, 0]  # exploration blocks of this search, the search (a retune re-opens one)
     explored: set[Knobs] = set()
 
     def show(s: Sample) -> None:
         if recorder is not None:
             recorder.record(s)
+        if s.epoch != count[1]:  # a new search counts its own budget
+            count[:] = [0, s.epoch]
+            explored.clear()
         count[0] = count[0] + 1 if s.phase == "explore" else count[0]
         if s.phase == "explore":  # the reference that closes a spent budget is past it: "close"
             label = f"{count[0]:>3}/{budget}" if count[0] <= budget else f"{'close':>6}"
