@@ -230,3 +230,21 @@ def test_a_profile_report_reads_retunes_and_runs_with_other_pins(tmp_path: Path)
     text = outcome_text(run)
     assert text.startswith("Kept the default configuration (every knob was pinned)")
     assert "the search ended (every knob is pinned)" in text and "budget" not in text
+
+
+def test_the_trials_table_shows_sizes_as_tune_prints_them_and_the_locked_table_exactly() -> None:
+    from tunelab.knobs import Knobs
+    from tunelab.report.tuning import tuning_section
+
+    odd = Knobs(fusion_threshold_bytes=69712 * 1024, segment_bytes=11600 * 1024).as_dict()
+    run = {"model": "m", "hardware_name": "h", "label": "x", "hardware_facts": {"cpu_model": "C", "cpu_cores": 2},
+           "samples": [{"index": 0, "phase": "explore", "role": "candidate", "knobs": odd, "score": 1.0,
+                        "spread": 0.01}],
+           "default": {"knobs": Knobs().as_dict(), "score": 1.0, "spread": 0.01},
+           "best": {"knobs": odd, "score": 1.0, "spread": 0.01}, "locked_final": None, "searched": []}
+    blocks = tuning_section(run, 0)["blocks"]
+    tables = {b["caption"]: str(b["html"]) for b in blocks if b.get("kind") == "table"}
+    assert "<td>68.1MiB</td>" in tables["trials"] and "<td>11.3MiB</td>" in tables["trials"]
+    assert "KiB" not in tables["trials"]
+    assert "<td>69712KiB</td>" in tables["locked configuration"] and "<td>11600KiB</td>" in tables["locked configuration"]
+    assert blocks[1]["text"].startswith("Model m (x). Hardware: CPU C (2 cores)")

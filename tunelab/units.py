@@ -39,6 +39,18 @@ def human_size(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def knob_size(nbytes: int) -> str:
+    """A knob's size as tune's progress and reports show it: exact where that is short ("4MiB",
+    "516KiB"); else to three digits, zeros kept so that a rounded size never reads as a round one
+    ("68.1MiB" for 69712KiB, "1.00MiB" for 1025KiB)."""
+    exact = format_size(nbytes)
+    if nbytes >= 1 << 20 and not exact.endswith(("MiB", "GiB")):
+        unit, suffix = (1 << 30, "GiB") if nbytes >= 1 << 30 else (1 << 20, "MiB")
+        value = nbytes / unit
+        return f"{value:#.3g}{suffix}" if value < 1000 else f"{value:.0f}{suffix}"
+    return exact
+
+
 def format_size(nbytes: int) -> str:
     """Shortest exact binary-unit spelling of ``nbytes`` ("64MiB", "1000B")."""
     for suffix, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

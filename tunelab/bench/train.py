@@ -134,7 +134,7 @@ def _knob_notes(knobs: dict[str, dict], p: dict) -> list[str]:
         from ..knobs import Knobs
         from ..tuning.run import describe
 
-        notes.append(f"tunelab-tuned ran {describe(Knobs(**tuned))}"
+        notes.append(f"tunelab-tuned ran {describe(Knobs(**tuned), exact=True)}"
                      + (": the same knobs as tunelab (no stored tuning changed them)" if tuned == plain else ""))
     if p["rounds"] == 1:
         notes.append("one round: min and max are that round's; give --rounds 3 or more to see the spread")

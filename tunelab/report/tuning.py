@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..units import format_size
+from ..units import format_size, knob_size
 from . import figures
 from .tables import table_block
 
@@ -14,7 +14,9 @@ GRID = 40
 def tuning_section(run: dict[str, Any], n: int) -> dict[str, Any]:
     sid = f"tune-{n}"
     blocks: list[dict[str, Any]] = [{"kind": "text", "text": outcome_text(run)}]
-    blocks.append({"kind": "text", "text": f"Model {run['model']} on {run['hardware_name']} ({run['label']}). "
+    # the facts say where it ran; the profile's short hardware name only where they were not recorded
+    where = "" if run["hardware_facts"] else f" on {run['hardware_name']}"
+    blocks.append({"kind": "text", "text": f"Model {run['model']}{where} ({run['label']}). "
                                            + hardware_text(run["hardware_facts"])})
     drift = drift_text(run)
     if drift:
@@ -80,7 +82,7 @@ def hardware_text(facts: dict[str, Any]) -> str:
         parts.append(f"MPI: {str(facts['mpi_library']).strip()}")
     frameworks = facts.get("frameworks") or {}
     if isinstance(frameworks, dict) and frameworks:
-        parts.append("frameworks: " + ", ".join(f"{k} {v}" for k, v in frameworks.items()))
+        parts.append("frameworks installed: " + ", ".join(f"{k} {v}" for k, v in frameworks.items()))
     return "Hardware: " + "; ".join(parts) + "."
 
 
@@ -124,25 +126,26 @@ def _trial_row(s: dict[str, Any]) -> dict[str, Any]:
     k = s["knobs"]
     return {"#": s["index"] + 1, "phase": s["phase"],  # numbered from 1, as tune's progress and profiles show
             "fusion": _knob_value("fusion_threshold_bytes", k["fusion_threshold_bytes"]),
-            "cycle ms": k["cycle_time_ms"], "segment": format_size(int(k["segment_bytes"])),
+            "cycle ms": k["cycle_time_ms"], "segment": _knob_value("segment_bytes", k["segment_bytes"]),
             "hierarchical": _knob_value("hierarchical", k["hierarchical"]), "role": s.get("role", ""), "samples/s": s["score"],
             "vs default": f"{s['ratio']:.3f}x" if s.get("ratio") else "", "spread": _pct(s.get("spread", 0.0))}
 
 
-def _knob_value(name: str, value: Any) -> str:
-    """A knob's value as the terminal prints it: "off" for no fusion, on/off, sizes, plain numbers."""
+def _knob_value(name: str, value: Any, exact: bool = False) -> str:
+    """A knob's value as the terminal prints it: "off" for no fusion, on/off, sizes (to three digits
+    as tune's progress shows them, or ``exact`` as ``--knob`` takes them), plain numbers."""
     if isinstance(value, bool):
         return "on" if value else "off"
     if name == "fusion_threshold_bytes" and int(value) == 0:
         return "off"
     if name.endswith("_bytes"):
-        return format_size(int(value))
+        return format_size(int(value)) if exact else knob_size(int(value))
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _locked(run: dict[str, Any]) -> list[dict[str, Any]]:
     k = run["best"]["knobs"]
-    rows = [{"knob": name, "value": _knob_value(name, v)} for name, v in k.items()]
+    rows = [{"knob": name, "value": _knob_value(name, v, exact=True)} for name, v in k.items()]
     export = "tunelab profiles export" + (f" {run['profile_id']}" if run.get("profile_id") is not None else "")
     return [table_block("locked configuration", rows),
             {"kind": "text", "text": "Training jobs on this hardware load it automatically; "

@@ -14,7 +14,7 @@ def print_tune_summary(result: dict) -> None:
           f"({result['seconds_to_lock']:.0f} s); exploration ended: {result['stop_reason']}")
     print(f"default: {describe(Knobs(**default['knobs'])):<52} {default['score']:8.2f} samples/s "
           f"(mean of its {len(default['scores'])} reference blocks)")
-    print(f"locked : {describe(Knobs(**best['knobs'])):<52} {best['score']:8.2f} samples/s")
+    print(f"locked : {describe(Knobs(**best['knobs']), exact=True):<52} {best['score']:8.2f} samples/s")
     print(f"gain   : {gain_text(result)}")
     drift = result.get("drift") or {}
     if drift.get("block_sigma_frac") is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..knobs import Knobs
-from ..units import format_size
+from ..units import format_size, knob_size
 from .plan import Plan, Sample
 from .result import record_sample, summarise
 from .session import TuningSession
@@ -226,21 +226,13 @@ def _measure_locked(workload: Workload, comm: Any, steps: int) -> list[float]:
     return [workload.samples_per_step / t for t in times]
 
 
-def describe(knobs: Knobs) -> str:
-    fusion = "off" if knobs.fusion_threshold_bytes == 0 else _size(knobs.fusion_threshold_bytes)
-    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={_size(knobs.segment_bytes)}"
+def describe(knobs: Knobs, exact: bool = False) -> str:
+    """Knobs on one line, sizes as people read them (:func:`knob_size`); ``exact``: as ``--knob`` takes
+    them back (the locked line, which users copy)."""
+    size = format_size if exact else knob_size
+    fusion = "off" if knobs.fusion_threshold_bytes == 0 else size(knobs.fusion_threshold_bytes)
+    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={size(knobs.segment_bytes)}"
             f" hier={'on' if knobs.hierarchical else 'off'}")
-
-
-def _size(nbytes: int) -> str:
-    """Exact where that is short ("4MiB", "516KiB"); else to three digits, zeros kept so that a rounded
-    size never reads as a round one ("68.1MiB" for 69712KiB, "1.00MiB" for 1025KiB)."""
-    exact = format_size(nbytes)
-    if nbytes >= 1 << 20 and not exact.endswith(("MiB", "GiB")):
-        unit, suffix = (1 << 30, "GiB") if nbytes >= 1 << 30 else (1 << 20, "MiB")
-        value = nbytes / unit
-        return f"{value:#.3g}{suffix}" if value < 1000 else f"{value:.0f}{suffix}"
-    return exact
 
 
 def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
