@@ -172,6 +172,11 @@ def test_result_and_report_state_the_gain_with_its_interval_cost_and_drift(fast,
         assert result["gain"] == 1.0 and "default kept" in out and result["best"] == result["default"]
     assert ("exploration ended: converged" in out) or ("exploration ended: budget of" in out)
     assert "drift  : the default's blocks ranged over" in out
+    ratio = 10.5 / result["default"]["score"]  # the replay's final steps: 10 and 11 samples/s
+    final = next(line for line in out.splitlines() if line.startswith("final  :"))
+    assert final.startswith(f"final  : 10.50 samples/s, the median of 2 steps of the locked configuration after "
+                            f"tuning: {ratio:.2f}x the default's mean while tuning")
+    assert final.endswith("so the difference is the host's") is (not fast)
     path = tmp_path / "tune.json"
     path.write_text(json.dumps(result))
     html = build_html("r", [], [], [path])

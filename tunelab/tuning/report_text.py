@@ -25,7 +25,11 @@ def print_tune_summary(result: dict) -> None:
     for d in result.get("decisions", [])[:-1]:
         print(f"retune : epoch {d['epoch']} had locked {describe(Knobs(**d['knobs']))}; its step time left "
               "the locked interval, so the search re-opened")
-    print(f"final  : {final['score']:.2f} samples/s over the locked configuration's last steps")
+    ratio = final["score"] / default["score"] if default["score"] else float("nan")
+    same = best["knobs"] == default["knobs"]
+    print(f"final  : {final['score']:.2f} samples/s, the median of {len(final['scores'])} steps of the locked "
+          f"configuration after tuning: {ratio:.2f}x the default's mean while tuning"
+          + ("; the same knobs, so the difference is the host's" if same and abs(ratio - 1) > 0.02 else ""))
     if "profile_id" in result:
         print(f"stored : profile {result['profile_id']} in {result['store']} "
               "(training jobs on this hardware load it automatically)")
