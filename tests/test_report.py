@@ -248,3 +248,21 @@ def test_the_trials_table_shows_sizes_as_tune_prints_them_and_the_locked_table_e
     assert "KiB" not in tables["trials"]
     assert "<td>69712KiB</td>" in tables["locked configuration"] and "<td>11600KiB</td>" in tables["locked configuration"]
     assert blocks[1]["text"].startswith("Model m (x). Hardware: CPU C (2 cores)")
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda d: d["samples"][1].pop("phase"), "sample 2 of this tune result is damaged (KeyError: 'phase')"),
+    (lambda d: d["samples"][0]["knobs"].update(segment_bytes=-1), "sample 1 of this tune result is damaged"),
+    (lambda d: d["samples"][0].update(score="fast"), "sample 1 of this tune result is damaged (ValueError"),
+    (lambda d: d["best"].pop("knobs"), "the best of this tune result is damaged (KeyError: 'knobs')"),
+    (lambda d: d.pop("samples"), "not a tunelab tune --json result"),
+])
+def test_a_damaged_tune_result_is_one_line_and_exit_2(inputs: dict, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     damage, named) -> None:
+    data = json.loads(inputs["tune"].read_text())
+    damage(data)
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", "--tune", str(path), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err and not (tmp_path / "r.html").exists()

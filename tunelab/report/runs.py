@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import TunelabError
+from ..errors import TunelabError, UsageError
 
 SEARCHABLE = ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes")
 
@@ -17,8 +17,10 @@ def _spread(samples: list[dict[str, Any]], knobs: dict[str, Any]) -> float:
 
 
 def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A ``tunelab tune --json`` file as a run (UsageError, exit 2, when it is not one or is damaged)."""
     if not isinstance(data.get("samples"), list) or "default" not in data or "best" not in data:
-        raise TunelabError(f"{label}: not a tunelab tune --json result")
+        raise UsageError(f"{label}: not a tunelab tune --json result")
+    _check_entries(label, data)
     facts, name = _facts_from_store(data)
     return {
         "label": label, "model": str(data.get("model", "?")), "hardware_name": name, "hardware_facts": facts,
@@ -45,6 +47,24 @@ def _outcome(data: dict[str, Any]) -> dict[str, Any]:
     up = data.get("runner_up")
     out["runner_up_interval"] = up.get("interval") if isinstance(up, dict) else None
     return out
+
+
+def _check_entries(label: str, data: dict[str, Any]) -> None:
+    """What the report reads of every block and of the default and best: knobs tunelab knows, a
+    non-negative score, a phase and an index; a hand-edited or truncated file is named, not a traceback."""
+    from ..knobs import Knobs
+
+    entries = [(f"sample {i + 1}", s) for i, s in enumerate(data["samples"])]
+    for what, entry in [*entries, ("the default", data["default"]), ("the best", data["best"])]:
+        try:
+            Knobs(**entry["knobs"])
+            ok = float(entry["score"]) >= 0 and (what.startswith("the ") or (
+                isinstance(entry["phase"], str) and int(entry["index"]) == entry["index"] >= 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{label}: {what} of this tune result is damaged ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())})") from None
+        if not ok:
+            raise UsageError(f"{label}: {what} of this tune result is damaged (a negative score or index)")
 
 
 def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any]:
