@@ -266,3 +266,23 @@ def test_a_damaged_tune_result_is_one_line_and_exit_2(inputs: dict, tmp_path: Pa
     assert main(["report", "--tune", str(path), "--out", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err and not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("name, damage, named", [
+    ("report-allreduce.json", lambda d: d["rows"][3].update(busbw_gbps="x"),
+     "a damaged tunelab bench allreduce result (row 4 (gloo): busbw_gbps must be a number, got 'x')"),
+    ("report-allreduce.json", lambda d: d["rows"].__setitem__(1, [1]), "(row 2 has no algorithm)"),
+    ("report-allreduce.json", lambda d: d.update(rows=5), "not a tunelab bench --json result"),
+    ("report-kernels.json", lambda d: d["rows"][0].pop("copy_gbps"), "copy_gbps must be a number, got None"),
+    ("report-tuner.json", lambda d: d["curves"].update(tunelab=["a"]), "its curves must be lists of numbers"),
+])
+def test_a_damaged_bench_result_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture, name, damage,
+                                                      named) -> None:
+    data = json.loads((DATA / name).read_text())
+    damage(data)
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", "--bench", str(path), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err and "damaged.json" in err, err
+    assert not (tmp_path / "r.html").exists()

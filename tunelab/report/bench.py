@@ -16,9 +16,12 @@ Result = tuple[str, dict[str, Any]]  # (label, parsed JSON)
 
 
 def kind_of(data: dict[str, Any]) -> str:
-    rows = data.get("rows") or [{}]
+    """Which bench command wrote ``data``, from its first row ("unknown" when it has no rows to tell)."""
     if "curves" in data:
         return "tuner"
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
+        return "unknown"
     for key, kind in (("algorithm", "allreduce"), ("mode", "fusion"), ("kernel", "kernels"), ("system", "train")):
         if key in rows[0]:
             return kind
@@ -103,6 +106,11 @@ SECTIONS = {"train": train_section, "allreduce": allreduce_section, "fusion": fu
             "tuner": tuner_section}
 
 
+# What each section reads of every row: its name field, and the numbers it plots.
+ROW_FIELDS = {"allreduce": ("algorithm", ("size", "busbw_gbps")), "fusion": ("mode", ("time_us",)),
+              "kernels": ("kernel", ("size", "gbps", "copy_gbps")), "train": ("system", ("samples_per_s",))}
+
+
 def bench_sections(results: list[Result]) -> list[dict[str, Any]]:
     from ..errors import UsageError
 
@@ -111,8 +119,35 @@ def bench_sections(results: list[Result]) -> list[dict[str, Any]]:
         kind = kind_of(data)
         if kind not in SECTIONS:  # the file the command line named is not what it says: exit 2
             raise UsageError(f"{label}: not a tunelab bench --json result")
+        damage = _damage(kind, data)
+        if damage:
+            raise UsageError(f"{label}: a damaged tunelab bench {kind} result ({damage})")
         by_kind.setdefault(kind, []).append((label, data))
     return [SECTIONS[k](v) for k, v in by_kind.items()]
+
+
+def _damage(kind: str, data: dict[str, Any]) -> str:
+    """What is wrong with a bench result's rows (or its tuner curves), or "" when the report can read it."""
+    import math
+
+    def number(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if kind == "tuner":
+        curves = data.get("curves")
+        if not isinstance(curves, dict) or not isinstance(data.get("rows"), list) or not all(
+                isinstance(c, list) and all(number(x) for x in c) for c in curves.values()):
+            return "its curves must be lists of numbers per strategy, beside a list of rows"
+        return ""
+    name, numbers = ROW_FIELDS[kind]
+    for i, row in enumerate(data["rows"]):
+        if not isinstance(row, dict) or not isinstance(row.get(name), str):
+            return f"row {i + 1} has no {name}"
+        bad = [f for f in numbers if not number(row.get(f))]
+        if bad:
+            must = "must be a number" if len(bad) == 1 else "must be numbers"
+            return f"row {i + 1} ({row[name]}): {', '.join(bad)} {must}, got {', '.join(repr(row.get(f)) for f in bad)}"
+    return ""
 
 
 def _lookup(rows: list[dict[str, Any]], key: str, value: object, field: str) -> float:
