@@ -45,7 +45,9 @@ def _state(hosts: int = 4, gbps: float = 1.0) -> LabState:
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"hosts": 1, "link_gbps": 1}, "2 to"),
-    ({"hosts": 2, "link_gbps": 0}, "--link-gbps"),
+    ({"hosts": 2, "link_gbps": 0}, "a lab link is 0.001 to 1000 Gb/s"),
+    ({"hosts": 2, "link_gbps": 1e9}, "a lab link is 0.001 to 1000 Gb/s .*got 1e\\+09"),  # tbf's burst overflowed
+    ({"hosts": 2, "link_gbps": 0.0001}, "a lab link is"),  # a rate of 0 mbit
     ({"hosts": 2, "link_gbps": 1, "ranks_per_host": 0}, "--ranks-per-host"),
     ({"hosts": 2, "link_gbps": 1, "subnet": "8.8.8.0/24"}, "private"),
     ({"hosts": 2, "link_gbps": 1, "subnet": "10.0.0.0/30"}, "too small"),

@@ -21,6 +21,7 @@ BRIDGE = PREFIX + "br"
 HOST_IFACE = "eth0"   # the host's end of its veth pair, inside its namespace
 DEFAULT_SUBNET = "10.213.0.0/24"
 MAX_HOSTS = 64
+LINK_GBPS = (0.001, 1000.0)  # what tc's tbf is asked to shape: 1 Mb/s (its rate in whole mbit) to 1 Tb/s
 
 
 def host_name(index: int) -> str:
@@ -46,8 +47,9 @@ class LabSpec:
     def __post_init__(self) -> None:
         if not 2 <= self.hosts <= MAX_HOSTS:
             raise UsageError(f"a lab needs 2 to {MAX_HOSTS} hosts, got {self.hosts}")
-        if not self.link_gbps > 0:
-            raise UsageError(f"--link-gbps must be > 0, got {self.link_gbps!r}")
+        if not LINK_GBPS[0] <= self.link_gbps <= LINK_GBPS[1]:
+            raise UsageError(f"a lab link is {LINK_GBPS[0]:g} to {LINK_GBPS[1]:g} Gb/s (tc shapes it in whole "
+                             f"Mb/s), got {self.link_gbps:g}")
         if self.ranks_per_host < 1:
             raise UsageError(f"--ranks-per-host must be >= 1, got {self.ranks_per_host}")
         if not self.link_latency_us >= 0:
