@@ -120,7 +120,7 @@ def test_each_kind_of_broken_file_gives_one_line_naming_file_and_key(tmp_path, t
 def test_missing_files_and_unknown_names(tmp_path):
     with pytest.raises(ScenarioError, match=r"nope\.toml: no such scenario file$"):
         load_scenario(tmp_path / "nope.toml")
-    with pytest.raises(ScenarioError, match=r"no scenario named 'nosuch'; shipped scenarios are .*resnet50"):
+    with pytest.raises(ScenarioError, match=r"^no scenario named 'nosuch' \(nor a file of that name here\); shipped scenarios are .*resnet50"):
         load_scenario("nosuch")
 
 

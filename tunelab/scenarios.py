@@ -288,7 +288,7 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
                             f"(looked in {', '.join(map(str, scenario_dirs()))})")
     path = directory / f"{text}.toml"
     if not path.is_file():
-        raise ScenarioError(f"{_display(path)}: no scenario named {text!r}; "
+        raise ScenarioError(f"no scenario named {text!r} (nor a file of that name here); "
                             f"shipped scenarios are {', '.join(list_scenarios())}")
     return path
 
