@@ -86,3 +86,19 @@ def test_an_environment_setting_is_checked_only_where_nothing_overrides_it():
     cfg = load_engine_config(env, hierarchical=True)  # an explicit value outranks the environment's
     assert cfg.knobs.hierarchical is True and cfg.ranks_per_node is None  # an empty variable is unset
     assert load_engine_config(env, scenario={"hierarchical": False}).knobs.hierarchical is False
+
+
+def test_knob_text_is_what_knob_flags_take_back():
+    """Every command prints knobs through knob_text; its exact form parses back to the same value."""
+    from tunelab.knobs import Knobs, knob_text
+
+    odd = Knobs(fusion_threshold_bytes=0, cycle_time_ms=4.346, hierarchical=True, segment_bytes=69712 * 1024,
+                oneshot_max_bytes=0)
+    texts = {name: knob_text(name, value) for name, value in odd.as_dict().items()}
+    assert texts == {"fusion_threshold_bytes": "off", "cycle_time_ms": "4.346", "hierarchical": "on",
+                     "group_fusion": "on", "segment_bytes": "69712KiB", "oneshot_max_bytes": "off"}
+    assert Knobs(**texts) == odd  # "off" and "on" read back
+    assert knob_text("segment_bytes", 69712 * 1024, exact=False) == "68.1MiB"
+    assert knob_text("cycle_time_ms", 1.0) == "1"
+    with pytest.raises(ValueError, match="segment_bytes"):
+        Knobs(segment_bytes="off")  # a size that has no "off"

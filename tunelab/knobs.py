@@ -82,6 +82,8 @@ def _validate(spec: KnobSpec, value: object) -> object:
     if isinstance(value, bool):
         # ValueError, not TypeError: every caller reports a bad setting the same way, whatever its type
         raise ValueError(f"knob {spec.name} must be a number in {spec.describe_range()}, got {value!r}")  # noqa: TRY004
+    if spec.kind is int and spec.low == 0 and isinstance(value, str) and value.strip().lower() == "off":
+        value = 0  # a size whose 0 means "off" (no fusion, never one-shot), as knob_text prints it
     try:
         if spec.kind is int:
             number: float = parse_size(value) if isinstance(value, str) else int(value)
@@ -95,6 +97,19 @@ def _validate(spec: KnobSpec, value: object) -> object:
     if not (spec.low <= number <= spec.high):  # type: ignore[operator]
         raise ValueError(f"knob {spec.name}={value!r} is out of range {spec.describe_range()}")
     return number
+
+
+def knob_text(name: str, value: object, exact: bool = True) -> str:
+    """One knob's value as every command prints it: on/off for switches, "off" for a size of 0, sizes
+    in binary units (``exact``: as ``--knob`` takes them back, e.g. "69712KiB"; else to three digits,
+    "68.1MiB", where only reading matters), plain numbers without a trailing ".0"."""
+    from .units import knob_size
+
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if name.endswith("_bytes") and isinstance(value, int):
+        return "off" if value == 0 else format_size(value) if exact else knob_size(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def parse_bool(name: str, text: str) -> bool:

@@ -231,8 +231,8 @@ class Runtime:
 
     def _lookup_profile(self, signature: str, framework: str, model_name: str) -> tuple[str, dict | None]:
         from .errors import StoreError
+        from .knobs import knob_text
         from .profiles import ProfileStore
-        from .units import format_size
 
         topo = self.topology
         key = self.profile_key(signature, framework)
@@ -245,23 +245,16 @@ class Runtime:
             return f"tunelab: no tuned profile for {what} on this hardware: using default knobs", None
         knobs = {k: v for k, v in best.knobs.items() if k not in self.config.pinned}
 
-        def text(k: str, v: object) -> str:
-            if isinstance(v, bool):
-                return str(v).lower()
-            if k.endswith("_bytes") and isinstance(v, int):
-                return format_size(v)
-            return f"{v:g}" if isinstance(v, float) else str(v)
-
         if best.gain_low is None and best.outcome is not None:  # tuned, and the default was kept
             how = best.outcome.removeprefix("retuned: ").removesuffix(", default kept")
             why = ("every knob was pinned" if how == "every knob is pinned"
                    else f"no configuration cleared the minimum gain; {how}")
             # the default of that run: the knobs pinned while it tuned may differ from this job's
             ours = self.config.knobs.as_dict()
-            other = ", ".join(f"{k}={text(k, v)}" for k, v in knobs.items() if ours.get(k, v) != v)
+            other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items() if ours.get(k, v) != v)
             return (f"tunelab: loaded profile {best.profile_id} for {what}: its tuning kept the default knobs "
                     f"({why})" + (f"; that run's default had {other} (pinned then), applied here" if other else "")), knobs
-        shown = ", ".join(f"{k}={text(k, v)}" for k, v in knobs.items())
+        shown = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items())
         return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
                 f"(measured {best.interval_text()} the default)"), knobs
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from ..errors import TunelabError, UsageError
 from ..files import write_text
-from ..knobs import Knobs
-from ..units import format_size
+from ..knobs import Knobs, knob_text
 from .types import output_file
 
 
@@ -115,7 +114,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 parts.append(best.outcome)
             print("tuning: " + ", ".join(parts))
         for name, value in best.knobs.items():
-            print(f"  {name}: {_knob_text(name, value)}")
+            print(f"  {name}: {knob_text(name, value)}")
     trials = store.trials(s.id)
     print(f"trials: {len(trials)}")
     if trials:
@@ -128,16 +127,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _knob_text(name: str, value: object) -> str:
-    if name.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
-        return format_size(value)
-    return str(value)
-
-
 def _changed_knobs(knobs: dict) -> str:
     """Only what differs from the defaults, so a trial row stays one readable line."""
     defaults = Knobs().as_dict()
-    changed = [f"{k}={_knob_text(k, v)}" for k, v in knobs.items() if defaults.get(k, object()) != v]
+    changed = [f"{k}={knob_text(k, v)}" for k, v in knobs.items() if defaults.get(k, object()) != v]
     return " ".join(changed) or "defaults"
 
 

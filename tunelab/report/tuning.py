@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..units import format_size, knob_size
+from ..knobs import knob_text
+from ..units import format_size
 from . import figures
 from .tables import table_block
 
@@ -125,27 +126,15 @@ def _pct(frac: Any) -> str:
 def _trial_row(s: dict[str, Any]) -> dict[str, Any]:
     k = s["knobs"]
     return {"#": s["index"] + 1, "phase": s["phase"],  # numbered from 1, as tune's progress and profiles show
-            "fusion": _knob_value("fusion_threshold_bytes", k["fusion_threshold_bytes"]),
-            "cycle ms": k["cycle_time_ms"], "segment": _knob_value("segment_bytes", k["segment_bytes"]),
-            "hierarchical": _knob_value("hierarchical", k["hierarchical"]), "role": s.get("role", ""), "samples/s": s["score"],
+            "fusion": knob_text("fusion_threshold_bytes", k["fusion_threshold_bytes"], exact=False),
+            "cycle ms": k["cycle_time_ms"], "segment": knob_text("segment_bytes", k["segment_bytes"], exact=False),
+            "hierarchical": knob_text("hierarchical", k["hierarchical"]), "role": s.get("role", ""), "samples/s": s["score"],
             "vs default": f"{s['ratio']:.3f}x" if s.get("ratio") else "", "spread": _pct(s.get("spread", 0.0))}
-
-
-def _knob_value(name: str, value: Any, exact: bool = False) -> str:
-    """A knob's value as the terminal prints it: "off" for no fusion, on/off, sizes (to three digits
-    as tune's progress shows them, or ``exact`` as ``--knob`` takes them), plain numbers."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if name == "fusion_threshold_bytes" and int(value) == 0:
-        return "off"
-    if name.endswith("_bytes"):
-        return format_size(int(value)) if exact else knob_size(int(value))
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _locked(run: dict[str, Any]) -> list[dict[str, Any]]:
     k = run["best"]["knobs"]
-    rows = [{"knob": name, "value": _knob_value(name, v, exact=True)} for name, v in k.items()]
+    rows = [{"knob": name, "value": knob_text(name, v)} for name, v in k.items()]
     export = "tunelab profiles export" + (f" {run['profile_id']}" if run.get("profile_id") is not None else "")
     return [table_block("locked configuration", rows),
             {"kind": "text", "text": "Training jobs on this hardware load it automatically; "

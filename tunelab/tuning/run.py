@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..knobs import Knobs
-from ..units import format_size, knob_size
+from ..knobs import Knobs, knob_text
 from .plan import Plan, Sample
 from .result import record_sample, summarise
 from .session import TuningSession
@@ -229,10 +228,11 @@ def _measure_locked(workload: Workload, comm: Any, steps: int) -> list[float]:
 def describe(knobs: Knobs, exact: bool = False) -> str:
     """Knobs on one line, sizes as people read them (:func:`knob_size`); ``exact``: as ``--knob`` takes
     them back (the locked line, which users copy)."""
-    size = format_size if exact else knob_size
-    fusion = "off" if knobs.fusion_threshold_bytes == 0 else size(knobs.fusion_threshold_bytes)
-    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={size(knobs.segment_bytes)}"
-            f" hier={'on' if knobs.hierarchical else 'off'}")
+    def text(name: str) -> str:
+        return knob_text(name, getattr(knobs, name), exact)
+
+    return (f"fusion={text('fusion_threshold_bytes')} cycle={text('cycle_time_ms')}ms "
+            f"segment={text('segment_bytes')} hier={text('hierarchical')}")
 
 
 def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
