@@ -9,14 +9,10 @@ foreign, or written by a newer tunelab) is refused with ``StoreError`` and never
 
 from __future__ import annotations
 
-import json
-import math
-import operator
 import sqlite3
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,6 +23,20 @@ from .profile_export import (  # noqa: F401 (InvalidExport: still importable fro
     PHASES,
     InvalidExport,
     validate_export,
+)
+from .profile_records import (  # noqa: F401 (DamagedProfileError: importable from here, where it began)
+    Best,
+    DamagedProfileError,
+    ImportResult,
+    ProfileKey,
+    ProfileSummary,
+    Trial,
+    best_from_row,
+    stored_count,
+    stored_number,
+    stored_object,
+    to_json,
+    trial_from_row,
 )
 
 SCHEMA_VERSION = 2  # 2: the best config carries its gain interval, steps to lock and outcome
@@ -67,91 +77,6 @@ FROM profiles p LEFT JOIN best b ON b.profile_id = p.id
 _KEY_WHERE = "hardware_hash = ? AND model_signature = ? AND framework = ? AND world_size = ?"
 
 
-@dataclass(frozen=True)
-class ProfileKey:
-    """What a tuned config is valid for: this hardware, this model, this framework, this many ranks."""
-
-    hardware_hash: str
-    model_signature: str
-    framework: str
-    world_size: int
-
-    def __post_init__(self) -> None:
-        for name in ("hardware_hash", "model_signature", "framework"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(f"ProfileKey.{name} must be a non-empty string")
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"ProfileKey.world_size must be a positive integer, got {self.world_size!r}")
-
-    def params(self) -> tuple[str, str, str, int]:
-        return (self.hardware_hash, self.model_signature, self.framework, self.world_size)
-
-
-@dataclass(frozen=True)
-class ProfileSummary:
-    id: int
-    hardware_hash: str
-    model_signature: str
-    framework: str
-    world_size: int
-    hardware_name: str
-    hardware_facts: dict
-    model_name: str
-    n_trials: int
-    best_score: float | None
-    best_gain: float | None
-    created: str
-    updated: str
-
-    @property
-    def key(self) -> ProfileKey:
-        return ProfileKey(self.hardware_hash, self.model_signature, self.framework, self.world_size)
-
-
-@dataclass(frozen=True)
-class Trial:
-    id: int
-    uid: str
-    profile_id: int
-    knobs: dict
-    score: float    # samples/s
-    spread: float   # relative, e.g. (p90 - p10) / median
-    steps: int
-    seconds: float
-    run_id: str
-    phase: str
-    created: str
-
-
-@dataclass(frozen=True)
-class Best:
-    profile_id: int
-    knobs: dict
-    score: float
-    default_score: float
-    gain: float     # score / default_score
-    spread: float
-    run_id: str
-    updated: str
-    gain_low: float | None = None   # the tuner's confidence interval of the gain (None: default kept,
-    gain_high: float | None = None  # or stored by a tunelab before schema 2)
-    steps: int | None = None        # training steps the search took until it locked
-    outcome: str | None = None      # "converged" or "budget exhausted"
-
-    def interval_text(self) -> str:
-        """'1.120x [1.070, 1.180]', or the plain ratio when no interval was stored."""
-        if self.gain_low is None or self.gain_high is None:
-            return f"{self.gain:.3f}x"
-        return f"{self.gain:.3f}x [{self.gain_low:.3f}, {self.gain_high:.3f}]"
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    profile_ids: list[int]
-    profiles_added: int
-    trials_added: int
-
-
 class ProfileStore:
     """The profile store at ``path`` (default ``tunelab_home() / "profiles.sqlite"``).
 
@@ -180,7 +105,7 @@ class ProfileStore:
                 " ON CONFLICT (hardware_hash, model_signature, framework, world_size) DO UPDATE SET"
                 " hardware_name = excluded.hardware_name, hardware_facts = excluded.hardware_facts,"
                 " model_name = excluded.model_name, updated = excluded.updated",
-                (*key.params(), str(hardware_name), _to_json(hardware_facts), str(model_name), now, now))
+                (*key.params(), str(hardware_name), to_json(hardware_facts), str(model_name), now, now))
             return int(conn.execute(f"SELECT id FROM profiles WHERE {_KEY_WHERE}", key.params()).fetchone()[0])
 
     def record_trial(self, profile_id: int, knobs: dict, score: float, spread: float, steps: int,
@@ -188,8 +113,8 @@ class ProfileStore:
         """Store one measured config; returns the trial id.  Its uid keeps re-imports from duplicating it."""
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
-        row = (uuid.uuid4().hex, int(profile_id), _to_json(knobs), _number("score", score),
-               _number("spread", spread), _count("steps", steps), _number("seconds", seconds),
+        row = (uuid.uuid4().hex, int(profile_id), to_json(knobs), stored_number("score", score),
+               stored_number("spread", spread), stored_count("steps", steps), stored_number("seconds", seconds),
                str(run_id), phase, _now())
         with self._write() as conn:
             self._touch(conn, row[1], row[-1])
@@ -202,15 +127,15 @@ class ProfileStore:
                  outcome: str | None = None) -> None:
         """Replace the profile's best config (what the next run of this key starts from), with the
         tuner's gain interval (low, high), the steps it took and its outcome when known."""
-        default = _number("default_score", default_score)
+        default = stored_number("default_score", default_score)
         if default <= 0:
             raise ValueError(f"default_score must be > 0, got {default_score!r}")
-        low, high = (None, None) if gain_interval is None else (_number("gain_low", gain_interval[0]),
-                                                               _number("gain_high", gain_interval[1]))
+        low, high = (None, None) if gain_interval is None else (stored_number("gain_low", gain_interval[0]),
+                                                               stored_number("gain_high", gain_interval[1]))
         now = _now()
-        row = (int(profile_id), _to_json(knobs), _number("score", score), default,
-               _number("spread", spread), str(run_id), now, low, high,
-               None if steps is None else _count("steps", steps), None if outcome is None else str(outcome))
+        row = (int(profile_id), to_json(knobs), stored_number("score", score), default,
+               stored_number("spread", spread), str(run_id), now, low, high,
+               None if steps is None else stored_count("steps", steps), None if outcome is None else str(outcome))
         with self._write() as conn:
             self._touch(conn, row[0], now)
             conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
@@ -229,18 +154,18 @@ class ProfileStore:
             row = conn.execute("SELECT b.* FROM best b JOIN profiles p ON p.id = b.profile_id"
                                f" WHERE {_KEY_WHERE}",
                                key.params()).fetchone()
-        return None if row is None else _best(row, self.path)
+        return None if row is None else best_from_row(row, self.path)
 
     def best_of(self, profile_id: int) -> Best | None:
         with self._connect() as conn:
             row = conn.execute("SELECT * FROM best WHERE profile_id = ?", (profile_id,)).fetchone()
-        return None if row is None else _best(row, self.path)
+        return None if row is None else best_from_row(row, self.path)
 
     def trials(self, profile_id: int) -> list[Trial]:
         """The profile's trials in the order they were recorded."""
         with self._connect() as conn:
             rows = conn.execute("SELECT * FROM trials WHERE profile_id = ? ORDER BY id", (profile_id,))
-            return [_trial(r, self.path) for r in rows.fetchall()]
+            return [trial_from_row(r, self.path) for r in rows.fetchall()]
 
     def profiles(self) -> list[ProfileSummary]:
         return self._summaries("ORDER BY p.id", ())
@@ -301,7 +226,7 @@ class ProfileStore:
                     added_trials += conn.execute(
                         "INSERT OR IGNORE INTO trials (uid, profile_id, knobs, score, spread, steps, seconds,"
                         " run_id, phase, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (t["uid"], pid, _to_json(t["knobs"]), float(t["score"]), float(t["spread"]),
+                        (t["uid"], pid, to_json(t["knobs"]), float(t["score"]), float(t["spread"]),
                          t["steps"], float(t["seconds"]), t["run_id"], t["phase"], t["created"])).rowcount
                 if p.get("best") is not None:
                     self._import_best(conn, pid, p["best"])
@@ -399,14 +324,14 @@ class ProfileStore:
     def _summaries(self, clause: str, params: tuple) -> list[ProfileSummary]:
         with self._connect() as conn:
             rows = conn.execute(f"{_SUMMARY_SQL} {clause}", params).fetchall()
-        return [ProfileSummary(**{**dict(r), "hardware_facts": _stored_object(
+        return [ProfileSummary(**{**dict(r), "hardware_facts": stored_object(
             self.path, r["hardware_facts"], r["id"], "its hardware facts are")}) for r in rows]
 
     def _facts_of(self, hardware_hash: str) -> dict:
         with self._connect() as conn:
             row = conn.execute("SELECT hardware_facts, id FROM profiles WHERE hardware_hash = ? LIMIT 1",
                                (hardware_hash,)).fetchone()
-        return {} if row is None else _stored_object(self.path, row[0], row[1], "its hardware facts are")
+        return {} if row is None else stored_object(self.path, row[0], row[1], "its hardware facts are")
 
     def _export_one(self, s: ProfileSummary) -> dict:
         best = self.best_of(s.id)
@@ -428,7 +353,7 @@ class ProfileStore:
         cur = conn.execute("INSERT INTO profiles (hardware_hash, model_signature, framework, world_size,"
                            " hardware_name, hardware_facts, model_name, created, updated)"
                            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (*key, p["hardware_name"], _to_json(p["hardware_facts"]), p["model_name"],
+                           (*key, p["hardware_name"], to_json(p["hardware_facts"]), p["model_name"],
                             p["created"], p["updated"]))
         return int(cur.lastrowid), True
 
@@ -437,42 +362,12 @@ class ProfileStore:
         if here is not None and here[0] >= b["score"]:
             return
         conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (profile_id, _to_json(b["knobs"]), float(b["score"]), float(b["default_score"]),
+                     (profile_id, to_json(b["knobs"]), float(b["score"]), float(b["default_score"]),
                       float(b["spread"]), b["run_id"], b["updated"], b.get("gain_low"), b.get("gain_high"),
                       b.get("steps"), b.get("outcome")))
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-def _plain(value: object) -> object:
-    """numpy scalars and arrays as Python values (json cannot encode them)."""
-    if hasattr(value, "tolist"):
-        return value.tolist()  # type: ignore[no-any-return, attr-defined]
-    raise TypeError(f"{type(value).__name__} value {value!r} cannot be stored as JSON")
-
-
-def _to_json(value: object) -> str:
-    if not isinstance(value, dict):
-        raise TypeError(f"expected a dict, got {type(value).__name__}")
-    try:
-        return json.dumps(value, sort_keys=True, default=_plain, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(str(exc)) from None
-
-
-def _number(name: str, value: object) -> float:
-    number = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return number
-
-
-def _count(name: str, value: object) -> int:
-    number = operator.index(value)  # type: ignore[arg-type]
-    if number < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return number
-
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
@@ -480,41 +375,6 @@ def _now() -> str:
 
 def _equal_facts(a: dict, b: dict) -> int:
     return sum(1 for k, v in a.items() if k in b and b[k] == v)
-
-
-def _trial(row: sqlite3.Row, path: Path) -> Trial:
-    knobs = _stored_object(path, row["knobs"], row["profile_id"], f"the knobs of its trial {row['id']} are")
-    return Trial(**{**dict(row), "knobs": knobs})
-
-
-def _best(row: sqlite3.Row, path: Path) -> Best:
-    d = dict(row)
-    knobs = _stored_object(path, d["knobs"], d["profile_id"], "its best config's knobs are")
-    try:
-        gain = float(d["score"]) / float(d["default_score"])
-    except (TypeError, ValueError, ZeroDivisionError):
-        raise _damaged(path, d["profile_id"], "its best config's scores are not positive numbers") from None
-    return Best(**{**d, "knobs": knobs, "gain": gain})
-
-
-def _stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:
-    """A JSON object read from the store, or StoreError naming what is damaged (the file is left as is)."""
-    try:
-        value = json.loads(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        value = None
-    if not isinstance(value, dict):
-        raise _damaged(path, profile_id, f"{what} not a JSON object")
-    return value
-
-
-class DamagedProfileError(StoreError):
-    """One profile's stored data cannot be read (the rest of the store can): delete it, or restore the file."""
-
-
-def _damaged(path: Path, profile_id: int, what: str) -> StoreError:
-    return DamagedProfileError(f"profile store {path}: profile {profile_id} is damaged ({what}); the file is left as is: "
-                      f"delete that profile ('tunelab profiles delete {profile_id} --yes') or restore the file")
 
 
 def _describe(path: Path, exc: sqlite3.Error) -> str:

@@ -1,0 +1,167 @@
+"""What the profile store holds, as values: the key a profile is stored under, its summary, its
+trials and its best config, and how a stored row becomes one (a row whose JSON is damaged is
+:class:`DamagedProfileError`, naming the profile to delete; the file is never rewritten).  The SQLite
+file itself is :mod:`tunelab.profiles`."""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import StoreError
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a tuned config is valid for: this hardware, this model, this framework, this many ranks."""
+
+    hardware_hash: str
+    model_signature: str
+    framework: str
+    world_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("hardware_hash", "model_signature", "framework"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"ProfileKey.{name} must be a non-empty string")
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"ProfileKey.world_size must be a positive integer, got {self.world_size!r}")
+
+    def params(self) -> tuple[str, str, str, int]:
+        return (self.hardware_hash, self.model_signature, self.framework, self.world_size)
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    id: int
+    hardware_hash: str
+    model_signature: str
+    framework: str
+    world_size: int
+    hardware_name: str
+    hardware_facts: dict
+    model_name: str
+    n_trials: int
+    best_score: float | None
+    best_gain: float | None
+    created: str
+    updated: str
+
+    @property
+    def key(self) -> ProfileKey:
+        return ProfileKey(self.hardware_hash, self.model_signature, self.framework, self.world_size)
+
+
+@dataclass(frozen=True)
+class Trial:
+    id: int
+    uid: str
+    profile_id: int
+    knobs: dict
+    score: float    # samples/s
+    spread: float   # relative, e.g. (p90 - p10) / median
+    steps: int
+    seconds: float
+    run_id: str
+    phase: str
+    created: str
+
+
+@dataclass(frozen=True)
+class Best:
+    profile_id: int
+    knobs: dict
+    score: float
+    default_score: float
+    gain: float     # score / default_score
+    spread: float
+    run_id: str
+    updated: str
+    gain_low: float | None = None   # the tuner's confidence interval of the gain (None: default kept,
+    gain_high: float | None = None  # or stored by a tunelab before schema 2)
+    steps: int | None = None        # training steps the search took until it locked
+    outcome: str | None = None      # how the search ended: "converged", "budget exhausted", "retuned: ..."
+
+    def interval_text(self) -> str:
+        """'1.120x [1.070, 1.180]', or the plain ratio when no interval was stored."""
+        if self.gain_low is None or self.gain_high is None:
+            return f"{self.gain:.3f}x"
+        return f"{self.gain:.3f}x [{self.gain_low:.3f}, {self.gain_high:.3f}]"
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    profile_ids: list[int]
+    profiles_added: int
+    trials_added: int
+
+
+# -- stored values ---------------------------------------------------------------------------------
+
+def _plain(value: object) -> object:
+    """numpy scalars and arrays as Python values (json cannot encode them)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()  # type: ignore[no-any-return, attr-defined]
+    raise TypeError(f"{type(value).__name__} value {value!r} cannot be stored as JSON")
+
+
+def to_json(value: object) -> str:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a dict, got {type(value).__name__}")
+    try:
+        return json.dumps(value, sort_keys=True, default=_plain, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def stored_number(name: str, value: object) -> float:
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def stored_count(name: str, value: object) -> int:
+    number = operator.index(value)  # type: ignore[arg-type]
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return number
+
+
+def trial_from_row(row: sqlite3.Row, path: Path) -> Trial:
+    knobs = stored_object(path, row["knobs"], row["profile_id"], f"the knobs of its trial {row['id']} are")
+    return Trial(**{**dict(row), "knobs": knobs})
+
+
+def best_from_row(row: sqlite3.Row, path: Path) -> Best:
+    d = dict(row)
+    knobs = stored_object(path, d["knobs"], d["profile_id"], "its best config's knobs are")
+    try:
+        gain = float(d["score"]) / float(d["default_score"])
+    except (TypeError, ValueError, ZeroDivisionError):
+        raise damaged(path, d["profile_id"], "its best config's scores are not positive numbers") from None
+    return Best(**{**d, "knobs": knobs, "gain": gain})
+
+
+def stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:
+    """A JSON object read from the store, or StoreError naming what is damaged (the file is left as is)."""
+    try:
+        value = json.loads(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        raise damaged(path, profile_id, f"{what} not a JSON object")
+    return value
+
+
+class DamagedProfileError(StoreError):
+    """One profile's stored data cannot be read (the rest of the store can): delete it, or restore the file."""
+
+
+def damaged(path: Path, profile_id: int, what: str) -> StoreError:
+    return DamagedProfileError(f"profile store {path}: profile {profile_id} is damaged ({what}); the file is left as is: "
+                      f"delete that profile ('tunelab profiles delete {profile_id} --yes') or restore the file")
