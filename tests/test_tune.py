@@ -251,3 +251,20 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     store.set_best(pid, Knobs().as_dict(), 99.0, 99.0, 0.02, "r", steps=3, outcome="every knob is pinned")
     line, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("its tuning kept the default knobs (every knob was pinned)")
+
+
+def test_a_lock_after_a_retune_is_stored_as_retuned():
+    """tune --retune stores the run's last lock; its outcome says it came from a re-opened search, so a
+    profile's report counts that search's blocks, not the first one's."""
+    from tunelab.knobs import Knobs
+    from tunelab.tuning.plan import Decision
+    from tunelab.tuning.result import outcome
+
+    def decision(epoch, adopted, converged, stop):
+        return Decision(epoch, Knobs(), adopted, None, None, "", stop, converged, 3, 9, 1.0)
+
+    assert outcome(decision(0, True, True, "converged (x)")) == "converged"
+    assert outcome(decision(0, False, False, "budget of 20 exploration blocks spent")) == "budget exhausted"
+    assert outcome(decision(1, True, True, "converged (x)")) == "retuned: converged"
+    assert outcome(decision(2, False, False, "budget of 8 exploration blocks spent")) == \
+        "retuned: budget exhausted, default kept"

@@ -61,10 +61,16 @@ def record_sample(store: Any, profile_id: int, run_id: str, s: Any) -> None:
 
 
 def outcome(decision: Decision) -> str:
-    """How the search ended, in two words where it can: "converged" or "budget exhausted"."""
+    """How the search ended, in two words where it can: "converged" or "budget exhausted"; a search the
+    watch re-opened after a lock (epoch 1 on) is "retuned: ..." and says when it kept the default, so
+    the store's readers know the lock came from the run's last search, not its first."""
     if decision.converged:
-        return "converged"
-    return "budget exhausted" if "budget" in decision.stop_reason else decision.stop_reason
+        how = "converged"
+    else:
+        how = "budget exhausted" if "budget" in decision.stop_reason else decision.stop_reason
+    if decision.epoch == 0:
+        return how
+    return f"retuned: {how}" + ("" if decision.adopted else ", default kept")
 
 
 def gain_text(result: dict) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from ..knobs import Knobs
 from .driver import Driver
 from .plan import Decision, Plan, Sample
-from .result import evidence, record_sample
+from .result import evidence, outcome, record_sample
 from .space import SearchSpace
 from .strategies import Observation, Told, make_strategy
 
@@ -101,11 +101,9 @@ class StoreWriter:
         score = sum(s.score for s in mine) / len(mine)
         spread = sum(s.spread for s in mine) / len(mine)
         iv = d.interval if d.adopted else None
-        how = "converged" if d.converged else ("budget exhausted" if "budget" in d.stop_reason else "stopped")
-        outcome = f"retuned: {how}" + ("" if d.adopted else ", default kept")
         ok = self._write(lambda: self.store.set_best(
             self.profile_id, d.knobs.as_dict(), score, default, spread, self.run_id,
-            gain_interval=(iv.low, iv.high) if iv is not None else None, steps=d.steps, outcome=outcome))
+            gain_interval=(iv.low, iv.high) if iv is not None else None, steps=d.steps, outcome=outcome(d)))
         return f"; saved to profile {self.profile_id}" if ok else ""
 
     def _write(self, write: Callable[[], object]) -> bool:
