@@ -64,7 +64,7 @@ def _check_entries(label: str, data: dict[str, Any]) -> None:
             raise UsageError(f"{label}: {what} of this tune result is damaged ({type(exc).__name__}: "
                              f"{' '.join(str(exc).split())})") from None
         if not ok:
-            raise UsageError(f"{label}: {what} of this tune result is damaged (a negative score or index)")
+            raise UsageError(f"{label}: {what} of this tune result is damaged (a score or index that is negative or not a number)")
 
 
 def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any]:
