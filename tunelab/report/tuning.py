@@ -98,8 +98,15 @@ def drift_text(run: dict[str, Any]) -> str:
                f"{100 * drift['block_sigma_frac']:.1f} %" if drift.get("block_sigma_frac") is not None else "")
             + ". Candidates are scored as ratios to the "
             "default's blocks around them, so a drift this size does not pass for a knob's effect."
-            + (f" {drift['disturbed_blocks']} reference block(s) far outside the others (the host busy with "
-               "something else) were set aside." if drift.get("disturbed_blocks") else ""))
+            + _disturbed(drift.get("disturbed_blocks") or 0))
+
+
+def _disturbed(n: int) -> str:
+    if not n:
+        return ""
+    what = "reference block far outside the others (the host busy with something else) was" if n == 1 else \
+        "reference blocks far outside the others (the host busy with something else) were"
+    return f" {n} {what} set aside."
 
 
 def _phase_label(s: dict[str, Any]) -> str:
