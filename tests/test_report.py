@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,9 @@ def test_a_profile_report_reads_retunes_and_runs_with_other_pins(tmp_path: Path)
     for score, knobs, phase in trials:
         store.record_trial(pid, knobs, score, 0.02, 3, 2.0, "run-1", phase)
     store.set_best(pid, base, 92.0, 92.0, 0.02, "run-1", steps=30, outcome="retuned: converged, default kept")
+    time.sleep(0.01)  # then the job watched again and ended in the middle of a third search, never locked
+    for score, knobs, phase in ((93.0, base, "locked"), (60.0, tuned, "explore"), (61.0, base, "default")):
+        store.record_trial(pid, knobs, score, 0.02, 3, 2.0, "run-1", phase)
     run = run_from_profile(pid, store)
     assert run["outcome"]["adopted"] is False and run["outcome"]["converged"] is True
     text = outcome_text(run)

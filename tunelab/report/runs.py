@@ -100,9 +100,12 @@ def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any
 def _search_of(best: Any, run: list[Any]) -> list[Any]:
     """The trials of the search that set ``best``, from its run's trials in order: a run that watched its
     lock (``--retune``) recorded its locked blocks and each later search too, so they split at the locked
-    blocks; a retune's lock (outcome ``retuned: ...``) is the run's last search, a tune's its first."""
+    blocks; a retune's lock (outcome ``retuned: ...``) is the run's last search before the best was
+    written (a job may have ended in the middle of a later one), a tune's its first."""
     searches: list[list[Any]] = [[]]
     for t in run:
+        if best.updated and t.created > best.updated:
+            break  # measured after this best was written: a later search that never locked
         if t.phase == "locked":
             if searches[-1]:
                 searches.append([])
