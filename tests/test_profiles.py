@@ -431,3 +431,21 @@ def test_a_damaged_row_is_one_line_naming_the_profile_and_delete_recovers(tmp_pa
     assert (home / FILE_NAME).read_bytes() == before  # refused, not rewritten
     assert cli(home, "delete", str(a), "--yes").returncode == 0
     assert cli(home, "list").returncode == 0 and cli(home, "show", str(b)).returncode == 0
+
+
+@pytest.mark.parametrize("outcome, line", [
+    ("retuned: converged, default kept",
+     ("tuning: gain: default kept (no configuration cleared the minimum gain), 30 steps to lock, converged, "
+     "in a search a retune re-opened")),
+    ("every knob is pinned", "tuning: gain: default kept (every knob was pinned), 30 steps to lock\n"),
+    ("budget exhausted", ("tuning: gain: default kept (no configuration cleared the minimum gain), 30 steps to lock, "
+                         "budget exhausted\n")),
+])
+def test_show_says_why_a_kept_default_was_kept(tmp_path, outcome, line):
+    home = tmp_path / "home"
+    store = ProfileStore(home / FILE_NAME)
+    pid = store.upsert_profile(ProfileKey("h" * 16, "sig", "torch", 2), "host", {"cpu_model": "C"}, "m")
+    store.record_trial(pid, {"segment_bytes": 1 << 20}, 10.0, 0.01, 3, 1.0, "r", "default")
+    store.set_best(pid, {"segment_bytes": 1 << 20}, 10.0, 10.0, 0.01, "r", steps=30, outcome=outcome)
+    show = cli(home, "show", str(pid))
+    assert show.returncode == 0 and line in show.stdout, show.stdout

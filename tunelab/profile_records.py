@@ -86,6 +86,25 @@ class Best:
     steps: int | None = None        # training steps the search took until it locked
     outcome: str | None = None      # how the search ended: "converged", "budget exhausted", "retuned: ..."
 
+    @property
+    def ended(self) -> str | None:
+        """How the search that set this best ended ("converged", "budget exhausted", ...), without the
+        marks of a retune; None for a store from before schema 2."""
+        if self.outcome is None:
+            return None
+        return self.outcome.removeprefix("retuned: ").removesuffix(", default kept")
+
+    @property
+    def retuned(self) -> bool:
+        """Set by a search a retune re-opened after a lock (the run's last search, not its first)."""
+        return (self.outcome or "").startswith("retuned:")
+
+    def kept_reason(self) -> str:
+        """Why a search that kept the default kept it."""
+        if self.ended == "every knob is pinned":
+            return "every knob was pinned"
+        return "no configuration cleared the minimum gain"
+
     def interval_text(self) -> str:
         """'1.120x [1.070, 1.180]', or the plain ratio when no interval was stored."""
         if self.gain_low is None or self.gain_high is None:

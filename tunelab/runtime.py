@@ -246,9 +246,7 @@ class Runtime:
         knobs = {k: v for k, v in best.knobs.items() if k not in self.config.pinned}
 
         if best.gain_low is None and best.outcome is not None:  # tuned, and the default was kept
-            how = best.outcome.removeprefix("retuned: ").removesuffix(", default kept")
-            why = ("every knob was pinned" if how == "every knob is pinned"
-                   else f"no configuration cleared the minimum gain; {how}")
+            why = best.kept_reason() + ("" if best.ended == "every knob is pinned" else f"; {best.ended}")
             # the default of that run: the knobs pinned while it tuned may differ from this job's
             ours = self.config.knobs.as_dict()
             other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items() if ours.get(k, v) != v)

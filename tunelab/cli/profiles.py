@@ -107,11 +107,13 @@ def cmd_show(args: argparse.Namespace) -> int:
               f"(spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
         if best.gain_low is not None or best.steps is not None or best.outcome:
             parts = [f"gain {best.interval_text()} (90 % interval)" if best.gain_low is not None else
-                     "gain: default kept (no configuration cleared the minimum gain)"]
+                     f"gain: default kept ({best.kept_reason()})"]
             if best.steps is not None:
                 parts.append(f"{best.steps} steps to lock")
-            if best.outcome:
-                parts.append(best.outcome)
+            if best.ended and best.ended != "every knob is pinned":
+                parts.append(best.ended)
+            if best.retuned:
+                parts.append("in a search a retune re-opened")
             print("tuning: " + ", ".join(parts))
         for name, value in best.knobs.items():
             print(f"  {name}: {knob_text(name, value)}")

@@ -114,7 +114,7 @@ def _search_of(best: Any, run: list[Any]) -> list[Any]:
     searches = [s for s in searches if s]
     if not searches:
         return []
-    return searches[-1] if (best.outcome or "").startswith("retuned:") else searches[0]
+    return searches[-1] if best.retuned else searches[0]
 
 
 def _outcome_of_best(best: Any, search: list[Any]) -> dict[str, Any]:
@@ -125,11 +125,9 @@ def _outcome_of_best(best: Any, search: list[Any]) -> dict[str, Any]:
         return {}
     adopted = best.gain_low is not None and best.gain_high is not None
     interval = {"gain": best.gain, "low": best.gain_low, "high": best.gain_high, "n": None} if adopted else None
-    how = best.outcome.removeprefix("retuned: ").removesuffix(", default kept")
-    decision = ("" if adopted else "every knob was pinned" if how == "every knob is pinned"
-                else "no configuration cleared the minimum gain")
-    return {"adopted": adopted, "gain_interval": interval, "converged": how == "converged",
-            "decision": decision, "stop_reason": best.outcome, "samples_to_lock": len(search) or None,
+    return {"adopted": adopted, "gain_interval": interval, "converged": best.ended == "converged",
+            "decision": "" if adopted else best.kept_reason(),
+            "stop_reason": best.ended, "retuned": best.retuned, "samples_to_lock": len(search) or None,
             "steps_to_lock": best.steps, "seconds_to_lock": sum(t.seconds for t in search), "drift": _drift(search)}
 
 

@@ -44,8 +44,11 @@ def outcome_text(run: dict[str, Any]) -> str:
         ending = ("converged" if out.get("converged") else "ran out of its budget" if "budget" in reason
                   else "ended")
         steps = f"{out['steps_to_lock']} training steps, " if out.get("steps_to_lock") is not None else ""
+        said = reason and reason not in ("converged", "budget exhausted")  # else the ending said it
         cost = (f" Tuning measured {out['samples_to_lock']} blocks ({steps}{out['seconds_to_lock']:.0f} s of "
-                f"measured steps) before locking; the search {ending}" + (f" ({reason})." if reason else "."))
+                f"measured steps) before locking; the search"
+                + (" (one a retune re-opened after an earlier lock)" if out.get("retuned") else "")
+                + f" {ending}" + (f" ({reason})." if said else "."))
     if out.get("adopted") and iv:
         n = iv.get("n")
         source = (f" from {n} re-measurement{'s' if n != 1 else ''} paired with the default" if n is not None
