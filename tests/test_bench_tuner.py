@@ -104,6 +104,62 @@ def test_the_exhaustive_yardstick_is_the_chance_that_one_block_each_ranks_the_be
     assert exhaustive_pick(clear, 1) == 1.0
 
 
+def drifting_recording(drift, points=12, visits=6, steps=3, noise=0.02, seed=3, order=True):
+    """A recorded landscape with a known truth: point i runs at 1 + 0.02 i steps/s, each step with
+    log-normal ``noise``, and the host slowed by ``drift`` (a log factor) as a function of the visit's
+    position in the shuffled visiting order, as ``bench landscape`` records it."""
+    rng = np.random.default_rng(seed)
+    sequence = visit_order(points, visits, seed)
+    truth = np.asarray([1.0 + 0.02 * i for i in range(points)])
+    steps_s: list[list[list[float]]] = [[] for _ in range(points)]
+    for t, i in enumerate(sequence):
+        slow = drift(t / len(sequence))
+        steps_s[i].append([float(math.exp(slow + rng.normal(0.0, noise)) / truth[i]) for _ in range(steps)])
+    doc = {"space": {"names": NAMES, "base": Knobs().as_dict()},
+           "points": [{"knobs": Knobs(fusion_threshold_bytes=(i + 1) * MiB).as_dict(),
+                       "scores": [1.0 / float(np.median(v)) for v in s], "steps_s": s}
+                      for i, s in enumerate(steps_s)],
+           **({"order": sequence} if order else {})}
+    return doc, truth
+
+
+def _pool_noise(land):
+    """Pooled sd of the log step rates around each point's own mean."""
+    return float(np.sqrt(np.mean(np.concatenate([(np.log(1.0 / p) - np.log(1.0 / p).mean()) ** 2
+                                                 for p in land.step_pools]))))
+
+
+def test_a_recordings_own_host_drift_is_taken_out_of_the_replayed_steps():
+    """A host 16 % slower in the middle of the recording: replayed as it was recorded, every pool would
+    carry that drift as step noise (the replay adds its own drift on top); taken out along the visiting
+    order, the pools come back to the planted 2 % step noise and the points' means nearer the truth."""
+    def slow(x):
+        return 0.16 * math.sin(math.pi * x)
+
+    def mean_error(land):
+        return np.max(np.abs(np.log(land.means / land.means.mean()) - np.log(truth / truth.mean())))
+
+    doc, truth = drifting_recording(slow)
+    raw = Landscape.from_dict(drifting_recording(slow, order=False)[0], "raw")
+    fixed = Landscape.from_dict(doc, "fixed")
+    assert "drift_removed" not in (raw.recorded or {})
+    removed = fixed.recorded["drift_removed"]
+    assert removed["lag1"] > 0.5 and 0.03 < removed["sigma"] < 0.08
+    assert _pool_noise(raw) > 0.045 and _pool_noise(fixed) < 0.03
+    assert mean_error(fixed) < 0.8 * mean_error(raw)
+
+
+def test_a_recording_without_drift_or_whose_order_does_not_match_is_replayed_as_recorded():
+    steady, _ = drifting_recording(lambda x: 0.0)
+    land = Landscape.from_dict(steady, "steady")
+    assert "drift_removed" not in land.recorded
+    flat = [t for p in steady["points"] for v in p["steps_s"] for t in v]
+    assert np.array_equal(np.concatenate(land.step_pools), np.asarray(flat))
+    drifting, _ = drifting_recording(lambda x: 0.16 * math.sin(math.pi * x))
+    for bad in (drifting["order"][:-1], [*drifting["order"][:-1], 99], "1,2,3"):
+        assert "drift_removed" not in Landscape.from_dict({**drifting, "order": bad}, "bad").recorded
+
+
 def test_grid_helpers():
     grid = parse_grid(DEFAULT_GRID)
     assert grid == {"fusion_threshold_bytes": [0, MiB, 8 * MiB, 64 * MiB], "cycle_time_ms": [0.5, 2.0, 8.0, 32.0],

@@ -102,7 +102,8 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
         steps = plan_for(land, budget).measure_steps
         info[land.name] = {"best": land.best, "default": land.true_score(land.space.base),
                            "points": len(land.knobs), "names": list(land.space.names), "block_steps": steps,
-                           "exhaustive_within_3pct": exhaustive_pick(land, steps)}
+                           "exhaustive_within_3pct": exhaustive_pick(land, steps),
+                           "recording_drift_removed": (land.recorded or {}).get("drift_removed")}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
             "seeds": seeds, "drift": drift, "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
@@ -201,6 +202,11 @@ def _cmd(args: argparse.Namespace) -> int:
               f"samples/s, default {info['default']:.2f} ({info['default'] / info['best']:.3f} of best); "
               f"measuring every point once ({info['block_steps']} steps, exact reference) and keeping the best "
               f"lands within 3 % in {info['exhaustive_within_3pct']:.2f} of draws")
+        if info["recording_drift_removed"]:
+            removed = info["recording_drift_removed"]
+            print(f"#   the host drifted while it was recorded (sd {100 * removed['sigma']:.1f} % along the visiting "
+                  f"order, lag-1 autocorrelation {removed['lag1']:.2f}): taken out of its steps, the replay's own "
+                  "drift stands in for it")
     print(format_table(result["rows"], [
         ("landscape", "landscape", ""), ("strategy", "strategy", ""), ("budget", "budget", "g"),
         ("median_samples_to_lock", "samples", "g"), ("median_steps_to_lock", "steps", "g"),

@@ -66,6 +66,10 @@ class Landscape:
             raise TunelabError(f"landscape {name}: samples_per_step and every step time must be positive numbers")
         recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps") if k in doc}
         if all(p.size for p in pools):
+            drift = recording_drift(points, doc.get("order"))
+            if drift is not None:  # the replay adds its own drift: take the recording's out of its steps
+                pools = drift.apply(points)
+                recorded["drift_removed"] = drift.summary()
             means = np.asarray([float(np.mean(per_step / p)) for p in pools])
             return cls(name, space, knobs, pools, means, 0.0, per_step, recorded)
         logs = [np.log(s) for s in scores]
@@ -104,6 +108,63 @@ class Landscape:
 
     def true_score(self, knobs: Knobs) -> float:
         return float(self.means[self.nearest(knobs)])
+
+
+@dataclass(frozen=True)
+class RecordingDrift:
+    """The host's drift while a landscape was recorded, as a log-rate offset per visit (in visiting order):
+    the running median of the other visits' residuals (each visit's mean log rate less its point's mean)
+    over one round of visits around it.  Rounds visit every point in a fresh shuffled order, so the
+    points' own effects cancel out of the residuals and what remains in their trend is the host."""
+
+    visits: tuple[tuple[int, int], ...]  # (point, visit) in visiting order
+    offsets: np.ndarray                  # log-rate offset of each visit (mean 0)
+    lag1: float                          # lag-1 autocorrelation of the residuals that showed it
+
+    def apply(self, points: list[dict]) -> list[np.ndarray]:
+        """Every point's step times with its visits' offsets taken out (a slow visit's steps shortened)."""
+        steps = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
+        for (i, j), off in zip(self.visits, self.offsets):
+            steps[i][j] = steps[i][j] * math.exp(float(off))
+        return [np.concatenate(v) for v in steps]
+
+    def summary(self) -> dict:
+        return {"sigma": float(np.std(self.offsets)), "lag1": self.lag1}
+
+
+def recording_drift(points: list[dict], order: object) -> RecordingDrift | None:
+    """The recording's host drift, when its visiting ``order`` is known and matches the visits, and its
+    residuals are autocorrelated beyond chance (lag-1 autocorrelation above ``2 / sqrt(n)``): a host that
+    slowed down for minutes while the grid was recorded.  A replay draws each step from its point's pool,
+    so drift left in the pools would come back as step noise that no paired reference can cancel, on top
+    of the drift the replay adds itself.  Otherwise None: nothing is changed."""
+    if not isinstance(order, list) or not all(isinstance(i, int) and 0 <= i < len(points) for i in order):
+        return None
+    seen = [0] * len(points)
+    visits = []
+    for i in order:
+        visits.append((i, seen[i]))
+        seen[i] += 1
+    if any(n != len(p["steps_s"]) for n, p in zip(seen, points)) or min(seen, default=0) < 2:
+        return None
+    logs = [[-float(np.mean(np.log(v))) for v in p["steps_s"]] for p in points]
+    centre = [float(np.mean(x)) for x in logs]
+    res = np.asarray([logs[i][j] - centre[i] for i, j in visits])
+    n = len(res)
+    if n < 8 or float(np.std(res)) == 0.0:
+        return None
+    lag1 = float(np.corrcoef(res[:-1], res[1:])[0, 1])
+    if not lag1 > 2.0 / math.sqrt(n):
+        return None
+    half = max(2, len(points) // 2)  # one round of visits around each
+    window = [np.concatenate([res[max(0, t - half):t], res[t + 1:t + 1 + half]]) for t in range(n)]
+    trend = np.asarray([np.median(w) for w in window])
+    trend -= float(np.mean(trend))
+    # A median of w residuals carries (pi / 2) s^2 / w of their own noise: shrink the trend by the share of
+    # its variance that is signal, so a drift too small to tell from that noise moves nothing.
+    own = math.pi / 2.0 * float(np.var(res - trend)) * float(np.mean([1.0 / len(w) for w in window]))
+    signal = max(0.0, 1.0 - own / float(np.var(trend))) if float(np.var(trend)) > 0 else 0.0
+    return RecordingDrift(tuple(visits), signal * trend, lag1)
 
 
 @dataclass(frozen=True)
