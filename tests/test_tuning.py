@@ -405,6 +405,48 @@ def test_a_disturbed_reference_block_is_set_aside():
     assert driver.disturbed_references() == 1 and float(i) not in [r[0] for r in driver._refs()]
 
 
+def _blocks(driver, sequence, spread=0.01):
+    """Hand-built blocks: (role, knobs, mean log rate) in measured order, three steps each (+-``spread``)."""
+    from tunelab.tuning.plan import Sample
+
+    for role, knobs, level in sequence:
+        logs = (level - spread, level, level + spread)
+        driver.samples.append(Sample(len(driver.samples), "remeasure", role, knobs, math.exp(level), 0.02, 3,
+                                     3.0, 3.0 * len(driver.samples), 0, None, logs))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_disturbed_reference_takes_the_blocks_next_to_it_out_of_the_gain(shared):
+    """A candidate 2 % faster than the reference, measured between references; one reference block reads
+    12 % off.  Shared: the host ran fast for a stretch and the candidate blocks on both sides of that
+    reference ran fast with it; set aside on the reference's side only, they would be paired with the
+    references around the stretch and read as a 7 % gain.  Not shared: only the reference was
+    disturbed (slow), which paired with the blocks next to it reads as a 6 % gain.  Either way the gain
+    is the 2 % the other blocks measure, exactly (every block of the candidate reads the same)."""
+    driver = Driver(SPACE, lambda e: make_strategy("tunelab", SPACE, e), Plan())
+    cand = SPACE.base.replace(fusion_threshold_bytes=1 * MiB)
+    refs = [0.0, 0.0, 0.0, 0.12 if shared else -0.12, 0.0, 0.0]
+    sequence = []
+    for i, ref in enumerate(refs):
+        sequence.append(("reference", SPACE.base, ref))
+        if i < len(refs) - 1:
+            sequence.append(("candidate", cand, 0.02 + (0.12 if shared and i in (2, 3) else 0.0)))
+    _blocks(driver, sequence)
+    assert driver.disturbed_references() == 1
+    iv = driver.interval_of(cand)
+    assert iv.gain == pytest.approx(math.exp(0.02))
+    assert iv.n == 3  # the two blocks next to it are out
+
+
+def test_a_reference_within_reach_of_its_own_step_noise_is_not_set_aside():
+    """Steps that vary by 6 % make a 3-step block vary by 3.5 %: a reference 6 % off the others is
+    ordinary there, however closely the other four agree; 30 % off it is not."""
+    for off, aside in ((0.06, 0), (0.30, 1)):
+        driver = Driver(SPACE, lambda e: make_strategy("tunelab", SPACE, e), Plan())
+        _blocks(driver, [("reference", SPACE.base, x) for x in (0.0, 0.001, off, 0.0, 0.002)], spread=0.06)
+        assert driver.disturbed_references() == aside
+
+
 def test_the_one_shot_switch_is_searched_only_for_gpu_jobs():
     from tunelab.tuning.space import search_space
 

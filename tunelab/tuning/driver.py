@@ -403,15 +403,33 @@ class Driver:
 
     def _refs(self) -> list[tuple[float, float, int]]:
         """This epoch's reference blocks as (position, log score, steps), disturbed ones set aside: with four or
-        more, a block further than 3.5 robust sigmas (MAD) from their median, e.g. the host busy with
-        something else for seconds, pairs with nothing (a slow trend moves the median with it)."""
+        more, a block further from their median than 3.5 robust sigmas (MAD) and than 3.5 sigmas of its
+        own step noise, e.g. the host busy with something else for seconds, pairs with nothing (a slow
+        trend moves the median with it), nor do the blocks next to it (:meth:`_next_to_disturbed`)."""
         refs = [(float(s.index), s.log_score, s.steps) for s in self._epoch_refs()]
         if len(refs) < 4:
             return refs
         logs = np.asarray([r[1] for r in refs])
         centre = float(np.median(logs))
         limit = max(3.5 * 1.4826 * float(np.median(np.abs(logs - centre))), 0.02)
-        return [r for r in refs if abs(r[1] - centre) <= limit]
+        # ... and further than its own step noise can reach (3.5 sigmas of a block of its length, from the
+        # median step variance inside the reference blocks): a handful of references can agree closely by
+        # chance, and a robust spread read off four of them would set ordinary blocks aside
+        inside = [float(np.var(s.logs, ddof=1)) for s in self._epoch_refs() if len(s.logs) > 1]
+        step_var = float(np.median(inside)) if inside else 0.0
+        return [r for r in refs if abs(r[1] - centre) <= max(limit, 3.5 * math.sqrt(step_var / max(1, r[2])))]
+
+    def _next_to_disturbed(self, position: float) -> bool:
+        """Whether the reference block measured just before or just after ``position`` was set aside as
+        disturbed.  Whatever disturbed it (another job, or a stretch when the host ran fast) may have
+        reached the blocks next to it too; paired across it with references measured elsewhere, such a
+        block would carry the disturbance into its ratio (a fast stretch the reference shared, set aside
+        on the reference's side only, reads as a gain).  So it pairs with nothing either."""
+        around = [float(s.index) for s in self._epoch_refs()]
+        before = [r for r in around if r < position]
+        after = [r for r in around if r > position]
+        kept = {r[0] for r in self._refs()}
+        return bool(before and before[-1] not in kept) or bool(after and after[0] not in kept)
 
     def disturbed_references(self) -> int:
         """Reference blocks of this epoch set aside as disturbed (see :meth:`_refs`)."""
@@ -444,9 +462,11 @@ class Driver:
 
     def interval_of(self, knobs: Knobs, phase: str = "remeasure", confidence: float | None = None) -> stats.Interval | None:
         """Gain of ``knobs`` over the reference from this epoch's blocks of ``phase`` (re-measured ones by
-        default), bracketed, at ``confidence`` (the plan's by default)."""
+        default), bracketed, at ``confidence`` (the plan's by default); blocks next to a reference set
+        aside as disturbed are left out with it."""
         pairs = [self._pair(s) for s in self.samples
-                 if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch]
+                 if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch
+                 and not self._next_to_disturbed(float(s.index))]
         pairs = [p for p in pairs if p is not None]
         if not pairs:
             return None
