@@ -90,6 +90,19 @@ def test_evaluate_scores_the_locked_configuration():
         assert any(curve[-1] * land.best == pytest.approx(m) for m in land.means)
 
 
+def test_evaluate_says_how_often_a_locked_gain_reached_its_claimed_low_end():
+    """Without noise or drift every interval is around the true gain: its low end always holds; the
+    fraction counts locked runs only (a flat landscape locks nothing: n/a)."""
+    exact = landscape([({"fusion_threshold_bytes": 0, "cycle_time_ms": 1.0}, [10.0, 10.0]),
+                       ({"fusion_threshold_bytes": 8 * MiB, "cycle_time_ms": 10.0}, [14.0, 14.0]),
+                       ({"fusion_threshold_bytes": 64 * MiB, "cycle_time_ms": 1.0}, [10.0, 10.0])], steps=True)
+    row, _ = evaluate(exact, "tunelab", seeds=3, plan=Plan(), drift=0.0)
+    assert row["adopted_frac"] == 1.0 and row["locked_low_end_held_frac"] == 1.0
+    flat = landscape([({"fusion_threshold_bytes": f}, [10.0, 10.0]) for f in (0, 8 * MiB, 64 * MiB)], steps=True)
+    row, _ = evaluate(flat, "tunelab", seeds=2, plan=Plan(), drift=0.0)
+    assert row["adopted_frac"] == 0.0 and row["locked_low_end_held_frac"] is None
+
+
 def test_the_exhaustive_yardstick_is_the_chance_that_one_block_each_ranks_the_best_first():
     """Point B (steps at 2 and 0.5 samples/s: mean 1.25, the best) against A (always 1.0): with one-step
     blocks B measures above A half the time; with two-step blocks it ties or wins 3 times in 4 (ties go

@@ -66,7 +66,7 @@ def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None,
     relative to the landscape's best."""
     plan = plan or plan_for(landscape)
     default = landscape.true_score(landscape.space.base)
-    samples, steps, within, worse, adopted, rel, curves = [], [], [], [], [], [], []
+    samples, steps, within, worse, adopted, rel, curves, held = [], [], [], [], [], [], [], []
     for seed in range(seeds):
         driver = run_once(landscape, strategy, seed, plan, drift)
         if not driver.decisions:
@@ -79,13 +79,16 @@ def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None,
         worse.append(locked < WORSE * default)
         adopted.append(d.adopted)
         rel.append(locked / landscape.best)
+        if d.adopted and d.interval is not None:  # the gain it claimed: does the truth reach its low end?
+            held.append(locked / default >= d.interval.low)
         curves.append([default / landscape.best] * (d.samples - 1) + [locked / landscape.best])
     row = {"landscape": landscape.name, "strategy": strategy, "seeds": seeds, "budget": plan.budget_samples,
            "median_samples_to_lock": float(np.median(samples)), "p90_samples_to_lock": float(np.percentile(samples, 90)),
            "median_steps_to_lock": float(np.median(steps)),
            "locked_within_3pct_frac": float(np.mean(within)),
            "locked_worse_than_default_frac": float(np.mean(worse)),
-           "adopted_frac": float(np.mean(adopted)), "median_locked_vs_best": float(np.median(rel))}
+           "adopted_frac": float(np.mean(adopted)), "median_locked_vs_best": float(np.median(rel)),
+           "locked_low_end_held_frac": float(np.mean(held)) if held else None}
     return row, curves
 
 
@@ -204,14 +207,17 @@ def _cmd(args: argparse.Namespace) -> int:
               f"lands within 3 % in {info['exhaustive_within_3pct']:.2f} of draws")
         if info["recording_drift_removed"]:
             removed = info["recording_drift_removed"]
-            print(f"#   the host drifted while it was recorded (sd {100 * removed['sigma']:.1f} % along the visiting "
+            print(f"#   the host drifted while it was recorded (sd {100 * removed['sigma']:.2f} % along the visiting "
                   f"order, lag-1 autocorrelation {removed['lag1']:.2f}): taken out of its steps, the replay's own "
                   "drift stands in for it")
     print(format_table(result["rows"], [
         ("landscape", "landscape", ""), ("strategy", "strategy", ""), ("budget", "budget", "g"),
         ("median_samples_to_lock", "samples", "g"), ("median_steps_to_lock", "steps", "g"),
         ("locked_within_3pct_frac", "within3%", ".2f"), ("locked_worse_than_default_frac", "worse>1%", ".2f"),
-        ("adopted_frac", "adopted", ".2f"), ("median_locked_vs_best", "locked/best", ".3f")]))
+        ("adopted_frac", "adopted", ".2f"), ("median_locked_vs_best", "locked/best", ".3f"),
+        ("locked_low_end_held_frac", "low held", ".2f")]))
+    print("# low held: of the runs that locked a configuration, how often its true gain over the default "
+          f"reached the low end of the interval it was locked with (one-sided {50 + 50 * Plan().confidence:g} %)")
     return finish(args, result, "tuner", "bench")
 
 
