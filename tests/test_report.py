@@ -291,3 +291,19 @@ def test_a_damaged_bench_result_is_one_line_and_exit_2(tmp_path: Path, capsys: p
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err and "damaged.json" in err, err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_the_tuner_section_says_what_each_landscape_is(tmp_path: Path) -> None:
+    """Each landscape's default against its best, the yardstick, and the recording drift the replay took
+    out, in words; an entry with nothing readable still makes a row, not a traceback."""
+    data = json.loads((DATA / "report-tuner.json").read_text())
+    data["landscapes"]["resnet50-torch-2ranks"].update(
+        exhaustive_within_3pct=0.7, block_steps=3, recording_drift_removed={"sigma": 0.0401, "lag1": 0.63})
+    data["landscapes"]["broken"] = {"best": "x", "recording_drift_removed": [1]}
+    path = tmp_path / "tuner.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "r.html"
+    assert main(["report", "--bench", str(path), "--out", str(out)]) == 0
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
+    assert "resnet50-torch-2ranks 32 0.940 0.70 (3-step blocks) sd 4.01 %, lag-1 0.63" in text, text[-800:]
+    assert "broken n/a n/a n/a none" in text, text[-800:]

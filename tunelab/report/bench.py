@@ -84,7 +84,32 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
     blocks = [_figure("fig-tuner", "tuner quality: median best-so-far vs samples, per strategy", fig)]
     for label, d in results:
         blocks.append(table_block(f"tuner quality: {label} (target {d.get('target', '?')})", d["rows"]))
+        lands = d.get("landscapes")
+        if isinstance(lands, dict) and lands:
+            blocks.append(table_block(f"landscapes: {label}", [_landscape_row(n, i) for n, i in lands.items()]))
     return {"id": "bench-tuner", "title": "Tuner quality", "blocks": blocks}
+
+
+def _landscape_row(name: str, info: Any) -> dict[str, Any]:
+    """What a tuner result says of one landscape, in words: its size, the default against the best, the
+    yardstick (every point measured once) and the recording's own drift that the replay took out."""
+    info = info if isinstance(info, dict) else {}
+    best, default = info.get("best"), info.get("default")
+    drift = info.get("recording_drift_removed")
+    yardstick = info.get("exhaustive_within_3pct")
+    steps = info.get("block_steps")
+    return {"landscape": name, "points": info.get("points", "n/a"),
+            "default / best": f"{default / best:.3f}" if _positive(best) and _positive(default) else "n/a",
+            "every point measured once: within 3 %":
+                (f"{yardstick:.2f}" + (f" ({steps}-step blocks)" if isinstance(steps, int) else ""))
+                if isinstance(yardstick, (int, float)) else "n/a",
+            "recording's drift taken out": (f"sd {100 * drift['sigma']:.2f} %, lag-1 {drift['lag1']:.2f}"
+                                            if isinstance(drift, dict) and {"sigma", "lag1"} <= drift.keys()
+                                            else "none")}
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
 
 
 def train_section(results: list[Result]) -> dict[str, Any]:
