@@ -83,7 +83,9 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
     fig = figures.line_chart(series, "samples", "best so far / landscape best", step=True)
     blocks = [_figure("fig-tuner", "tuner quality: median best-so-far vs samples, per strategy", fig)]
     for label, d in results:
-        blocks.append(table_block(f"tuner quality: {label} (target {d.get('target', '?')})", d["rows"]))
+        keys = list(dict.fromkeys(k for r in d["rows"] if isinstance(r, dict) for k in r))
+        rows = [{k: ("n/a" if r.get(k) is None else r[k]) for k in keys} for r in d["rows"] if isinstance(r, dict)]
+        blocks.append(table_block(f"tuner quality: {label} (target {d.get('target', '?')})", rows))
         lands = d.get("landscapes")
         if isinstance(lands, dict) and lands:
             blocks.append(table_block(f"landscapes: {label}", [_landscape_row(n, i) for n, i in lands.items()]))
@@ -96,20 +98,24 @@ def _landscape_row(name: str, info: Any) -> dict[str, Any]:
     info = info if isinstance(info, dict) else {}
     best, default = info.get("best"), info.get("default")
     drift = info.get("recording_drift_removed")
+    drift = drift if isinstance(drift, dict) else {}
     yardstick = info.get("exhaustive_within_3pct")
     steps = info.get("block_steps")
     return {"landscape": name, "points": info.get("points", "n/a"),
-            "default / best": f"{default / best:.3f}" if _positive(best) and _positive(default) else "n/a",
+            "default / best": f"{default / best:.3f}" if _number(best) and best > 0 and _number(default) else "n/a",
             "every point measured once: within 3 %":
                 (f"{yardstick:.2f}" + (f" ({steps}-step blocks)" if isinstance(steps, int) else ""))
-                if isinstance(yardstick, (int, float)) else "n/a",
+                if _number(yardstick) else "n/a",
             "recording's drift taken out": (f"sd {100 * drift['sigma']:.2f} %, lag-1 {drift['lag1']:.2f}"
-                                            if isinstance(drift, dict) and {"sigma", "lag1"} <= drift.keys()
+                                            if _number(drift.get("sigma")) and _number(drift.get("lag1"))
                                             else "none")}
 
 
-def _positive(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+def _number(x: object) -> bool:
+    """A finite number (not a bool): what a figure or a formatted cell can take."""
+    import math
+
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def train_section(results: list[Result]) -> dict[str, Any]:
@@ -153,22 +159,17 @@ def bench_sections(results: list[Result]) -> list[dict[str, Any]]:
 
 def _damage(kind: str, data: dict[str, Any]) -> str:
     """What is wrong with a bench result's rows (or its tuner curves), or "" when the report can read it."""
-    import math
-
-    def number(x: object) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
     if kind == "tuner":
         curves = data.get("curves")
         if not isinstance(curves, dict) or not isinstance(data.get("rows"), list) or not all(
-                isinstance(c, list) and all(number(x) for x in c) for c in curves.values()):
+                isinstance(c, list) and all(_number(x) for x in c) for c in curves.values()):
             return "its curves must be lists of numbers per strategy, beside a list of rows"
         return ""
     name, numbers = ROW_FIELDS[kind]
     for i, row in enumerate(data["rows"]):
         if not isinstance(row, dict) or not isinstance(row.get(name), str):
             return f"row {i + 1} has no {name}"
-        bad = [f for f in numbers if not number(row.get(f))]
+        bad = [f for f in numbers if not _number(row.get(f))]
         if bad:
             must = "must be a number" if len(bad) == 1 else "must be numbers"
             return f"row {i + 1} ({row[name]}): {', '.join(bad)} {must}, got {', '.join(repr(row.get(f)) for f in bad)}"

@@ -196,9 +196,10 @@ class Driver:
 
     def _tell(self, sample: Sample) -> float | None:
         """Provisional paired ratio against the reference blocks so far (the strategy learns now; the
-        lock decision later uses bracketed ratios), with its own variance."""
-        pair = self._pair(sample, bracket=False)
-        if pair is None:
+        lock decision later uses bracketed ratios), with its own variance; nothing for a block measured
+        right after a reference set aside as disturbed."""
+        pair = None if self._next_to_disturbed(float(sample.index)) else self._pair(sample, bracket=False)
+        if pair is None:  # (paired across a disturbed reference it would carry the disturbance)
             return None
         ratio, steps_part, block_part = pair
         self.strategy.tell(sample.knobs, ratio, steps_part + block_part)
@@ -319,15 +320,21 @@ class Driver:
     def _after_round(self) -> tuple[Knobs, str, str] | None:
         goal = 1.0 + self.plan.min_gain
         scored = [(k, self.interval_of(k)) for k in self._finalists]
+        # a finalist whose every block sat next to a reference set aside as disturbed is not out: its
+        # blocks told nothing either way, so it gets another round while rounds are left
+        unpaired = [k for k, iv in scored if iv is None] if self._round < self.plan.max_rounds else []
         scored = [(k, iv) for k, iv in scored if iv is not None]
         if not scored:
+            if unpaired:
+                self._finalists = unpaired
+                return self._queue_round()
             return self._lock(None, None, "no finalist could be paired with the reference")
         best_k, best_iv = max(scored, key=lambda s: s[1].gain)
         if best_iv.low >= goal and self._round >= min(self.plan.min_rounds, self.plan.max_rounds):
             return self._lock(best_k, best_iv, f"its interval clears the minimum gain ({goal:.2f}x)")
         futile = self._round >= self.plan.futility_after  # by then a point estimate below the goal is a no
         self._finalists = [k for k, iv in scored if iv.high >= goal and iv.high >= best_iv.low
-                           and not (futile and iv.gain < goal)]
+                           and not (futile and iv.gain < goal)] + unpaired
         if not self._finalists:
             forced, self._forced = self._forced, None
             if forced is None and self._explored < self.plan.budget_samples \
@@ -413,10 +420,12 @@ class Driver:
         centre = float(np.median(logs))
         limit = max(3.5 * 1.4826 * float(np.median(np.abs(logs - centre))), 0.02)
         # ... and further than its own step noise can reach (3.5 sigmas of a block of its length, from the
-        # median step variance inside the reference blocks): a handful of references can agree closely by
-        # chance, and a robust spread read off four of them would set ordinary blocks aside
-        inside = [float(np.var(s.logs, ddof=1)) for s in self._epoch_refs() if len(s.logs) > 1]
-        step_var = float(np.median(inside)) if inside else 0.0
+        # step variance inside the reference's blocks, as the noise model pools it): a handful of
+        # references can agree closely by chance, and a robust spread read off four of them would set
+        # ordinary blocks aside
+        epoch = [(s.knobs, s.logs) for s in self.samples if s.epoch == self.epoch]
+        model = noise.estimate(epoch, self.default, [])
+        step_var = model.step_var.get(self.default, model.pooled_var)
         return [r for r in refs if abs(r[1] - centre) <= max(limit, 3.5 * math.sqrt(step_var / max(1, r[2])))]
 
     def _next_to_disturbed(self, position: float) -> bool:

@@ -6,7 +6,9 @@ any knobs, the objective answers with the nearest grid point in the search space
 boolean knob must match exactly): each simulated step's time is drawn from that point's recorded step
 times (or, for old files, log-normal noise of the file's pooled relative spread around the point's
 mean), slowed or sped by a seeded host drift, so the driver sees what a live run would: noisy steps on a
-host whose speed wanders.  Replays are bit-exact for a seed.
+host whose speed wanders.  Replays are bit-exact for a seed.  Where the host itself drifted while the
+landscape was recorded (:func:`recording_drift`), that drift is taken out of the recorded steps first:
+the replay's own drift stands in for it.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ class Landscape:
     name: str
     space: SearchSpace
     knobs: list[Knobs]
-    step_pools: list[np.ndarray]  # per point: recorded step times in seconds (empty for old files)
+    step_pools: list[np.ndarray]  # per point: recorded step times in seconds, the recording's drift taken
+                                  # out (empty for old files)
     means: np.ndarray             # true samples/s of each point: the mean over its recorded steps/visits
     sigma: float                  # old files: pooled relative spread of one step (log units)
     samples_per_step: float = 1.0
-    recorded: dict | None = None  # how it was recorded: scenario, discard_steps, measure_steps
+    recorded: dict | None = None  # how it was recorded: scenario, discard_steps, measure_steps, and
+                                  # drift_removed (sigma, lag1) when its own drift was taken out
 
     def __post_init__(self) -> None:
         keys = [self.space.unit_point(k) for k in self.knobs]
@@ -109,6 +113,13 @@ class Landscape:
     def true_score(self, knobs: Knobs) -> float:
         return float(self.means[self.nearest(knobs)])
 
+    def true_log_rate(self, knobs: Knobs) -> float:
+        """The mean log samples/s of the nearest point's steps: what a block's score estimates (the
+        driver's ratios and intervals are ratios of geometric means, not of :meth:`true_score`)."""
+        i = self.nearest(knobs)
+        pool = self.step_pools[i]
+        return float(np.mean(np.log(self.samples_per_step / pool))) if pool.size else math.log(self.means[i])
+
 
 @dataclass(frozen=True)
 class RecordingDrift:
@@ -145,7 +156,8 @@ def recording_drift(points: list[dict], order: object) -> RecordingDrift | None:
     for i in order:
         visits.append((i, seen[i]))
         seen[i] += 1
-    if any(n != len(p["steps_s"]) for n, p in zip(seen, points)) or min(seen, default=0) < 2:
+    if any(n != len(p["steps_s"]) for n, p in zip(seen, points)) or min(seen, default=0) < 2 \
+            or any(len(v) == 0 for p in points for v in p["steps_s"]):
         return None
     logs = [[-float(np.mean(np.log(v))) for v in p["steps_s"]] for p in points]
     centre = [float(np.mean(x)) for x in logs]
@@ -164,6 +176,8 @@ def recording_drift(points: list[dict], order: object) -> RecordingDrift | None:
     # its variance that is signal, so a drift too small to tell from that noise moves nothing.
     own = math.pi / 2.0 * float(np.var(res - trend)) * float(np.mean([1.0 / len(w) for w in window]))
     signal = max(0.0, 1.0 - own / float(np.var(trend))) if float(np.var(trend)) > 0 else 0.0
+    if signal == 0.0:  # no trend its own noise cannot explain: nothing to take out
+        return None
     return RecordingDrift(tuple(visits), signal * trend, lag1)
 
 
