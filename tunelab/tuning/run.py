@@ -252,6 +252,8 @@ def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], Non
         else:
             label = f"{s.phase[:1]:>6}"
         ratio = f"  {math.exp(s.told):.3f}x ref" if s.told is not None else ""
+        if s.role == "candidate" and s.told is None:
+            ratio = "  (after a reference set aside as disturbed: not paired)"
         steps = f", {s.steps} steps" if s.phase == "remeasure" else ""  # their length follows the noise
         why = ""
         if s.phase == "remeasure" and s.role == "candidate" and s.knobs not in explored:
