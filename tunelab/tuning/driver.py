@@ -428,16 +428,17 @@ class Driver:
         step_var = model.step_var.get(self.default, model.pooled_var)
         return [r for r in refs if abs(r[1] - centre) <= max(limit, 3.5 * math.sqrt(step_var / max(1, r[2])))]
 
-    def _next_to_disturbed(self, position: float) -> bool:
+    def _next_to_disturbed(self, position: float, kept: set[float] | None = None) -> bool:
         """Whether the reference block measured just before or just after ``position`` was set aside as
         disturbed.  Whatever disturbed it (another job, or a stretch when the host ran fast) may have
         reached the blocks next to it too; paired across it with references measured elsewhere, such a
         block would carry the disturbance into its ratio (a fast stretch the reference shared, set aside
-        on the reference's side only, reads as a gain).  So it pairs with nothing either."""
+        on the reference's side only, reads as a gain).  So it pairs with nothing either.  ``kept``: the
+        positions :meth:`_refs` keeps, when the caller has them already."""
         around = [float(s.index) for s in self._epoch_refs()]
         before = [r for r in around if r < position]
         after = [r for r in around if r > position]
-        kept = {r[0] for r in self._refs()}
+        kept = kept if kept is not None else {r[0] for r in self._refs()}
         return bool(before and before[-1] not in kept) or bool(after and after[0] not in kept)
 
     def disturbed_references(self) -> int:
@@ -473,9 +474,10 @@ class Driver:
         """Gain of ``knobs`` over the reference from this epoch's blocks of ``phase`` (re-measured ones by
         default), bracketed, at ``confidence`` (the plan's by default); blocks next to a reference set
         aside as disturbed are left out with it."""
+        kept = {r[0] for r in self._refs()}  # once, not per block: it reads every block's steps
         pairs = [self._pair(s) for s in self.samples
                  if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch
-                 and not self._next_to_disturbed(float(s.index))]
+                 and not self._next_to_disturbed(float(s.index), kept)]
         pairs = [p for p in pairs if p is not None]
         if not pairs:
             return None
