@@ -35,8 +35,9 @@ size ``S``, pieces of ``segment_bytes``):
 * baselines (recursive halving and doubling, MPICH's large-message allreduce):
   ``2 ceil(log2 P) alpha + 2 (P-1)/P S beta``, where ``beta`` is the baseline's own per-byte work
   (copies, reduction, its transport's CPU); where its bytes cross the link between hosts (real hosts,
-  the lab) they also take the wire's time, the engine's ``link:<name>.beta``, for the bytes through
-  each host's link: MPI ``2 (N-1)/N S`` (recursive halving pairs ranks on other hosts for only the
+  the lab) they also take the wire's time and TCP's CPU time, the engine's ``link:<name>.beta`` and
+  ``tcp.beta`` (the same wire, the same kernel stack), for the bytes through each host's link:
+  MPI ``2 (N-1)/N S`` (recursive halving pairs ranks on other hosts for only the
   steps whose distance spans a host, with ranks placed host by host; MPICH's node-aware allreduce
   moves the same), gloo's ring over all ranks ``2 (P-1)/P S``.
 """
@@ -196,9 +197,11 @@ def _baseline(algorithm: str, name: str, topo: Topology, size: int) -> Coeffs:
         # Its bytes between hosts also take the wire's time, the same wire the engine's rings use.  MPI's
         # recursive halving and doubling with ranks placed host by host (and MPICH's node-aware
         # composition alike) sends 2 (N-1)/N S through each host's link; gloo's ring over all ranks,
-        # one hop out of each host per step, 2 (P-1)/P S.
+        # one hop out of each host per step, 2 (P-1)/P S.  Those bytes go through the kernel's TCP
+        # stack as the engine's do, at the same CPU cost per byte.
         share = (n - 1) / n if algorithm == "mpi" else (p - 1) / p
         c[f"link:{topo.link}.beta"] = 2.0 * share * size
+        c[TCP_BETA] = 2.0 * share * size
     return c
 
 

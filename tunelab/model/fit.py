@@ -5,7 +5,10 @@ non-negative least-squares problem on **relative** error: each observation's row
 divided by its measured time, and the target is 1.  It is made robust by iteratively reweighting
 (Huber weights on the relative residual): a point the model cannot explain (a preempted run on a
 shared machine) loses its pull instead of bending every parameter.  Parameters no observation
-touches are not fitted (predictions that need them say so).
+touches are not fitted (predictions that need them say so).  A shaped link's inverse bandwidth is
+bounded below by its nominal rate (``link:1gbps.beta`` >= 8 ns per byte): a byte cannot cross faster,
+so what the wire does not explain is left to TCP's CPU cost and the contention factors, not to a wire
+fitted faster than its shaping.
 """
 
 from __future__ import annotations
@@ -141,6 +144,18 @@ class ScaleModel:
                    list(doc.get("fit_points", [])))
 
 
+def wire_floor(name: str) -> float:
+    """The least a link's ``link:<G>gbps.beta`` can be: 8 / G ns per byte, its nominal rate (0 for any
+    other parameter, or a link whose speed is not known)."""
+    if not (name.startswith("link:") and name.endswith("gbps.beta")):
+        return 0.0
+    try:
+        gbps = float(name[5:-len("gbps.beta")])
+    except ValueError:
+        return 0.0
+    return 8.0 / (gbps * 1e9) if gbps > 0 else 0.0
+
+
 def _owner(key: str) -> str:
     """``link:1gbps`` of ``link:1gbps.beta``."""
     return key.rsplit(".", 1)[0]
@@ -186,9 +201,11 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
         for n in (n for n in mine if n in values):
             col = ("alpha", "beta", "wire").index(contention_class(n))
             fixed[:, col] += np.array([rows[i].get(n, 0.0) for i in idx]) * values[n] / times
+        floor = np.array([wire_floor(n) for n in free])  # a shaped link is no faster than its rate
+        fixed[:, 2] += a @ floor
         kinds = np.array([contention_class(n) for n in free])
         x, kappa = _fit_family(a, over, kinds, robust, fixed)
-        values.update(zip(free, map(float, x)))
+        values.update(zip(free, map(float, x + floor)))
         if over.max() > 0:
             values.update(zip(contention_keys(fam), map(float, kappa)))
     model = ScaleModel(values, len(obs), sorted({o.source for o in obs}))
