@@ -1,6 +1,6 @@
 """The scale model on lab runs shipped with tunelab (``tunelab/model/runs``: ``bench allreduce --lab`` on
-2 x 1, 2 x 2, 4 x 1 and 4 x 2 hosts x ranks behind 1 Gb/s links, twice each): fitted on some sizes and
-layouts, it predicts the measured times it did not see.  The measurements are the reference."""
+2 x 1, 2 x 2, 2 x 4, 4 x 1 and 4 x 2 hosts x ranks behind 1 Gb/s links, twice each): fitted on some
+sizes and layouts, it predicts the measured times it did not see.  The measurements are the reference."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from tunelab.cli import main
 
 RUNS = Path(__file__).resolve().parent.parent / "tunelab" / "model" / "runs"
-FIT = [RUNS / f"sweep-H{h}-K{k}-G1{r}.json" for h, k in ((2, 1), (2, 2), (4, 1)) for r in ("", ".r2")]
+FIT = [RUNS / f"sweep-H{h}-K{k}-G1{r}.json" for h, k in ((2, 1), (2, 2), (2, 4), (4, 1)) for r in ("", ".r2")]
+OLD_FIT = [p for p in FIT if "H2-K4" not in p.name]  # the layouts fitted before 2 x 4 was recorded
 OTHER_HOSTS = [RUNS / f"sweep-H4-K2-G1{r}.json" for r in ("", ".r2")]
 
 
@@ -45,18 +46,33 @@ def test_held_out_sizes_behind_the_link_are_predicted_within_15_percent(model_fi
     check = _check(model_file, tmp_path, FIT, "256KiB,4MiB,64MiB")
     capsys.readouterr()
     points = [p for p in check["points"] if p["size"] >= 1 << 20]
-    assert len(points) == 18 and all(p["held_out"] for p in points)
+    assert len(points) == 24 and all(p["held_out"] for p in points)
     assert all(abs(p["rel_error"]) <= 0.15 for p in points), [(p["source"], p["algorithm"], p["size"],
                                                                 round(p["rel_error"], 3)) for p in points]
 
 
-def test_the_engines_paths_on_another_host_count(model_file: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture) -> None:
-    """4 x 2 (8 ranks on 2 cores, where the fit saw at most 2 per core): the hierarchical path from 1 MiB
-    within 15 %, and the model names hierarchical the winner wherever the measurement does."""
+def test_another_host_count_at_the_same_oversubscription(model_file: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """4 x 2: 8 ranks on 2 cores, as 2 x 4 in the fit, on twice the hosts.  From 1 MiB the engine's
+    hierarchical path and MPI within 15 %; the flat ring's 4 MiB point is left out of that (its two runs
+    measured 124 and 246 ms: a point the machine did not measure twice alike), the others within 15 %.
+    Model and measurement name the same winner of flat and hierarchical at every size."""
     check = _check(model_file, tmp_path, OTHER_HOSTS)
     capsys.readouterr()
-    hier = [p for p in check["points"] if p["algorithm"] == "hierarchical" and p["size"] >= 1 << 20]
-    assert len(hier) == 5 and all(abs(p["rel_error"]) <= 0.15 for p in hier), hier
+    big = [p for p in check["points"] if p["size"] >= 1 << 20]
+    assert len(big) == 15
+    steady = [p for p in big if not (p["algorithm"] == "flat" and p["size"] == 4 << 20)]
+    assert all(abs(p["rel_error"]) <= 0.15 for p in steady), [(p["algorithm"], p["size"], round(p["rel_error"], 3))
+                                                              for p in steady]
     [cross] = [c for c in check["crossover"] if "H4-K2" in json.dumps(c)]
     assert cross["winners_agree"] == cross["sizes"] == 7, cross
+
+
+def test_a_shaped_links_wire_is_fitted_no_faster_than_its_rate(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """Fitted on the layouts of at most 2 ranks a core, the fit could explain the runs as well with a
+    1 Gb/s wire at 1.4 Gb/s and TCP's CPU cost making up the rest; the link's rate bounds it below."""
+    out = tmp_path / "model.json"
+    assert main(["model", "fit", *map(str, OLD_FIT), "--sizes", "64KiB,1MiB,16MiB,256MiB", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads(out.read_text())["values"]["link:1gbps.beta"] >= 8e-9
