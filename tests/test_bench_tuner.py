@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tunelab.bench.landscape import DEFAULT_GRID, grid_points, grid_space, parse_grid, visit_order
-from tunelab.bench.tuner import LANDSCAPE_DIR, Landscape, evaluate, exhaustive_pick
+from tunelab.bench.tuner import LANDSCAPE_DIR, Landscape, evaluate, exhaustive_pick, truth_ceiling
 from tunelab.knobs import Knobs, MiB
 from tunelab.tuning.plan import Plan
 from tunelab.tuning.replay import Drift, Objective
@@ -115,6 +115,18 @@ def test_the_exhaustive_yardstick_is_the_chance_that_one_block_each_ranks_the_be
     clear = landscape([({"fusion_threshold_bytes": 8 * MiB}, [2.0, 2.0]), ({"fusion_threshold_bytes": 0}, [1.0, 1.0])],
                       steps=True)
     assert exhaustive_pick(clear, 1) == 1.0
+
+
+def test_the_truth_ceiling_is_how_often_the_recorded_best_stays_within_3_percent_of_a_resample():
+    """A: two visits at 1.05 (the recorded best); B: visits at 0.96 and 1.10 (mean 1.03).  Resampling
+    B's two visits gives 0.96, 1.03 or 1.10 (1/4, 1/2, 1/4); only at 1.10 is A (1.05) more than 3 %
+    behind (1.05 < 0.97 x 1.10).  So 0.75.  Well-separated points: 1.0; one visit a point: not known."""
+    land = landscape([({"fusion_threshold_bytes": 8 * MiB}, [1.05, 1.05]),
+                      ({"fusion_threshold_bytes": 0}, [0.96, 1.10])], steps=True)
+    assert truth_ceiling(land, draws=4000) == pytest.approx(0.75, abs=0.03)
+    assert truth_ceiling(tiny(steps=True)) == 1.0
+    assert truth_ceiling(tiny()) == 1.0  # old files: each visit's score
+    assert truth_ceiling(landscape([({"fusion_threshold_bytes": 0}, [1.0]), ({}, [2.0])], steps=True)) is None
 
 
 def drifting_recording(drift, points=12, visits=6, steps=3, noise=0.02, seed=3, order=True):

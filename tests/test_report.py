@@ -298,7 +298,8 @@ def test_the_tuner_section_says_what_each_landscape_is(tmp_path: Path) -> None:
     out, in words; an entry with nothing readable still makes a row, not a traceback."""
     data = json.loads((DATA / "report-tuner.json").read_text())
     data["landscapes"]["resnet50-torch-2ranks"].update(
-        exhaustive_within_3pct=0.7, block_steps=3, recording_drift_removed={"sigma": 0.0401, "lag1": 0.63})
+        exhaustive_within_3pct=0.7, block_steps=3, recording_drift_removed={"sigma": 0.0401, "lag1": 0.63},
+        truth_ceiling_within_3pct=0.75)
     data["landscapes"]["broken"] = {"best": "x", "recording_drift_removed": {"sigma": "x", "lag1": 1}}
     data["rows"][0]["locked_low_end_held_frac"] = None  # nothing locked: n/a, not NaN
     path = tmp_path / "tuner.json"
@@ -306,5 +307,5 @@ def test_the_tuner_section_says_what_each_landscape_is(tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     assert main(["report", "--bench", str(path), "--out", str(out)]) == 0
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
-    assert "resnet50-torch-2ranks 32 0.940 0.70 (3-step blocks) sd 4.01 %, lag-1 0.63" in text, text[-800:]
-    assert "broken n/a n/a n/a none" in text and "NaN" not in text, text[-800:]
+    assert "resnet50-torch-2ranks 32 0.940 0.70 (3-step blocks) 0.75 sd 4.01 %, lag-1 0.63" in text, text[-800:]
+    assert "broken n/a n/a n/a n/a none" in text and "NaN" not in text, text[-800:]

@@ -107,6 +107,7 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
         info[land.name] = {"best": land.best, "default": land.true_score(land.space.base),
                            "points": len(land.knobs), "names": list(land.space.names), "block_steps": steps,
                            "exhaustive_within_3pct": exhaustive_pick(land, steps),
+                           "truth_ceiling_within_3pct": truth_ceiling(land),
                            "recording_drift_removed": (land.recorded or {}).get("drift_removed")}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
             "seeds": seeds, "drift": drift, "plan": dict(vars(Plan())),
@@ -129,6 +130,22 @@ def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: i
             blocks[:, i] = math.log(landscape.means[i]) + noise
     picked = landscape.means[np.argmax(blocks, axis=1)]
     return float(np.mean(picked >= WITHIN * landscape.best))
+
+
+def truth_ceiling(landscape: Landscape, draws: int = 2000, seed: int = 0) -> float | None:
+    """A ceiling from the recording itself, not a strategy: the landscape's truth is each point's mean over
+    a few visits, so it is known only to a standard error.  Resample every point's visits (with
+    replacement) and score the recorded best point against the resampled best: the fraction of ``draws``
+    in which it is within 3 %.  A tuner that always locked the best point would score about this in
+    ``locked_within_3pct_frac`` if the landscape were recorded again; where it is below the target, the
+    recording cannot tell the target from its own noise.  None when a point has fewer than 2 visits."""
+    visits = landscape.visit_scores
+    if not visits or any(v.size < 2 for v in visits):
+        return None
+    rng = np.random.default_rng(seed)
+    top = int(np.argmax(landscape.means))
+    means = np.column_stack([v[rng.integers(v.size, size=(draws, v.size))].mean(axis=1) for v in visits])
+    return float(np.mean(means[:, top] >= WITHIN * means.max(axis=1)))
 
 
 def _median_curve(curves: list[list[float]]) -> list[float]:
@@ -206,6 +223,10 @@ def _cmd(args: argparse.Namespace) -> int:
               f"samples/s, default {info['default']:.2f} ({info['default'] / info['best']:.3f} of best); "
               f"measuring every point once ({info['block_steps']} steps, exact reference) and keeping the best "
               f"lands within 3 % in {info['exhaustive_within_3pct']:.2f} of draws")
+        if info["truth_ceiling_within_3pct"] is not None:
+            print(f"#   its truth is each point's mean over its visits: the best point, scored against the visits "
+                  f"resampled, is within 3 % of their best in {info['truth_ceiling_within_3pct']:.2f} of draws "
+                  "(how well the recording knows its own best)")
         if info["recording_drift_removed"]:
             removed = info["recording_drift_removed"]
             print(f"#   the host drifted while it was recorded (sd {100 * removed['sigma']:.2f} % along the visiting "

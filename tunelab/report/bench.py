@@ -94,18 +94,21 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
 
 def _landscape_row(name: str, info: Any) -> dict[str, Any]:
     """What a tuner result says of one landscape, in words: its size, the default against the best, the
-    yardstick (every point measured once) and the recording's own drift that the replay took out."""
+    yardstick (every point measured once), how well the recording knows its own best (visits resampled)
+    and the recording's own drift that the replay took out."""
     info = info if isinstance(info, dict) else {}
     best, default = info.get("best"), info.get("default")
     drift = info.get("recording_drift_removed")
     drift = drift if isinstance(drift, dict) else {}
     yardstick = info.get("exhaustive_within_3pct")
     steps = info.get("block_steps")
+    ceiling = info.get("truth_ceiling_within_3pct")
     return {"landscape": name, "points": info.get("points", "n/a"),
             "default / best": f"{default / best:.3f}" if _number(best) and best > 0 and _number(default) else "n/a",
             "every point measured once: within 3 %":
                 (f"{yardstick:.2f}" + (f" ({steps}-step blocks)" if isinstance(steps, int) else ""))
                 if _number(yardstick) else "n/a",
+            "best point, visits resampled: within 3 %": f"{ceiling:.2f}" if _number(ceiling) else "n/a",
             "recording's drift taken out": (f"sd {100 * drift['sigma']:.2f} %, lag-1 {drift['lag1']:.2f}"
                                             if _number(drift.get("sigma")) and _number(drift.get("lag1"))
                                             else "none")}

@@ -43,6 +43,8 @@ class Landscape:
     samples_per_step: float = 1.0
     recorded: dict | None = None  # how it was recorded: scenario, discard_steps, measure_steps, and
                                   # drift_removed (sigma, lag1) when its own drift was taken out
+    visit_scores: list[np.ndarray] | None = None  # per point: each visit's samples/s (drift taken out):
+                                                  # how well the recording knows each point's mean
 
     def __post_init__(self) -> None:
         keys = [self.space.unit_point(k) for k in self.knobs]
@@ -70,18 +72,21 @@ class Landscape:
             raise TunelabError(f"landscape {name}: samples_per_step and every step time must be positive numbers")
         recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps") if k in doc}
         if all(p.size for p in pools):
+            visits = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
             drift = recording_drift(points, doc.get("order"))
             if drift is not None:  # the replay adds its own drift: take the recording's out of its steps
-                pools = drift.apply(points)
+                visits = drift.apply(points)
                 recorded["drift_removed"] = drift.summary()
+            pools = [np.concatenate(v) for v in visits]
             means = np.asarray([float(np.mean(per_step / p)) for p in pools])
-            return cls(name, space, knobs, pools, means, 0.0, per_step, recorded)
+            scored = [np.asarray([float(np.mean(per_step / v)) for v in vs if v.size]) for vs in visits]
+            return cls(name, space, knobs, pools, means, 0.0, per_step, recorded, scored)
         logs = [np.log(s) for s in scores]
         pooled = [x - x.mean() for x in logs if x.size > 1]
         block_sigma = float(np.sqrt(np.mean(np.concatenate(pooled) ** 2) * 2.0)) if pooled else 0.02
         means = np.asarray([float(np.mean(s)) for s in scores])
         return cls(name, space, knobs, [np.empty(0)] * len(knobs), means, block_sigma * STEP_SPREAD_OF_BLOCK,
-                   recorded=recorded)
+                   recorded=recorded, visit_scores=scores)
 
     @classmethod
     def load(cls, path: Path) -> Landscape:
@@ -132,12 +137,13 @@ class RecordingDrift:
     offsets: np.ndarray                  # log-rate offset of each visit (mean 0)
     lag1: float                          # lag-1 autocorrelation of the residuals that showed it
 
-    def apply(self, points: list[dict]) -> list[np.ndarray]:
-        """Every point's step times with its visits' offsets taken out (a slow visit's steps shortened)."""
+    def apply(self, points: list[dict]) -> list[list[np.ndarray]]:
+        """Every point's step times, visit by visit, with each visit's offset taken out (a slow visit's
+        steps shortened)."""
         steps = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
         for (i, j), off in zip(self.visits, self.offsets):
             steps[i][j] = steps[i][j] * math.exp(float(off))
-        return [np.concatenate(v) for v in steps]
+        return steps
 
     def summary(self) -> dict:
         return {"sigma": float(np.std(self.offsets)), "lag1": self.lag1}
