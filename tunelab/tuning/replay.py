@@ -75,7 +75,7 @@ class Landscape:
             visits = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
             drift = recording_drift(points, doc.get("order"))
             if drift is not None:  # the replay adds its own drift: take the recording's out of its steps
-                visits = drift.apply(points)
+                visits = drift.apply(visits)
                 recorded["drift_removed"] = drift.summary()
             pools = [np.concatenate(v) for v in visits]
             means = np.asarray([float(np.mean(per_step / p)) for p in pools])
@@ -137,10 +137,10 @@ class RecordingDrift:
     offsets: np.ndarray                  # log-rate offset of each visit (mean 0)
     lag1: float                          # lag-1 autocorrelation of the residuals that showed it
 
-    def apply(self, points: list[dict]) -> list[list[np.ndarray]]:
-        """Every point's step times, visit by visit, with each visit's offset taken out (a slow visit's
-        steps shortened)."""
-        steps = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
+    def apply(self, visits: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Every point's step times, visit by visit (as ``visits`` holds them), with each visit's offset
+        taken out (a slow visit's steps shortened); ``visits`` is left as it is."""
+        steps = [list(v) for v in visits]
         for (i, j), off in zip(self.visits, self.offsets):
             steps[i][j] = steps[i][j] * math.exp(float(off))
         return steps
