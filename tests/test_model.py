@@ -499,6 +499,21 @@ def test_crossover_check_takes_the_median_over_repeats() -> None:
     assert "every size with a winner (the others within 10 %)" in row["measured"]  # 64 KiB is a tie
 
 
+def test_a_crossover_is_where_the_difference_changes_sign_for_good() -> None:
+    """Hierarchical 35 % ahead at 1 KiB, flat 35 % ahead at 32 KiB, ties between whose sign flips once
+    (4 KiB flat, 8 KiB hierarchical again) before it stays: the two times cross between 8 and 16 KiB,
+    not in the middle of the ties.  A winner only on one side, ties on the other, is no crossover."""
+    from tunelab.model.validate import crossover_of
+
+    d = {1024: 0.3, 2048: 0.05, 4096: -0.02, 8192: 0.01, 16384: -0.04, 32768: -0.3}
+    cross = crossover_of(d)
+    assert cross is not None and (cross.faster_below, cross.faster_above) == ("hierarchical", "flat")
+    assert cross.sizes == (pytest.approx(8192 * 2 ** (0.01 / 0.05)),)
+    assert crossover_of({1024: 0.3, 2048: -0.3}).sizes == (pytest.approx(1024 * 2 ** 0.5),)  # no ties between
+    none = crossover_of({1024: 0.05, 2048: -0.05, 4096: -0.3})
+    assert none is not None and none.sizes == () and none.faster_below == "flat"
+
+
 def test_a_derived_link_keeps_the_baselines_fitted_through_the_fitted_one(tmp_path: Path) -> None:
     """At a link speed not measured, MPI through the lab's link is still predicted: its own latency and
     per-byte work as fitted, its bytes on the wire at the new speed (computed here from the formulas)."""

@@ -16,7 +16,7 @@ RUNS = Path(__file__).resolve().parent.parent / "tunelab" / "model" / "runs"
 FIT = [RUNS / f"sweep-H{h}-K{k}-G1{r}.json" for h, k in ((2, 1), (2, 2), (2, 4), (4, 1)) for r in ("", ".r2")]
 OLD_FIT = [p for p in FIT if "H2-K4" not in p.name]  # the layouts fitted before 2 x 4 was recorded
 OTHER_HOSTS = [RUNS / f"sweep-H4-K2-G1{r}.json" for r in ("", ".r2")]
-SEGMENTS_4X2 = [RUNS / f"knob-H4-K2-G1-seg256k{r}.json" for r in ("", ".r2")]
+SEGMENTS_4X2 = [RUNS / f"knob-H4-K2-G1-seg256k{r}.json" for r in ("", ".r2", ".r3", ".r4", ".r5")]
 LANDSCAPES = [RUNS / f"landscape-lab-H2-K2-G1{r}.json" for r in ("", ".r2", ".r3")]
 
 
@@ -103,15 +103,17 @@ def test_a_crossover_the_segment_knob_makes_on_another_host_count(model_file: Pa
                                                                   capsys: pytest.CaptureFixture) -> None:
     """``segment_bytes=256KiB`` on 4 x 2 (held out twice: another knob, another host count): at 4 ranks a
     core hierarchical pays its per-segment ordering points, and from a few segments on the flat ring
-    overtakes it.  Measured (median over 2 runs) at 1.2 MiB; the model names one too, the same way round,
-    with the same winner at all 7 sizes, at 540 KiB: a factor of 0.44, not the issue's 2 (the two
-    paths' times are within 15 % of the model each, but cross at a shallow angle)."""
+    overtakes it.  Five runs (two at 7 sizes, three at 12 from 64 KiB to 16 MiB): the median difference
+    changes sign for good at 588 KiB (hierarchical below, flat above), the model's at 472 KiB: within the
+    issue's factor of 2, the same winner at all 12 sizes.  The lead past it grows slowly (flat > 10 %
+    ahead from 3 MiB measured, 630 KiB predicted): the two cross at a shallow angle."""
     check = _check(model_file, tmp_path, SEGMENTS_4X2)
     capsys.readouterr()
     [cross] = check["crossover"]
-    assert cross["winners_agree"] == cross["sizes"] == 7, cross
+    assert cross["repeats"] == 5 and cross["winners_agree"] == cross["sizes"] == 12, cross
     for side in ("measured", "predicted"):
         assert cross[side].startswith("crossover at") and "hierarchical below, flat above" in cross[side], cross
-    assert 0.4 <= cross["factor"] < 1.0, cross
+    assert 0.5 <= cross["factor"] <= 2.0, cross
     big = [p for p in check["points"] if p["size"] >= 1 << 20]
-    assert sum(abs(p["rel_error"]) <= 0.15 for p in big) >= 8, big
+    assert sum(abs(p["rel_error"]) <= 0.15 for p in big) >= 18, [(p["source"], p["algorithm"], p["size"],
+                                                                  round(p["rel_error"], 3)) for p in big]

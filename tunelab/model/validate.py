@@ -30,21 +30,36 @@ def _winner(d: float) -> str:
 
 
 def crossover_of(diffs: dict[int, float]) -> Crossover | None:
-    """Where flat and hierarchical trade places among ``{size: log(flat time / hierarchical time)}``:
-    geometric interpolation between sizes where one is faster by more than 10 % (closer is a tie, and
-    on a shared machine noise flips ties), and the onset of the larger sizes' winner
-    (:func:`tunelab.model.predict.onset`).  ``faster_below``/``faster_above`` are ``tie`` when no
-    size has a winner."""
+    """Where flat and hierarchical trade places among ``{size: log(flat time / hierarchical time)}``,
+    and the onset of the larger sizes' winner (:func:`tunelab.model.predict.onset`).
+
+    A crossover needs a winner on each side: a size where one is faster by more than 10 % followed
+    (past sizes closer than that: ties, whose sign noise on a shared machine flips) by a size where
+    the other is.  Between those two, the crossing is where the difference changes sign for good:
+    the last sign change before the new winner's lead, interpolated geometrically between the two
+    sizes around it.  The two times cross there even when the new winner's lead grows slowly (a
+    shallow angle): the middle of the band of ties would name a size well past the crossing.
+    ``faster_below``/``faster_above`` are ``tie`` when no size has a winner."""
     sizes = sorted(diffs)
     if len(sizes) < 2:
         return None
     pairs = [(s, diffs[s]) for s in sizes]
-    sig = [(s, d) for s, d in pairs if abs(d) >= TIE]
+    sig = [i for i, (_, d) in enumerate(pairs) if abs(d) >= TIE]
     start, below = onset(sizes, [d for _, d in pairs])
     if not sig:
         return Crossover((), "tie", "tie")
-    found = [s0 * (s1 / s0) ** (d0 / (d0 - d1)) for (s0, d0), (s1, d1) in itertools.pairwise(sig) if (d0 < 0) != (d1 < 0)]
-    return Crossover(tuple(found), _winner(sig[0][1]), _winner(sig[-1][1]), start, below, len(sig) < len(pairs))
+    found = [_crossing(pairs[i:j + 1]) for i, j in itertools.pairwise(sig) if (pairs[i][1] < 0) != (pairs[j][1] < 0)]
+    return Crossover(tuple(found), _winner(pairs[sig[0]][1]), _winner(pairs[sig[-1]][1]), start, below,
+                     len(sig) < len(pairs))
+
+
+def _crossing(span: list[tuple[int, float]]) -> float:
+    """``span``: (size, difference) from a winner's lead to the other's, ties between: the size where
+    the difference last changes sign, interpolated geometrically."""
+    first = span[0][1] > 0
+    k = max(i for i, (_, d) in enumerate(span[:-1]) if (d > 0) == first and d != 0)
+    (s0, d0), (s1, d1) = span[k], span[k + 1]
+    return s0 * (s1 / s0) ** (d0 / (d0 - d1))
 
 
 def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[str, Any]]:
