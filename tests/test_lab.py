@@ -142,6 +142,12 @@ def test_lab_up_status_exec_down(lab_dir):
     resolve = _cli("lab", "exec", "tlab-h1", "--", sys.executable, "-c",
                    "import socket; print(socket.gethostbyname('tlab-h0'))")
     assert resolve.stdout.strip() == "10.213.0.11"
+    # a peer's address named back, as a dual-stack socket reports it (torch's c10d does this for every
+    # connection): answered by the lab's hosts file, not sent to a DNS the namespace cannot reach
+    for addr in ("10.213.0.11", "::ffff:10.213.0.11"):
+        back = _cli("lab", "exec", "tlab-h1", "--", sys.executable, "-c",
+                    f"import socket; print(socket.getnameinfo(({addr!r}, 0), socket.NI_NAMEREQD)[0])")
+        assert back.returncode == 0 and back.stdout.strip() == "tlab-h0", (addr, back.stdout, back.stderr)
     status = _cli("lab", "status")
     assert status.returncode == 0 and "tbf" in status.stdout and "rate 1Gbit" in status.stdout
     bad = _cli("lab", "exec", "tlab-h9", "--", "true")

@@ -134,6 +134,9 @@ def _shape(prefix: tuple[str, ...], dev: str, gbps: float, latency_us: float) ->
 def _hosts_file(spec: LabSpec) -> str:
     lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost"]
     lines += [f"{spec.host_address(i)} {host_name(i)}" for i in range(spec.hosts)]
+    # the same addresses as a dual-stack socket reports them, so that a reverse lookup (torch's c10d
+    # names its peers) is answered here and not sent to a DNS the lab cannot reach
+    lines += [f"::ffff:{spec.host_address(i)} {host_name(i)}" for i in range(spec.hosts)]
     return "\n".join(lines) + "\n"
 
 
