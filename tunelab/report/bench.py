@@ -6,6 +6,7 @@ by its hardware (host name) when that tells them apart, else by file name.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..units import format_size
@@ -116,8 +117,6 @@ def _landscape_row(name: str, info: Any) -> dict[str, Any]:
 
 def _number(x: object) -> bool:
     """A finite number (not a bool): what a figure or a formatted cell can take."""
-    import math
-
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
