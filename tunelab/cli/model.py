@@ -79,12 +79,17 @@ def run_fit(args: argparse.Namespace) -> int:
 
 def _print_parameters(values: dict[str, float]) -> None:
     from ..bench.common import format_table
-    from ..model.costs import OVER, parameter_kind
+    from ..model.costs import OVER, WAKE, parameter_kind
 
     unit = {"alpha": ("us", 1e6), "beta": ("ns/B", 1e9), "gamma": ("ns/B", 1e9)}
     rows = []
     for name, v in sorted(values.items()):
-        u, scale = ("per unit of oversubscription", 1.0) if OVER in name else unit[parameter_kind(name)]
+        if OVER in name:
+            u, scale = "per unit of oversubscription", 1.0
+        elif WAKE in name:
+            u, scale = "us per unit of oversubscription", 1e6
+        else:
+            u, scale = unit[parameter_kind(name)]
         rows.append({"parameter": name, "value": v * scale, "unit": u})
     print(format_table(rows, [("parameter", "parameter", ""), ("value", "value", ".4g"), ("unit", "unit", "")]))
 

@@ -3,8 +3,9 @@
 Every formula is linear in the parameters, so a predicted time is ``sum(coeff[name] * value[name])``
 and fitting is a (non-negative, weighted) linear least-squares problem.  The parameters:
 
-* ``shm.alpha`` (s per ordering point of a node's ranks), ``shm.beta`` (s per byte copied through
-  shared memory), ``gamma`` (s per byte of every source a reduction reads);
+* ``call.alpha`` (s per engine call, whatever its size and path: agreeing on it across ranks and
+  dispatching it), ``shm.alpha`` (s per ordering point of a node's ranks), ``shm.beta`` (s per byte
+  copied through shared memory), ``gamma`` (s per byte of every source a reduction reads);
 * ``link.alpha`` (s per message crossing the link between hosts, MPI's own cost included: one value
   for the link type, since shaping a link to another speed changes its rate, not its latency) and
   ``link:<name>.beta`` per link speed (s per byte on the wire of one host's link, which all its ranks
@@ -14,15 +15,25 @@ and fitting is a (non-negative, weighted) linear least-squares problem.  The par
   reduction is proportional to the same bytes as its transfers, so it is part of its beta).
 
 Contention: on an oversubscribed machine (the lab and emulated nodes run every rank on one machine)
-waits and copies cost more.  Each family (the engine; each baseline) has two factors, ``~over.alpha``
-and ``~over.beta``: every latency is multiplied by ``1 + kappa_alpha * over`` and every per-byte CPU
-cost (not the wire's, ``link:<name>.beta``: a shaped link is as slow whoever has the cores) by
-``1 + kappa_beta * over``, with ``over = max(0, ranks per machine / cores - 1)``.  Predictions for
-real hosts with a core per rank have ``over = 0``: the factors drop out.
+waits and copies cost more, with ``over = max(0, ranks per machine / cores - 1)``:
+
+* every wait pays a **wake-up**: each latency parameter ``X.alpha`` has a companion ``X.wake.alpha``,
+  seconds per wait per unit of ``over`` (a rank that waited for a peer must get a core back, and the
+  more ranks share a core, the longer that takes).  It is added, not multiplied: on this machine the
+  latencies measured with a core per rank are small (the runs there are wire-bound) and say nothing
+  of the wake-ups, so a factor on them would have nothing to scale.  The engine's ``call.alpha`` (one
+  wake-up per call, wherever its time goes) is the largest of them in the lab runs;
+* every per-byte CPU cost (copies, reductions, TCP's; not the wire's, ``link:<name>.beta``: a shaped
+  link is as slow whoever has the cores) is multiplied by ``1 + kappa * over``, one factor per family
+  (the engine; each baseline), ``<family>~over.beta``.
+
+Predictions for real hosts with a core per rank have ``over = 0``: the wake-ups and the factors drop
+out.
 
 The engine's paths (:mod:`tunelab.engine.algorithms`, hosts ``N``, ranks per host ``K``, ``P = N K``,
 size ``S``, pieces of ``segment_bytes``):
 
+* every call on more than one rank: ``call.alpha``, and then by path:
 * one host, ``S <= oneshot_max_bytes``: copy in, one ordering point, reduce K sources:
   ``shm.alpha + S shm.beta + K S gamma``;
 * one host, larger: two-shot, per piece of ``m`` bytes: ``2 shm.alpha + 2 m shm.beta + m gamma``;
@@ -52,6 +63,7 @@ from ..knobs import Knobs
 ENGINE_ALGORITHMS = ("flat", "hierarchical")
 BASELINES = ("mpi", "gloo")
 OVER = "~over"
+WAKE = ".wake"             # X.wake.alpha: the wake-up a wait of X.alpha pays per unit of oversubscription
 LINK_ALPHA = "link.alpha"  # one latency for the link type between hosts; its speeds differ in beta
 TCP_BETA = "tcp.beta"      # CPU time per byte a rank sends and receives through TCP, whatever the link's speed
 
@@ -109,16 +121,25 @@ def path_of(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> str:
 
 
 def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
-    """Coefficients of every parameter in the time of one allreduce of ``size`` bytes, before
-    contention (see :func:`seconds`).  ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one
-    host both are the same path) or a baseline name."""
+    """Coefficients of every parameter in the time of one allreduce of ``size`` bytes: the wake-ups of
+    an oversubscribed machine included, its factor on per-byte CPU costs not (see :func:`seconds`).
+    ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one host both are the same path) or a
+    baseline name."""
     if algorithm in BASELINES:
         base = _baseline(algorithm, family(algorithm, topo), topo, size)
     elif algorithm in ENGINE_ALGORITHMS:
         base = _engine(path_of(algorithm, topo, size, knobs), topo, size, knobs)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ENGINE_ALGORITHMS + BASELINES)}")
+    if topo.over > 0:
+        for name in [k for k in base if parameter_kind(k) == "alpha"]:
+            _add(base, wake_of(name), base[name] * topo.over)
     return {k: v for k, v in base.items() if v}
+
+
+def wake_of(name: str) -> str:
+    """``shm.wake.alpha`` of ``shm.alpha``: its wake-up per unit of oversubscription."""
+    return name.removesuffix(".alpha") + WAKE + ".alpha"
 
 
 def family(algorithm: str, topo: Topology) -> str:
@@ -129,35 +150,36 @@ def family(algorithm: str, topo: Topology) -> str:
     return f"{algorithm}@{topo.link}" if topo.baselines_on_link and topo.hosts > 1 else algorithm
 
 
-def contention_keys(fam: str) -> tuple[str, str]:
-    """The value names of a family's latency and per-byte inflation per unit of oversubscription."""
-    return f"{fam}{OVER}.alpha", f"{fam}{OVER}.beta"
+def contention_key(fam: str) -> str:
+    """The value name of a family's inflation of per-byte CPU costs per unit of oversubscription."""
+    return f"{fam}{OVER}.beta"
 
 
 def seconds(coeffs: Coeffs, values: dict[str, float], fam: str, over: float) -> float:
-    """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for latencies (alpha) or for
-    per-byte costs (beta, gamma); KeyError naming the first parameter the values lack."""
-    ka, kb = (values.get(k, 0.0) for k in contention_keys(fam))
-    kappa = {"alpha": ka, "beta": kb, "wire": 0.0}
+    """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for per-byte CPU costs and 0
+    for the rest (latencies and their wake-ups, the wire); KeyError naming the first parameter the
+    values lack."""
+    kappa = values.get(contention_key(fam), 0.0)
     total = 0.0
     for name, c in coeffs.items():
-        total += c * values[name] * (1.0 + kappa[contention_class(name)] * over)
+        total += c * values[name] * (1.0 + kappa * over if inflated(name) else 1.0)
     return total
 
 
-def contention_class(name: str) -> str:
-    """How oversubscription inflates a parameter: ``alpha`` (latencies, by kappa_alpha), ``beta``
-    (per-byte CPU work: copies, reductions, TCP's own per-byte cost, by kappa_beta) or ``wire``
-    (the shaped link's time per byte, ``link:<name>.beta``: a byte on the wire takes as long
-    whoever has the cores)."""
+def inflated(name: str) -> bool:
+    """Whether oversubscription multiplies a parameter: per-byte CPU work (copies, reductions, TCP's
+    own per-byte cost) yes; latencies no (their wake-ups are parameters of their own), nor the shaped
+    link's time per byte, ``link:<name>.beta`` (a byte on the wire takes as long whoever has the cores)."""
     if name.startswith("link:") and name.endswith(".beta"):
-        return "wire"
-    return "alpha" if parameter_kind(name) == "alpha" else "beta"
+        return False
+    return parameter_kind(name) != "alpha"
 
 
 def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
     n, k = topo.hosts, topo.ranks_per_host
     c: Coeffs = {}
+    if path != "alone":
+        _add(c, "call.alpha", 1.0)
     if path == "alone":
         _add(c, "shm.beta", size)
     elif path == "oneshot":
@@ -210,6 +232,7 @@ def _add(c: Coeffs, name: str, value: float) -> None:
 
 
 def parameter_kind(name: str) -> str:
-    """``alpha``, ``beta`` or ``gamma``: the unit of a parameter (s, s/B, s/B; contention factors,
-    ``<family>~over.alpha`` and ``.beta``, have no unit)."""
+    """``alpha``, ``beta`` or ``gamma``: the unit of a parameter (s, s/B, s/B; wake-ups,
+    ``X.wake.alpha``, are s per unit of oversubscription; contention factors, ``<family>~over.beta``,
+    have no unit)."""
     return name.rsplit(".", 1)[-1]

@@ -7,7 +7,7 @@ divided by its measured time, and the target is 1.  It is made robust by iterati
 shared machine) loses its pull instead of bending every parameter.  Parameters no observation
 touches are not fitted (predictions that need them say so).  A shaped link's inverse bandwidth is
 bounded below by its nominal rate (``link:1gbps.beta`` >= 8 ns per byte): a byte cannot cross faster,
-so what the wire does not explain is left to TCP's CPU cost and the contention factors, not to a wire
+so what the wire does not explain is left to TCP's CPU cost and the contention factor, not to a wire
 fitted faster than its shaping.
 """
 
@@ -29,16 +29,17 @@ from .costs import (
     BASELINES,
     OVER,
     TCP_BETA,
+    WAKE,
     Topology,
     coefficients,
-    contention_class,
-    contention_keys,
+    contention_key,
     family,
+    inflated,
     seconds,
 )
 from .data import ModelInputError, Observation
 
-FORMAT = "tunelab-scale-model/1"
+FORMAT = "tunelab-scale-model/2"  # /1: latencies inflated by a factor, not by wake-ups of their own
 HUBER_REL = 0.10       # residuals beyond 10 % count linearly, not quadratically
 MIN_EXTRA_POINTS = 2   # points beyond the number of fitted parameters
 
@@ -70,8 +71,8 @@ class ScaleModel:
     @property
     def baselines(self) -> list[str]:
         """Fitted baselines: ``mpi`` (not behind a link) or ``mpi@<link>`` (through it), and gloo's."""
-        return sorted({_owner(k) for k in self.values
-                       if OVER not in k and not k.startswith(("link", "shm.", "gamma", "tcp."))})
+        return sorted({_family_of(k) for k in self.values
+                       if OVER not in k and not k.startswith(("link", "shm.", "gamma", "tcp.", "call."))})
 
     def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None) -> float:
         """Predicted seconds of one allreduce.  ModelError when a parameter it needs was not fitted."""
@@ -104,8 +105,8 @@ class ScaleModel:
         for key in [k for k in self.values if k.startswith(src + ".")]:
             new = key.replace(src, f"link:{name}", 1)
             values[new] = values[key] * (ref[1] / gbps if ".beta" in key else 1.0)
-        through = {f"{b}@{ref[0]}" for b in BASELINES}  # e.g. mpi@1gbps, and its mpi@1gbps~over.* factors
-        for key in [k for k in self.values if _owner(k).removesuffix(OVER) in through]:
+        through = {f"{b}@{ref[0]}" for b in BASELINES}  # e.g. mpi@1gbps, its wake-up and its ~over factor
+        for key in [k for k in self.values if _family_of(k) in through]:
             values[key.replace(f"@{ref[0]}", f"@{name}", 1)] = values[key]
         return ScaleModel(values, self.points, self.sources, self.rel_errors, self.fit_points)
 
@@ -137,6 +138,9 @@ class ScaleModel:
             raise ModelInputError(f"{path}: no such model file") from None
         except (OSError, ValueError) as exc:
             raise ModelInputError(f"{path}: not a model file ({exc})") from None
+        if isinstance(doc, dict) and doc.get("format") == "tunelab-scale-model/1":
+            raise ModelInputError(f"{path}: fitted by an older tunelab (format tunelab-scale-model/1, whose "
+                                  f"latencies scale differently); fit it again with `tunelab model fit`")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("values"), dict):
             raise ModelInputError(f"{path}: not a tunelab model file (expected format {FORMAT})")
         values = {str(k): float(v) for k, v in doc["values"].items()}
@@ -161,6 +165,12 @@ def _owner(key: str) -> str:
     return key.rsplit(".", 1)[0]
 
 
+def _family_of(key: str) -> str:
+    """Whose parameter a value is: ``mpi@1gbps`` of ``mpi@1gbps.alpha``, ``mpi@1gbps.wake.alpha`` and
+    ``mpi@1gbps~over.beta``."""
+    return _owner(key).removesuffix(WAKE).removesuffix(OVER)
+
+
 def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
     speeds = []
     for name in links:
@@ -172,13 +182,13 @@ def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
 
 
 def fit_model(observations: Sequence[Observation], robust: bool = True) -> ScaleModel:
-    """Fit every parameter the observations touch, and each family's contention factors where some
-    observations ran oversubscribed.  ModelInputError with too few points."""
+    """Fit every parameter the observations touch (wake-ups where some observations ran oversubscribed),
+    and there each family's contention factor on per-byte CPU costs.  ModelInputError with too few points."""
     obs = list(observations)
     rows = [coefficients(o.algorithm, o.topo, o.size, o.knobs) for o in obs]
     names = sorted({k for r in rows for k, v in r.items() if v})
     fams = [family(o.algorithm, o.topo) for o in obs]
-    n_params = len(names) + 2 * len({f for f, o in zip(fams, obs) if o.topo.over > 0})
+    n_params = len(names) + len({f for f, o in zip(fams, obs) if o.topo.over > 0})
     if not obs or len(obs) < n_params + MIN_EXTRA_POINTS:
         raise ModelInputError(f"too few points to fit: {len(obs)} measured allreduces for {n_params} "
                               f"parameters (need at least {n_params + MIN_EXTRA_POINTS}); add sizes or runs")
@@ -197,17 +207,16 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
         free = [n for n in mine if n not in values]
         times = np.array([obs[i].time_s for i in idx])
         a = np.array([[rows[i].get(n, 0.0) for n in free] for i in idx]) / times[:, None]
-        fixed = np.zeros((len(idx), 3))  # per observation: what fitted parameters explain, by contention class
+        fixed = np.zeros((len(idx), 2))  # per observation: what fitted parameters explain (not inflated, inflated)
         for n in (n for n in mine if n in values):
-            col = ("alpha", "beta", "wire").index(contention_class(n))
-            fixed[:, col] += np.array([rows[i].get(n, 0.0) for i in idx]) * values[n] / times
+            fixed[:, int(inflated(n))] += np.array([rows[i].get(n, 0.0) for i in idx]) * values[n] / times
         floor = np.array([wire_floor(n) for n in free])  # a shaped link is no faster than its rate
-        fixed[:, 2] += a @ floor
-        kinds = np.array([contention_class(n) for n in free])
-        x, kappa = _fit_family(a, over, kinds, robust, fixed)
+        fixed[:, 0] += a @ floor
+        grows = np.array([inflated(n) for n in free], dtype=bool)
+        x, kappa = _fit_family(a, over, grows, robust, fixed)
         values.update(zip(free, map(float, x + floor)))
         if over.max() > 0:
-            values.update(zip(contention_keys(fam), map(float, kappa)))
+            values[contention_key(fam)] = kappa
     model = ScaleModel(values, len(obs), sorted({o.source for o in obs}))
     model.fit_points = relative_errors(model, obs)
     errs = np.abs([e["rel_error"] for e in model.fit_points])
@@ -215,47 +224,45 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
     return model
 
 
-KAPPA_GRID = np.concatenate([[0.0], np.geomspace(0.05, 200.0, 40)])
+KAPPA_GRID = np.concatenate([[0.0], np.geomspace(0.05, 320.0, 48)])
 
 
-def _inflation(kinds: np.ndarray, over: np.ndarray, ka: float, kb: float) -> np.ndarray:
-    """Per observation and parameter: ``1 + kappa * over`` (kappa by the parameter's contention class)."""
-    kappa = np.where(kinds == "alpha", ka, np.where(kinds == "wire", 0.0, kb))
-    return 1.0 + kappa[None, :] * over[:, None]
-
-
-def _fit_family(a: np.ndarray, over: np.ndarray, kinds: np.ndarray, robust: bool,
-                fixed: np.ndarray | None = None) -> tuple[np.ndarray, tuple[float, float]]:
-    """Parameters and (kappa_alpha, kappa_beta): the contention factors by grid search (each grid
-    point a linear problem), the rest by robust NNLS on relative error.  ``fixed``: per observation,
-    the relative time that parameters fitted before explain (columns: latency, CPU per byte, wire),
-    inflated by the same factors."""
-    fixed = np.zeros((a.shape[0], 3)) if fixed is None else fixed
+def _fit_family(a: np.ndarray, over: np.ndarray, grows: np.ndarray, robust: bool,
+                fixed: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """Parameters and kappa, the factor on per-byte CPU costs (``grows``) per unit of
+    oversubscription: kappa by a search on a grid (each grid point a linear problem), the rest by
+    robust NNLS on relative error.  ``fixed``: per observation, the relative time that parameters fitted
+    before explain (columns: not inflated, inflated by the same factor)."""
+    fixed = np.zeros((a.shape[0], 2)) if fixed is None else fixed
     if over.max() == 0:
-        return _robust_nnls(a, robust, target=_target(fixed, over, 0.0, 0.0)), (0.0, 0.0)
-    grid = [(ka, kb) for ka in KAPPA_GRID for kb in KAPPA_GRID[::4]]
-    ka, kb = _best_kappa(a, over, kinds, grid, fixed)
-    fine = np.geomspace(0.6, 1.6, 9)  # then refine around the coarse optimum
-    ka, kb = _best_kappa(a, over, kinds, [(ka * f, kb * g) for f in fine for g in fine] + [(ka, kb)], fixed)
-    scale = _inflation(kinds, over, ka, kb)
-    return _robust_nnls(a * scale, robust, target=_target(fixed, over, ka, kb)), (ka, kb)
+        return _robust_nnls(a, robust, target=_target(fixed, over, 0.0)), 0.0
+    kappa = _best_kappa(a, over, grows, KAPPA_GRID, fixed)
+    fine = kappa * np.geomspace(0.8, 1.25, 9)  # then refine around the coarse optimum
+    kappa = _best_kappa(a, over, grows, np.append(fine[fine <= KAPPA_GRID[-1]], kappa), fixed)
+    scale = _inflation(grows, over, kappa)
+    return _robust_nnls(a * scale, robust, target=_target(fixed, over, kappa)), kappa
 
 
-def _target(fixed: np.ndarray, over: np.ndarray, ka: float, kb: float) -> np.ndarray:
+def _inflation(grows: np.ndarray, over: np.ndarray, kappa: float) -> np.ndarray:
+    """Per observation and parameter: ``1 + kappa * over`` for per-byte CPU costs, 1 for the rest."""
+    return 1.0 + np.where(grows, kappa, 0.0)[None, :] * over[:, None]
+
+
+def _target(fixed: np.ndarray, over: np.ndarray, kappa: float) -> np.ndarray:
     """What the free parameters must explain of each observation (relative units: 1 less the fixed part)."""
-    return 1.0 - fixed[:, 0] * (1.0 + ka * over) - fixed[:, 1] * (1.0 + kb * over) - fixed[:, 2]
+    return 1.0 - fixed[:, 0] - fixed[:, 1] * (1.0 + kappa * over)
 
 
-def _best_kappa(a: np.ndarray, over: np.ndarray, kinds: np.ndarray,
-                candidates: list[tuple[float, float]], fixed: np.ndarray) -> tuple[float, float]:
-    best, arg = math.inf, candidates[0]
-    for ka, kb in candidates:
-        scaled = a * _inflation(kinds, over, ka, kb)
-        target = _target(fixed, over, ka, kb)
+def _best_kappa(a: np.ndarray, over: np.ndarray, grows: np.ndarray, candidates: np.ndarray,
+                fixed: np.ndarray) -> float:
+    best, arg = math.inf, float(candidates[0])
+    for kappa in candidates:
+        scaled = a * _inflation(grows, over, kappa)
+        target = _target(fixed, over, kappa)
         x = _robust_nnls(scaled, True, iterations=8, target=target)
         loss = _huber_loss(scaled @ x - target)
         if loss < best:
-            best, arg = loss, (float(ka), float(kb))
+            best, arg = loss, float(kappa)
     return arg
 
 

@@ -101,7 +101,8 @@ def model_section(model: ScaleModel, errors: Sequence[dict[str, Any]], ranks_per
                                   f"({ranks_per_host} per host, link {link}, a core per rank; crosses: the engine measured "
                                   "on one machine, oversubscribed where it has fewer cores than ranks)"})
     params = [{"parameter": k, "value": v} for k, v in sorted(model.values.items())]
-    blocks.append(table_block("fitted parameters (s, s/byte; ~over: inflation per unit of oversubscription)", params))
+    blocks.append(table_block("fitted parameters (s, s/byte; .wake: s per wait per unit of oversubscription; ~over: inflation of "
+                              "per-byte CPU costs per unit of oversubscription)", params))
     for caption, rows in tables:
         if rows:
             blocks.append(table_block(caption, rows))

@@ -156,6 +156,7 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
     """First proposals for a tuning job from the model at ``path``: the ``count`` settings of the
     searched knobs with the lowest predicted step time, and lines saying so (or why there are none)."""
     from .costs import link_name
+    from .data import ModelInputError
     from .fit import ModelError
     from .predict import DEFAULT_GRID
 
@@ -172,7 +173,8 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
             return [], []
         best = predicted_best(model, work, Topology(hosts, ranks_per_host, link, oversubscription), count,
                               grid, space.base)
-    except ModelError as exc:  # a model file that does not fit this job: tune without it, and say so
+    except (ModelError, ModelInputError) as exc:  # a model file that does not fit this job, or that this
+        # tunelab cannot read (an older format, a corrupt file): tune without it, and say so
         return [], [f"# scale model {path} not used: {exc}"]
     where = f"{hosts} host{'s' if hosts != 1 else ''} x {ranks_per_host} rank{'s' if ranks_per_host != 1 else ''}"
     head = f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials for this hardware):"
