@@ -19,10 +19,10 @@ waits and copies cost more, with ``over = max(0, ranks per machine / cores - 1)`
 
 * every wait pays a **wake-up**: each latency parameter ``X.alpha`` has a companion ``X.wake.alpha``,
   seconds per wait per unit of ``over`` (a rank that waited for a peer must get a core back, and the
-  more ranks share a core, the longer that takes).  It is added, not multiplied: on this machine the
-  latencies measured with a core per rank are small (the runs there are wire-bound) and say nothing
-  of the wake-ups, so a factor on them would have nothing to scale.  The engine's ``call.alpha`` (one
-  wake-up per call, wherever its time goes) is the largest of them in the lab runs;
+  more ranks share a core, the longer that takes).  It is added, not multiplied: how long a rank
+  waits for a core is the scheduler's, not a multiple of what the wait costs on an idle core (in the
+  lab an ordering point takes no measurable time with a core per rank and 175 us a unit of
+  oversubscription);
 * every per-byte CPU cost (copies, reductions, TCP's; not the wire's, ``link:<name>.beta``: a shaped
   link is as slow whoever has the cores) is multiplied by ``1 + kappa * over``, one factor per family
   (the engine; each baseline), ``<family>~over.beta``.
