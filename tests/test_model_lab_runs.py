@@ -1,8 +1,8 @@
 """The scale model on lab runs shipped with tunelab (``tunelab/model/runs``: ``bench allreduce --lab`` on
 2 x 1, 2 x 2, 2 x 4, 4 x 1 and 4 x 2 hosts x ranks behind 1 Gb/s links, twice each; 2 x 1 at small
 sizes for its latencies; segment sizes other than the sweeps' 4 MiB; a replayed training job's step
-times): fitted on some sizes and layouts,
-it predicts the measured times it did not see.  The measurements are the reference."""
+times): fitted on some sizes and layouts, it predicts the measured times it did not see.  The
+measurements are the reference."""
 
 from __future__ import annotations
 
