@@ -125,3 +125,32 @@ def test_bad_arguments_are_rejected():
         from tunelab.kernels import get_backend as gb
 
         gb("fpga")
+
+
+def test_a_thread_budget_goes_parallel_only_for_calls_big_enough_to_pay_for_the_pool():
+    """A parallel kernel wakes the thread pool (tens of microseconds with passive waiting): calls that
+    move little stay serial whatever the budget, and both builds give numpy's bits."""
+    from tunelab.kernels.cpu import _KERNELS, CpuBackend
+
+    backend = CpuBackend()
+    backend.set_threads(2)
+    threads = getattr(backend._threads, "n", 1)
+    if threads < 2:
+        pytest.skip("Numba allows one thread here (NUMBA_NUM_THREADS=1)")
+    small = 1000
+    large = threads * backend.parallel_min_bytes // 12 + 1  # a 2-source float32 reduce moves 12 B an element
+    assert backend._k("_reduce", small * 12) is _KERNELS["_reduce"][0]
+    assert backend._k("_reduce", large * 12) is _KERNELS["_reduce"][1]
+    assert backend._k("_copy_table", lambda: 2 * small * 4) is _KERNELS["_copy_table"][0]
+    backend.set_threads(1)
+    assert backend._k("_reduce", large * 12) is _KERNELS["_reduce"][0]  # a budget of one is serial
+    rng = np.random.default_rng(5)
+    for count in (small, large):
+        backend.set_threads(2)
+        a, b = (rng.integers(-9, 10, count).astype(np.float32) for _ in range(2))
+        out = np.empty(count, np.float32)
+        backend.reduce(out.ctypes.data, addrs([a, b]), count, out.dtype, ReduceOp.SUM)
+        assert np.array_equal(out, a + b)
+        copy = np.empty_like(a)
+        backend.copy_table(np.array([[a.ctypes.data, copy.ctypes.data, a.nbytes]]))
+        assert np.array_equal(copy, a)
