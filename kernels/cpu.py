@@ -192,7 +192,7 @@ class CpuBackend:
         if not rows.shape[0]:
             return
         kind = half_kind(dtype)
-        work = lambda: 2 * np.dtype(dtype).itemsize * int(rows[:, 2].sum())  # noqa: E731
+        work = lambda: 2 * np.dtype(dtype).itemsize * int(rows[:, 2].sum())
         if kind:
             self._k("_scale_copy_table_half", work)(rows, kind, float(factor))
         else:
