@@ -77,9 +77,12 @@ def case_engine_sweep(comm: MPI.Comm, seed: int = 0) -> dict:
     failures: list[str] = []
     checks = 0
     for lay in layouts(n):
-        # two-shot pipelined in tiny pieces, two-shot in one piece, and one-shot up to 256 KiB
-        for segment, oneshot in ((4096, 0), (1 << 22, 0), (4096, 1 << 18)):
-            engine = Engine(comm, load_engine_config(segment_bytes=segment, oneshot_max_bytes=oneshot, **lay))
+        # two-shot pipelined in tiny pieces (rings between nodes), two-shot in one piece (recursive
+        # doubling between nodes up to 1 MiB), and one-shot up to 256 KiB (the default doubling)
+        for segment, oneshot, doubling in ((4096, 0, 0), (1 << 22, 0, 1 << 20), (4096, 1 << 18, None)):
+            more = {} if doubling is None else {"doubling_max_bytes": doubling}
+            engine = Engine(comm, load_engine_config(segment_bytes=segment, oneshot_max_bytes=oneshot,
+                                                     **more, **lay))
             for name in supported_names():
                 dt = dtype_from_name(name)
                 for op in ("sum", "average", "min", "max"):
@@ -94,7 +97,7 @@ def case_engine_sweep(comm: MPI.Comm, seed: int = 0) -> dict:
                         bad = bit_mismatches(out, ref)
                         checks += 1
                         if bad:
-                            failures.append(f"{lay} seg={segment} oneshot={oneshot} {name} {op} n={count} "
+                            failures.append(f"{lay} seg={segment} oneshot={oneshot} doubling={doubling} {name} {op} n={count} "
                                             f"inplace={inplace}: {bad} wrong")
                         if not inplace and bit_mismatches(mine, inputs[comm.rank]):
                             failures.append(f"{lay} {name} {op} n={count}: input was modified")
@@ -113,6 +116,7 @@ def case_random_batches(comm: MPI.Comm, seed: int = 1, rounds: int = 25) -> dict
         knobs = {"fusion_threshold_bytes": int(rng.choice([0, 64, 4096, 1 << 16, 1 << 26])),
                  "segment_bytes": int(rng.choice([4096, 1 << 14, 1 << 20])),
                  "oneshot_max_bytes": int(rng.choice([0, 256, 1 << 18])),
+                 "doubling_max_bytes": int(rng.choice([0, 256, 1 << 16])),
                  "group_fusion": bool(rng.integers(2))}
         engine = Engine(comm, load_engine_config(**lay, **knobs))
         ntensors = int(rng.integers(1, 12))
@@ -162,6 +166,39 @@ def case_grouped_determinism(comm: MPI.Comm, seed: int = 2) -> dict:
         got = np.frombuffer(results[0], np.float32)
         digests.append(bool(np.allclose(got, ref, rtol=1e-5, atol=1e-5)))
     return {"all_identical": all(digests)}
+
+
+def case_doubling_same_bits(comm: MPI.Comm, seed: int = 3) -> dict:
+    """Random floats (signed zeros and NaNs among them) through recursive doubling between emulated
+    nodes of one rank (flat) and of two (hierarchical shards): every rank ends with the same bits, and
+    the values are numpy's (sums within float32 rounding, min and max exactly, zeros of either sign
+    being equal)."""
+    n = comm.size
+    failures: list[str] = []
+    for lay in ({"ranks_per_node": 1}, {"ranks_per_node": 2, "hierarchical": True}):
+        if n % lay["ranks_per_node"] or n // lay["ranks_per_node"] < 2:
+            continue
+        engine = Engine(comm, load_engine_config(doubling_max_bytes=1 << 20, **lay))
+        for count in (1, 7, 1000, 4099):
+            rng = np.random.default_rng(seed + count)  # the same stream on every rank
+            inputs = [rng.standard_normal(count).astype(np.float32) for _ in range(n)]
+            for r, x in enumerate(inputs):
+                x[::5] = -0.0 if r % 2 else 0.0
+                if count > 10:
+                    x[3 + r] = np.nan
+            for op in ("sum", "min", "max"):
+                out = engine.allreduce(inputs[comm.rank].copy(), op)
+                if len(set(comm.allgather(out.tobytes()))) != 1:
+                    failures.append(f"{lay} {op} n={count}: ranks hold different bits")
+                stacked = np.stack(inputs)
+                ref = {"sum": stacked.sum(axis=0, dtype=np.float64).astype(np.float32),
+                       "min": np.minimum.reduce(stacked), "max": np.maximum.reduce(stacked)}[op]
+                same = np.isclose(out, ref, rtol=1e-5, atol=1e-5, equal_nan=True) if op == "sum" \
+                    else (out == ref) | (np.isnan(out) & np.isnan(ref))
+                if not same.all():
+                    failures.append(f"{lay} {op} n={count}: {int((~same).sum())} values differ from numpy")
+        engine.close()
+    return {"failures": failures[:20]}
 
 
 def case_mismatch(comm: MPI.Comm) -> dict:

@@ -25,6 +25,12 @@ def test_grouped_results_do_not_depend_on_companions_or_threshold(n):
     assert all(r["all_identical"] for r in run_ok("grouped_determinism", n))
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_recursive_doubling_leaves_every_rank_the_same_bits(n):
+    for rank, res in enumerate(run_ok("doubling_same_bits", n, limit_s=120)):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_disagreeing_ranks_get_one_clear_error_everywhere(n):
     results = run_ok("mismatch", n, limit_s=120)

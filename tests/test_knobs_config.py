@@ -93,10 +93,11 @@ def test_knob_text_is_what_knob_flags_take_back():
     from tunelab.knobs import Knobs, knob_text
 
     odd = Knobs(fusion_threshold_bytes=0, cycle_time_ms=4.346, hierarchical=True, segment_bytes=69712 * 1024,
-                oneshot_max_bytes=0)
+                oneshot_max_bytes=0, doubling_max_bytes=48 * 1024)
     texts = {name: knob_text(name, value) for name, value in odd.as_dict().items()}
     assert texts == {"fusion_threshold_bytes": "off", "cycle_time_ms": "4.346", "hierarchical": "on",
-                     "group_fusion": "on", "segment_bytes": "69712KiB", "oneshot_max_bytes": "off"}
+                     "group_fusion": "on", "segment_bytes": "69712KiB", "oneshot_max_bytes": "off",
+                     "doubling_max_bytes": "48KiB"}
     assert Knobs(**texts) == odd  # "off" and "on" read back
     assert knob_text("segment_bytes", 69712 * 1024, exact=False) == "68.1MiB"
     assert knob_text("cycle_time_ms", 1.0) == "1"

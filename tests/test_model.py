@@ -151,6 +151,41 @@ def test_hierarchical_on_one_rank_hosts_is_the_flat_ring() -> None:
     assert model.time_s("hierarchical", two, 64 * MiB) != pytest.approx(model.time_s("flat", two, 64 * MiB), rel=0.01)
 
 
+@pytest.mark.parametrize(("hosts", "per_host", "messages", "through_link", "reduced"), [
+    (2, 1, 1, 1, 2),    # one swap, across the link
+    (2, 2, 2, 2, 4),    # the swap with the rank 1 away stays on the host; the one 2 away: both ranks cross
+    (3, 1, 3, 3, 4),    # rank 2 folds into rank 0, ranks 0 and 1 swap, rank 0 hands the result back
+    (4, 3, 5, 13, 8),   # 12 ranks: 4 fold in (3 from the last host), swaps crossing 1, 3 and 3 a host
+])
+def test_recursive_doubling_costs_count_its_messages_and_the_busiest_link(hosts, per_host, messages,
+                                                                          through_link, reduced) -> None:
+    """Buffers up to doubling_max_bytes cross by recursive doubling (engine/mpi_ring.py): the counts in
+    the table are worked out by hand from its pairs (ranks placed host by host); a file recorded before
+    the knob existed ran rings, and is read so."""
+    from tunelab.model.costs import coefficients
+
+    size = 16 << 10
+    topo = Topology(hosts, per_host, "1gbps")
+    c = coefficients("flat", topo, size, Knobs())
+    assert c["link.alpha"] == messages
+    assert c["link:1gbps.beta"] == c["tcp.beta"] == through_link * size
+    assert c["gamma"] == reduced * size
+    assert c["shm.beta"] == 2 * size  # pack and unpack
+    ring = coefficients("flat", topo, size, Knobs(doubling_max_bytes=0))
+    assert ring["link.alpha"] == (hosts * per_host - 1) * 2  # a message a step, 2 (P-1) steps
+    above = coefficients("flat", topo, size, Knobs(doubling_max_bytes=size - 1))
+    assert above == ring
+
+
+def test_runs_recorded_before_recursive_doubling_are_read_as_rings(tmp_path: Path) -> None:
+    path = bench_file(tmp_path / "old.json", 2, 1, 0.0, np.random.default_rng(0), sizes=[16 << 10])
+    assert {o.knobs.doubling_max_bytes for o in load_bench(path)} == {0}
+    doc = json.loads(path.read_text())
+    doc["hardware"]["knobs"]["doubling_max_bytes"] = 65536
+    path.write_text(json.dumps(doc))
+    assert {o.knobs.doubling_max_bytes for o in load_bench(path)} == {65536}
+
+
 def mpi_in_lab(hosts: int, per_host: int, size: int, p: dict = PLANTED) -> float:
     """MPI_Allreduce between lab hosts, written out from MPICH's recursive halving and doubling with
     ranks placed host by host: step ``i`` of the reduce-scatter swaps ``S / 2^(i+1)`` bytes with the rank

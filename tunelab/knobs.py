@@ -46,6 +46,10 @@ SPECS: dict[str, KnobSpec] = {s.name: s for s in (
              "buckets up to this size take the one-shot algorithm within a node (every rank reads every "
              "peer's copy and reduces once: one ordering point); larger ones the two-shot "
              "reduce-scatter + allgather (0 = always two-shot)"),
+    KnobSpec("doubling_max_bytes", int, 0, 64 * MiB,
+             "buffers up to this size cross nodes by recursive doubling (log2 of the ranks exchanges of the "
+             "whole buffer, where the ring sends 2 (ranks - 1) messages of a 1/ranks share); larger ones "
+             "go round the ring (0 = always the ring)"),
 )}
 
 
@@ -57,6 +61,7 @@ class Knobs:
     group_fusion: bool = True
     segment_bytes: int = 4 * MiB
     oneshot_max_bytes: int = 1 * MiB  # host crossover measured at 2-4 MiB (2 and 4 ranks, 2 cores)
+    doubling_max_bytes: int = 32 * 1024  # lab, 1 Gb/s: 2x1 gains up to 16 KiB, 2x2 flat loses at 64 KiB
 
     def __post_init__(self) -> None:
         for spec in SPECS.values():

@@ -7,6 +7,9 @@ device memory in :mod:`tunelab.engine.device`).
   staging, with a cross-node ring of each shard when there are several nodes;
 * several nodes, ``hierarchical`` off (or nodes of one rank each): a flat MPI ring over every rank.
 
+Between nodes, buffers up to ``doubling_max_bytes`` (a flat bucket, a hierarchical shard) take recursive
+doubling instead of the ring (:mod:`tunelab.engine.mpi_ring`).
+
 A single small host tensor on one node (the latency-bound case) takes the shortest route: ranks
 agree on the call in the same barrier that publishes their data, so the whole allreduce costs one
 synchronisation, about what MPI_Allreduce pays.
@@ -84,10 +87,8 @@ class Engine:
         self._host = HostPath(self.topology.local, self.kernels, self.barrier)
         self._device: Any = None
         self.link = self._emulated_link()
-        self._ring_world = RingAllreduce(self.topology.world, self.kernels,
-                                         self._link_from_left(self.topology.world))
-        self._ring_cross = RingAllreduce(self.topology.cross, self.kernels,
-                                         self._link_from_left(self.topology.cross))
+        self._ring_world = self._ring_over(self.topology.world)
+        self._ring_cross = self._ring_over(self.topology.cross)
         self._plans: dict[tuple, list[Bucket]] = {}
         self._small: dict[tuple, _SmallCall] = {}
         self._calls = 0
@@ -100,14 +101,17 @@ class Engine:
             return None
         return EmulatedLink(topo.local, gbps, self.config.link_latency_us)
 
-    def _link_from_left(self, comm: MPI.Comm) -> EmulatedLink | None:
-        """The link for a ring over ``comm`` when its left neighbour is on another emulated node of
-        this host (collective over ``comm``)."""
+    def _ring_over(self, comm: MPI.Comm) -> RingAllreduce:
+        """The ring (and recursive doubling) over ``comm``, with the emulated link that what arrives from
+        the left neighbour, or from any partner on another emulated node, passes through (collective
+        over ``comm``)."""
         world_ranks = comm.allgather(self.topology.rank)
-        left = world_ranks[(comm.rank - 1) % comm.size]
-        if self.link is None or not self.topology.emulated_boundary(left, self.topology.rank):
-            return None
-        return self.link
+        if self.link is None:
+            return RingAllreduce(comm, self.kernels)
+        me = self.topology.rank
+        remote = frozenset(i for i, w in enumerate(world_ranks) if self.topology.emulated_boundary(w, me))
+        left = (comm.rank - 1) % comm.size
+        return RingAllreduce(comm, self.kernels, self.link if left in remote else None, self.link, remote)
 
     def use_kernel_threads(self) -> None:
         """Apply this engine's kernel thread budget to the calling thread."""
@@ -126,6 +130,8 @@ class Engine:
         if new.oneshot_max_bytes > self._host.slots.half_bytes:  # the same verdict on every rank
             self._host.ensure_slots(new.oneshot_max_bytes)
         self._small.clear()  # the slots may have moved, the size limit changed
+        for ring in (self._ring_world, self._ring_cross):
+            ring.doubling_max_bytes = new.doubling_max_bytes
         if self._device is not None:
             self._device.ensure_slots(new.oneshot_max_bytes)
         self._knobs = new

@@ -1,9 +1,16 @@
-"""Ring allreduce over MPI point-to-point messages (the path between nodes).
+"""Allreduce over MPI point-to-point messages (the path between nodes): a ring, and recursive
+doubling for small buffers.
 
-Reduce-scatter then allgather, N-1 steps each.  Every chunk travels in pieces of
-``segment_bytes`` so the reduction of one piece overlaps the receipt of the
-next.  Chunk c is combined in ring order starting at rank c, so a given bucket
-layout always gives the same bits.
+* The ring: reduce-scatter then allgather, N-1 steps each.  Every chunk travels in pieces of
+  ``segment_bytes`` so the reduction of one piece overlaps the receipt of the next.  Chunk c is
+  combined in ring order starting at rank c, so a given bucket layout always gives the same bits.
+* Recursive doubling (buffers up to ``doubling_max_bytes``): in step k every rank swaps its whole
+  partial result with rank ``r xor 2^k`` and both combine the two, so ``log2 N`` messages replace the
+  ring's ``2 (N-1)``: latency-bound buffers pay a fraction of the waits, for ``log2 N`` times the
+  bytes of one buffer sent (the ring sends ``2 (N-1)/N`` of it).  With N not a power of two, the
+  ranks past the largest power of two first hand their buffer to a partner and get the result back
+  at the end (two more messages for them).  Both ranks of a pair combine the lower rank's partial
+  first, so every rank ends with the same bits (``min(+0, -0)`` included).
 """
 
 from __future__ import annotations
@@ -29,15 +36,20 @@ def _pieces(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
 
 
 class RingAllreduce:
-    """In-place ring allreduce over one communicator, on raw memory: host arrays (``__call__``), or
-    any addresses the MPI library can read, such as device memory with a CUDA-aware MPI (``run``).
+    """In-place allreduce over one communicator, on raw memory: host arrays (``__call__``), or any
+    addresses the MPI library can read, such as device memory with a CUDA-aware MPI (``run``).
     ``link``: the emulated link that everything received from the left neighbour passes through
-    (None: not slowed)."""
+    (None: not slowed); ``node_link`` and ``remote``: the same for recursive doubling, whose partners
+    change from step to step."""
 
-    def __init__(self, comm: MPI.Comm, kernels: KernelBackend, link: EmulatedLink | None = None) -> None:
+    def __init__(self, comm: MPI.Comm, kernels: KernelBackend, link: EmulatedLink | None = None,
+                 node_link: EmulatedLink | None = None, remote: frozenset[int] = frozenset()) -> None:
         self.comm = comm
         self.kernels = kernels
         self.link = link
+        self.node_link = node_link  # this rank's emulated node link, which whatever arrives from ...
+        self.remote = remote        # ... these ranks of ``comm`` (on other emulated nodes) passes through
+        self.doubling_max_bytes = 0  # set from the knobs, alike on every rank (Engine.set_knobs)
         self._scratch = np.empty(0, dtype=np.uint8)
 
     def __call__(self, buf: np.ndarray, op: ReduceOp, segment_bytes: int) -> None:
@@ -58,6 +70,9 @@ class RingAllreduce:
         if n == 1 or count == 0:
             return
         isz = dtype.itemsize
+        if count * isz <= self.doubling_max_bytes:
+            self._doubling(addr, count, dtype, op, reduce, scratch(count * isz), sync)
+            return
         step = max(1, segment_bytes // isz)
         slots = scratch(2 * step * isz)
         bounds = [count * j // n for j in range(n + 1)]
@@ -98,6 +113,45 @@ class RingAllreduce:
                 recvs.append(self.comm.Irecv(_mem(slots[k % 2], (d - c) * isz), left, _TAG))
         for req in sends:
             req.Wait()
+
+
+    def _doubling(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, reduce: Reduce, tmp: int,
+                  sync: Callable[[], None] | None) -> None:
+        """Recursive doubling of ``count`` elements at ``addr``, receiving into ``tmp`` (see the module
+        doc)."""
+        n, rank = self.comm.size, self.comm.rank
+        nbytes = count * dtype.itemsize
+        high = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+        if rank >= high:  # an extra rank: hand the buffer over, get the result back
+            if sync is not None:
+                sync()
+            self.comm.Send(_mem(addr, nbytes), rank - high, _TAG)
+            self.comm.Recv(_mem(addr, nbytes), rank - high, _TAG)
+            self._arrived(rank - high, nbytes)
+            return
+        if rank + high < n:
+            self.comm.Recv(_mem(tmp, nbytes), rank + high, _TAG)
+            self._arrived(rank + high, nbytes)
+            reduce(addr, np.array([addr, tmp], dtype=np.int64), count, dtype, op)
+        mask = 1
+        while mask < high:
+            peer = rank ^ mask
+            if sync is not None:
+                sync()  # what was reduced is what goes out; the reduce has read tmp before it is refilled
+            self.comm.Sendrecv(_mem(addr, nbytes), peer, _TAG, _mem(tmp, nbytes), peer, _TAG)
+            self._arrived(peer, nbytes)
+            first, second = (addr, tmp) if rank < peer else (tmp, addr)  # the lower rank's partial first
+            reduce(addr, np.array([first, second], dtype=np.int64), count, dtype, op)
+            mask <<= 1
+        if rank + high < n:
+            if sync is not None:
+                sync()
+            self.comm.Send(_mem(addr, nbytes), rank + high, _TAG)
+
+    def _arrived(self, peer: int, nbytes: int) -> None:
+        """``nbytes`` came from ``peer``: through the emulated link when it is on another emulated node."""
+        if self.node_link is not None and peer in self.remote:
+            self.node_link.transfer(nbytes)
 
 
 def _mem(addr: int, nbytes: int) -> list:

@@ -40,6 +40,12 @@ size ``S``, pieces of ``segment_bytes``):
 * hierarchical (``N > 1``, ``K > 1``): two-shot, and each piece's shard goes round a ring of N hosts
   (K rings share a host's link): ``+ 2 (N-1) link.alpha + 2 (N-1)/N m (link.beta + tcp.beta)
   + 2 (N-1) m/(K N) gamma``; with ``K = 1`` the engine takes the flat ring instead;
+* recursive doubling instead of a ring, for buffers up to ``doubling_max_bytes`` (the flat path's
+  bucket, the hierarchical path's shard of a piece): ``floor(log2 R)`` swaps of the whole buffer
+  among R ranks, plus a fold and an unfold when R is not a power of two, each a ``link.alpha``; each
+  swap whose partner is on another host sends the buffer through the link for every rank of the host
+  (the flat path: swaps with partners K or more ranks away, ranks placed host by host), and every swap
+  reduces two sources of the buffer;
 * flat ring (``N > 1``): pack and unpack ``2 S shm.beta``, then 2 (P-1) steps of chunks ``c = S/P``,
   the reduce-scatter sending ``ceil(c / segment)`` messages a step:
   ``(P-1) (ceil(c/seg) + 1) link.alpha + 2 (P-1) c (link.beta + tcp.beta) + 2 (P-1) c gamma``;
@@ -55,6 +61,7 @@ size ``S``, pieces of ``segment_bytes``):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -193,10 +200,27 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
         _add(c, "gamma", size)
         if path == "hierarchical":
             link = f"link:{topo.link}"
-            _add(c, LINK_ALPHA, 2.0 * (n - 1) * pieces)
-            _add(c, f"{link}.beta", 2.0 * (n - 1) / n * size)
-            _add(c, TCP_BETA, 2.0 * (n - 1) / n * size)
-            _add(c, "gamma", 2.0 * (n - 1) * size / (k * n))
+            shard = min(size, knobs.segment_bytes) / k
+            if shard <= knobs.doubling_max_bytes:  # each shard crosses by recursive doubling
+                msgs, swaps, folds = _doubling_steps(n)
+                _add(c, LINK_ALPHA, msgs * pieces)
+                _add(c, f"{link}.beta", (swaps + folds) * size)  # K shards of a piece per host link
+                _add(c, TCP_BETA, (swaps + folds) * size)
+                _add(c, "gamma", 2.0 * (swaps + folds / 2) * size / k)
+            else:
+                _add(c, LINK_ALPHA, 2.0 * (n - 1) * pieces)
+                _add(c, f"{link}.beta", 2.0 * (n - 1) / n * size)
+                _add(c, TCP_BETA, 2.0 * (n - 1) / n * size)
+                _add(c, "gamma", 2.0 * (n - 1) * size / (k * n))
+    elif path == "flat" and size <= knobs.doubling_max_bytes:
+        p, link = topo.ranks, f"link:{topo.link}"
+        msgs, swaps, folds = _doubling_steps(p)
+        crossing = _doubling_crossings(p, k)
+        _add(c, "shm.beta", 2.0 * size)
+        _add(c, LINK_ALPHA, msgs)
+        _add(c, f"{link}.beta", crossing * size)
+        _add(c, TCP_BETA, crossing * size)
+        _add(c, "gamma", (2.0 * swaps + folds) * size)
     elif path == "flat":
         p, link = topo.ranks, f"link:{topo.link}"
         chunk = size / p
@@ -208,6 +232,39 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
     else:
         raise ValueError(f"unknown engine path {path!r}")
     return c
+
+
+def _doubling_steps(ranks: int) -> tuple[float, float, float]:
+    """Recursive doubling over ``ranks``: (messages on the critical path, swaps of the whole buffer,
+    one-way transfers of it to fold in the ranks past the largest power of two and hand them the
+    result: 0 or 2)."""
+    swaps = ranks.bit_length() - 1
+    folds = 2 if ranks > (1 << swaps) else 0
+    return float(swaps + folds), float(swaps), float(folds)
+
+
+@functools.lru_cache(maxsize=1024)
+def _doubling_crossings(ranks: int, per_host: int) -> int:
+    """Buffers through the busiest host's link in recursive doubling over ``ranks`` placed host by host
+    (``per_host`` a host), summed over its steps: in each step, the most ranks of one host whose partner
+    is on another host (they send at once, through the one link)."""
+    high = 1 << (ranks.bit_length() - 1)
+    host = [r // per_host for r in range(ranks)]
+
+    def busiest(pairs: list[tuple[int, int]]) -> int:
+        count: dict[int, int] = {}
+        for a, b in pairs:
+            if host[a] != host[b]:
+                count[host[a]] = count.get(host[a], 0) + 1
+        return max(count.values(), default=0)
+
+    fold = busiest([(r, r - high) for r in range(high, ranks)])
+    total = 2 * fold  # the extra ranks' buffers in, and the results back out
+    mask = 1
+    while mask < high:
+        total += busiest([(r, r ^ mask) for r in range(high)])
+        mask <<= 1
+    return total
 
 
 def _baseline(algorithm: str, name: str, topo: Topology, size: int) -> Coeffs:

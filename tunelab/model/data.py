@@ -127,7 +127,8 @@ def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[
         per_node = hw.get("ranks_per_node") or [world]
         sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
         cores = int(hw.get("cpu_cores") or 0)
-        knobs = Knobs(**(hw.get("knobs") or {}))
+        # a file from before recursive doubling existed recorded no doubling_max_bytes: it ran rings
+        knobs = Knobs(**{"doubling_max_bytes": 0, **(hw.get("knobs") or {})})
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelInputError(f"{path}: hardware facts unusable ({type(exc).__name__}: {exc})") from None
     if len(set(sizes)) != 1 or sum(sizes) != world:
