@@ -514,6 +514,26 @@ def test_cli_fit_on_some_sizes_checks_the_others(tmp_path: Path, capsys: pytest.
     assert _cli(["model", "fit", *map(str, files), "--out", model, "--sizes", "3MiB"]) == 2
 
 
+def test_fit_takes_files_given_after_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``model fit a.json --sizes LIST b.json``: every file is fitted, as when they come first (argparse's
+    sub-commands used to leave the later files over as "unrecognized arguments"); an unknown flag
+    among them is still a usage error."""
+    rng = np.random.default_rng(7)
+    files = [str(bench_file(tmp_path / f"n{h}k{k}.json", h, k, 0.0, rng)) for h, k in [(1, 2), (2, 1), (2, 2), (4, 1)]]
+    first, later = tmp_path / "first.json", tmp_path / "later.json"
+    assert _cli(["model", "fit", *files, "--sizes", "64KiB,4MiB,64MiB", "--out", str(tmp_path / "a.json"),
+                 "--json", str(first)]) == 0
+    assert _cli(["model", "fit", files[0], "--sizes", "64KiB,4MiB,64MiB", *files[1:3], "--out",
+                 str(tmp_path / "b.json"), files[3], "--json", str(later)]) == 0
+    a, b = json.loads(first.read_text()), json.loads(later.read_text())
+    assert len(a["fit_points"]) == len(b["fit_points"]) and a["values"] == b["values"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        _cli(["model", "fit", files[0], "--sizes", "64KiB", files[1], "--bogus", "--out", "x.json"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
 def test_onset_is_where_the_larger_sizes_winner_clears_ten_percent() -> None:
     """Hand-computed: the 10 % line (log 1.1) crossed between 2 and 4 KiB, interpolated geometrically."""
     from tunelab.model.predict import onset

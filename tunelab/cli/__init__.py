@@ -48,7 +48,7 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
     """Every sub-command level names its choices in errors ("required: {allreduce,fusion,...}", not the
     internal dest), and every parser records its ``prog`` so that an unknown flag is reported by the
     command it was given to."""
-    parser.set_defaults(_prog=parser.prog)
+    parser.set_defaults(_prog=parser.prog, _parser=parser)
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             action.metavar = "{" + ",".join(action.choices) + "}"
@@ -59,6 +59,8 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if extra:
+        extra = _intermixed(args, list(sys.argv[1:] if argv is None else argv), extra)
     if extra:  # reported by the (sub-)command that was given them, as argparse's parse_args would at the top
         words = list(sys.argv[1:] if argv is None else argv)
         path = args._prog.split()[1:]  # the sub-command words, e.g. ["bench", "allreduce"]
@@ -87,6 +89,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 141
         sys.stderr.write(f"tunelab: error: {exc}\n")  # some other pipe broke: that is an error
         return 1
+
+
+def _intermixed(args: argparse.Namespace, words: list[str], extra: list[str]) -> list[str]:
+    """Positionals given after options (``model fit a.json --sizes 1MiB b.json``): argparse's sub-commands
+    leave them over, so the command's own words are parsed again as its parser's intermixed form would,
+    and ``args`` takes the result.  What is still left over is returned (an error), as before."""
+    leaf: argparse.ArgumentParser = args._parser
+    listed = [a for a in leaf._actions if not a.option_strings and a.nargs in ("+", "*")]
+    if not listed or any(isinstance(a, argparse._SubParsersAction) for a in leaf._actions):
+        return extra
+    start = 0
+    for word in args._prog.split()[1:]:  # the sub-command words, in order
+        start = words.index(word, start) + 1
+    again, left = leaf.parse_known_intermixed_args(words[start:])
+    if not left:
+        vars(args).update(vars(again))
+    return left
 
 
 def _reader_gone() -> bool:
