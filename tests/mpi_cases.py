@@ -201,6 +201,51 @@ def case_doubling_same_bits(comm: MPI.Comm, seed: int = 3) -> dict:
     return {"failures": failures[:20]}
 
 
+def case_ring_on_a_stream(comm: MPI.Comm, seed: int = 13) -> dict:
+    """The ring and recursive doubling as the device path drives them with a CUDA-aware MPI: every
+    reduction is queued, as a launch on a stream is, and runs only when ``sync`` is called, while MPI
+    reads and writes the memory at once.  The ring's documented contract (``sync`` before MPI reads
+    what a reduction wrote, and before a receive reuses what one reads) must then still give numpy's
+    sums, bit for bit, on every size, segment and path; a missing ``sync`` sends a stale partial."""
+    from tunelab.kernels import ReduceOp, get_backend
+
+    from tunelab.engine.mpi_ring import RingAllreduce
+
+    kernels = get_backend("cpu")
+    queued: list[tuple] = []
+
+    def reduce(out: int, srcs: np.ndarray, count: int, dtype: np.dtype, op: ReduceOp) -> None:
+        queued.append((out, np.array(srcs, copy=True), count, dtype, op))
+
+    def sync() -> None:
+        while queued:
+            kernels.reduce(*queued.pop(0))
+
+    ring = RingAllreduce(comm, kernels)
+    scratch: dict[int, np.ndarray] = {}
+
+    def area(nbytes: int) -> int:
+        scratch[nbytes] = np.empty(nbytes, dtype=np.uint8)  # kept alive until the call ends
+        return scratch[nbytes].ctypes.data
+
+    n, failures, checks = comm.size, [], 0
+    dtype = np.dtype(np.float32)
+    for doubling in (0, 1 << 20):
+        ring.doubling_max_bytes = doubling
+        for count in (1, 5, 1000, 40_000):
+            for segment in (64, 4096, 1 << 22):
+                inputs = exact_inputs(count, dtype, n, seed + count)
+                buf = inputs[comm.rank].copy()
+                ring.run(buf.ctypes.data, count, dtype, ReduceOp.SUM, segment, reduce, area, sync)
+                sync()  # what runs on the stream after the allreduce sees its last reduction
+                scratch.clear()
+                checks += 1
+                wrong = bit_mismatches(buf, reference(inputs, "sum"))
+                if wrong:
+                    failures.append(f"doubling={doubling} count={count} segment={segment}: {wrong} wrong")
+    return {"checks": checks, "failures": failures[:20]}
+
+
 def case_mismatch(comm: MPI.Comm) -> dict:
     """Ranks submit different shapes, dtypes or tensor counts: every rank must get
     RankMismatchError quickly, and the engine must keep working afterwards."""

@@ -31,6 +31,15 @@ def test_recursive_doubling_leaves_every_rank_the_same_bits(n):
         assert res["failures"] == [], f"rank {rank}: {res['failures']}"
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_the_ring_keeps_stream_order_when_reductions_run_late(n):
+    """A CUDA-aware MPI reads device memory at once while reductions run on a stream; the ring syncs
+    wherever MPI reads what a reduction wrote (tests/mpi_cases.py::case_ring_on_a_stream)."""
+    for rank, res in enumerate(run_ok("ring_on_a_stream", n, limit_s=120)):
+        assert res["checks"] == 24
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_disagreeing_ranks_get_one_clear_error_everywhere(n):
     results = run_ok("mismatch", n, limit_s=120)

@@ -81,6 +81,8 @@ class RingAllreduce:
             send_c, recv_c = (rank - s) % n, (rank - s - 1) % n
             self._reduce_step(addr, dtype, op, step, bounds[send_c:send_c + 2], bounds[recv_c:recv_c + 2],
                               right, left, reduce, (slots, slots + step * isz), sync)
+        if sync is not None:
+            sync()  # the allgather's first send is the chunk the last step reduced
         for s in range(n - 1):
             send_c, recv_c = (rank - s + 1) % n, (rank - s) % n
             lo, hi = bounds[recv_c], bounds[recv_c + 1]
