@@ -402,10 +402,12 @@ def case_emulated_link(comm: MPI.Comm, gbps: float = 0.5, count: int = 1 << 20, 
     return out
 
 
-def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda") -> dict:
+def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda", lazy: bool = False) -> dict:
     """The device data path on ``backend``: every layout, through the engine and the coordinator,
     against numpy references.  Under Numba's CUDA simulator device memory is host memory; on a GPU
-    the ranks share one device and map each other's staging segments through CUDA IPC."""
+    the ranks share one device and map each other's staging segments through CUDA IPC.  ``lazy``
+    (simulator): launches run as late as a GPU may run them (tests/lazy_streams.py), and results
+    are read as a framework reads them, after its own stream."""
     if backend == "cupy":
         import cupy
 
@@ -414,13 +416,25 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
         from numba import cuda
 
         upload, download = cuda.to_device, lambda a: a.copy_to_host()
+    if lazy:
+        from lazy_streams import LazyStreams
+        from tunelab.kernels import get_backend, register_backend
+
+        streams = LazyStreams(get_backend(backend))
+        register_backend(backend, streams)
+        copy_out = download
+
+        def download(a):
+            streams.stream_sync(0)  # the producer's stream: the simulator's "current stream"
+            return copy_out(a)
     from tunelab.engine.coordinator import Coordinator
 
     out: dict = {"failures": [], "checks": 0, "direct": []}
     counts = (1, 7, 300, 2500)  # fused: several 4 KiB pipeline pieces
     for lay, oneshot in [(lay, oneshot) for lay in layouts(comm.size) for oneshot in (0, 1 << 18)]:
+        # without one-shot, buffers between nodes go round the ring too (not only recursive doubling)
         engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, oneshot_max_bytes=oneshot,
-                                                 **lay))
+                                                 doubling_max_bytes=oneshot and 32 << 10, **lay))
         tiny = exact_inputs(3, np.dtype(np.float32), comm.size, seed)  # small staging first: it must grow
         out["checks"] += 1
         if bit_mismatches(download(engine.allreduce(upload(tiny[comm.rank]), "sum")), reference(tiny, "sum")):
@@ -446,6 +460,20 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
         if bit_mismatches(download(dev), reference(x, "sum")):
             out["failures"].append(f"{lay} coordinator in-place: wrong")
         coord.shutdown()
+        if engine.topology.num_nodes == 1 and not oneshot:  # staging grown between calls, nothing read between
+            steps = [({"oneshot_max_bytes": 1 << 10}, 40),   # one-shot: its last launch reads peers' slots
+                     ({"oneshot_max_bytes": 1 << 16}, 9000),  # the slots grow: freed and mapped anew
+                     ({"oneshot_max_bytes": 0}, 3000),        # two-shot in 4 KiB pieces: the last reads peers' segments
+                     ({"segment_bytes": 1 << 16}, 30000)]     # the segments grow
+            x = [exact_inputs(c, np.dtype(np.float32), comm.size, seed + 2 + c) for _, c in steps]
+            got = []
+            for (knobs, _), xi in zip(steps, x):
+                engine.set_knobs(**knobs)
+                got.append(engine.allreduce(upload(xi[comm.rank]), "sum"))
+            for (knobs, _), g, xi in zip(steps, got, x):
+                out["checks"] += 1
+                if bit_mismatches(download(g), reference(xi, "sum")):
+                    out["failures"].append(f"{lay} staging grown between calls, after {knobs}: wrong")
         engine.close()
     # Host and device tensors in one call each take their own path; results keep their side.
     engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096))

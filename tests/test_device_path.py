@@ -65,6 +65,22 @@ def test_device_path_under_the_cuda_simulator(n, cuda_aware):
         assert res["cpu_refuses"].startswith("device tensors need a GPU kernel back end")
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize(("n", "cuda_aware"), [(2, False), (4, True)])
+def test_device_path_when_launches_run_as_late_as_a_gpu_may(n, cuda_aware):
+    """The simulator runs a kernel before the next line; a GPU runs it when its stream gets to it.
+    With every launch held back until something waits for its stream (tests/lazy_streams.py), every
+    layout still gives numpy's bits: nothing the host hands to MPI, to a peer or to ``free`` is read
+    before the launches that write or read it have run."""
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_CUDA_AWARE_MPI": "1" if cuda_aware else "0",
+           "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
+    run = run_case("device_path", n, 600, env=env, backend="numba-cuda", lazy=True)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert set(res["direct"]) == {cuda_aware}
+        assert res["checks"] >= 43 and res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
 def _gpu_backend_or_skip(name: str) -> None:
     from tunelab.kernels import get_backend
 

@@ -10,6 +10,7 @@ arena is a shared-memory segment and "IPC" is the mapping the host path already 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,11 +26,15 @@ _ALIGN = 256
 class DeviceArena:
     """Double-buffered staging segments in device memory for the ranks of one node, each mapped
     into every peer (the device twin of :class:`tunelab.engine.shm.SharedArena`, same interface).
-    ``ensure`` and ``free`` are collective over the node."""
+    ``ensure`` and ``free`` are collective over the node.  ``drain`` waits until this rank's queued
+    launches have run: a segment is only unmapped and freed once no rank's stream still reads or
+    writes it (the last launches of a call read peers' segments, and nothing waits for them on the
+    host before the next call)."""
 
-    def __init__(self, local: MPI.Comm, backend: str) -> None:
+    def __init__(self, local: MPI.Comm, backend: str, drain: Callable[[], None] | None = None) -> None:
         self.local = local
         self.backend = backend
+        self._drain = drain
         self.half_bytes = 0
         self.parity = 0
         self._ipc: _Ipc = _SimulatedIpc(local) if simulated() else (
@@ -52,11 +57,13 @@ class DeviceArena:
     def free(self) -> None:
         if not self._addrs:
             return
+        if self._drain is not None:
+            self._drain()
         me = self.local.rank
         for peer, addr in enumerate(self._addrs):
             if peer != me:
                 self._ipc.close(addr)
-        self.local.Barrier()  # no peer maps this rank's segment any more
+        self.local.Barrier()  # no peer maps this rank's segment any more, nor has a launch queued on it
         self._ipc.release()
         self._addrs = []
         self.half_bytes = 0

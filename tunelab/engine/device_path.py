@@ -207,8 +207,8 @@ class DevicePath:
         self.direct = bool(topology.world.allreduce(int(direct), op=MPI.MIN))
         self.stream = kernels.new_stream()
         self.tables = TableCache(kernels, self.stream)
-        self.arena = DeviceArena(topology.local, kernels.name)
-        self.slots = DeviceArena(topology.local, kernels.name)
+        self.arena = DeviceArena(topology.local, kernels.name, self.synchronize)
+        self.slots = DeviceArena(topology.local, kernels.name, self.synchronize)
         self.staging = PinnedStaging()
         self._buffers: dict[str, tuple[Any, int]] = {}
         self._ready, self._done = kernels.new_event(), kernels.new_event()
