@@ -206,7 +206,8 @@ def lab_runs(tmp_path: Path) -> list:
     for h, k in ((2, 1), (2, 2)):
         path = bench_file(tmp_path / f"lab{h}{k}.json", h, k, 0.0, rng)
         doc = json.loads(path.read_text())
-        doc["hardware"]["lab"] = {"hosts": h, "ranks_per_host": k, "link_gbps": 1.0}
+        # (times planted as latency plus wire: a lab whose links have no token bucket to hide latency in)
+        doc["hardware"]["lab"] = {"hosts": h, "ranks_per_host": k, "link_gbps": 1.0, "burst_bytes": 0}
         doc["hardware"]["link_gbps"] = None
         for row in doc["rows"]:
             if row["algorithm"] == "mpi":
@@ -226,6 +227,56 @@ def test_mpi_in_a_lab_shares_the_wire_and_is_placed_host_by_host(tmp_path: Path)
         for size in (MiB, 64 * MiB):
             got = model.time_s("mpi", Topology(h, k, "1gbps"), size)
             assert got == pytest.approx(mpi_in_lab(h, k, size), rel=0.05), (h, k, size)
+
+
+def test_a_token_bucket_link_hides_latency_under_the_wire_and_the_fit_sees_it(tmp_path: Path) -> None:
+    """The lab shapes links with tc's token bucket, which fills while a link idles: back-to-back calls
+    then take ``max(wire, other, other + wire - burst)``, not ``other + wire``.  Planted so, on lab files
+    (the bucket from the lab's own formula: 24 KiB at 1 Gb/s, 196.6 us), the fit recovers the planted
+    latencies and predicts every point; the same times read as if the links had no bucket cannot be
+    fitted within 10 % (latency-bound sizes are where the bucket hides most)."""
+    import dataclasses
+
+    from tunelab.lab.spec import bucket
+    from tunelab.model.costs import hidden_s
+
+    burst_s = bucket(1.0)[0] * 8 / 1e9
+    assert burst_s == pytest.approx(196.608e-6)
+    assert hidden_s(1e-3, 0.6e-3, burst_s) == pytest.approx(burst_s)      # the bucket's worth
+    assert hidden_s(0.7e-3, 0.6e-3, burst_s) == pytest.approx(0.1e-3)     # all the rest of the call
+    assert hidden_s(0.65e-3, 0.05e-3, burst_s) == pytest.approx(0.05e-3)  # all of the wire
+    assert hidden_s(1e-3, 0.6e-3, 0.0) == 0.0                             # a real link hides nothing
+    planted = {**PLANTED, "shm.beta": 0.0, "gamma": 0.0}
+    wire_only = {k: (v if k == "link:1gbps.beta" else 0.0) for k, v in planted.items()}
+    sizes = [4 << 10, 16 << 10, 64 << 10, 256 << 10, MiB, 4 * MiB, 16 * MiB]
+    obs = []
+    for h, k in ((2, 1), (2, 2), (4, 1), (3, 1)):
+        rows = []
+        for size in sizes:
+            for name, algo in (("ring", "flat"), ("hierarchical", "hierarchical")):
+                total = truth(algo, h, k, size, p=planted)
+                wire = truth(algo, h, k, size, p=wire_only)
+                rows.append({"algorithm": name, "size": size, "time_us": 1e6 * (total - min(total - wire, wire, burst_s)),
+                             "wrong": 0})
+        hw = {"world_size": h * k, "nodes": h, "ranks_per_node": [k] * h, "cpu_cores": 4096,
+              "knobs": {"segment_bytes": 4 * MiB}, "lab": {"hosts": h, "ranks_per_host": k, "link_gbps": 1.0}}
+        path = tmp_path / f"lab-{h}x{k}.json"
+        path.write_text(json.dumps({"rows": rows, "hardware": hw}))
+        obs += load_bench(path)
+    assert all(o.topo.burst_s == pytest.approx(burst_s) for o in obs)
+    model = fit_model(obs)
+    for name in ("call.alpha", "link.alpha"):
+        assert model.values[name] == pytest.approx(planted[name], rel=0.05), name
+    assert max(abs(p["rel_error"]) for p in model.fit_points) < 0.02
+    unbucketed = [dataclasses.replace(o, topo=dataclasses.replace(o.topo, burst_s=0.0)) for o in obs]
+    assert max(abs(p["rel_error"]) for p in fit_model(unbucketed).fit_points) > 0.10
+    # a file that records its bucket is read with it; a run between emulated nodes has none
+    doc = json.loads((tmp_path / "lab-2x1.json").read_text())
+    doc["hardware"]["lab"]["burst_bytes"] = 50_000
+    (tmp_path / "rec.json").write_text(json.dumps(doc))
+    assert load_bench(tmp_path / "rec.json")[0].topo.burst_s == pytest.approx(50_000 * 8 / 1e9)
+    assert bench_file(tmp_path / "emu.json", 2, 1, 0.0, np.random.default_rng(0)) and \
+        load_bench(tmp_path / "emu.json")[0].topo.burst_s == 0.0
 
 
 def test_fit_is_robust_to_an_outlier(tmp_path: Path) -> None:

@@ -200,7 +200,10 @@ def lab_facts(comm) -> dict:
     hosts = comm.allreduce(1 if host.rank == 0 else 0, op=MPI.SUM)
     per_host = host.size
     host.Free()
+    from ..lab.spec import bucket
+
     return {"lab": {"hosts": hosts, "ranks_per_host": per_host, "link_gbps": state.spec.link_gbps,
+                    "burst_bytes": bucket(state.spec.link_gbps)[0],
                     "link_latency_us": state.spec.link_latency_us if state.netem else 0.0,
                     "sustained_gbps": state.sustained_gbps, "transport": "tcp over shaped veth links"}}
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import TunelabError, UsageError
-from .spec import BRIDGE, HOST_IFACE, PREFIX, LabHost, LabSpec, LabState, host_name, veth_name
+from .spec import BRIDGE, HOST_IFACE, PREFIX, LabHost, LabSpec, LabState, bucket, host_name, veth_name
 
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec` bind-mounts NETNS_ETC/NAME/* over /etc/*
 _TOOLS = ("ip", "tc", "unshare")
@@ -105,22 +105,9 @@ def has_netem() -> bool:
         _run("ip", "netns", "delete", probe, check=False)
 
 
-def _bucket(gbps: float) -> tuple[int, int]:
-    """(tbf burst, largest GSO packet) for a link of ``gbps``, in bytes.
-
-    The bucket holds 100 us of traffic, at least 24 KiB: enough for the kernel's timers to keep a
-    fast link busy, small enough that a message of tens of KiB cannot slip through a slow link at
-    memory speed.  A packet larger than the bucket makes tbf cut it up in software, which on a
-    small host costs more than the link (3x the time of a 64 MiB allreduce at 1 Gb/s, measured), so
-    the veth's GSO packets are kept under the bucket: 16 KiB on slow links, 64 KiB from ~6 Gb/s up.
-    """
-    burst = max(int(gbps * 1e9 / 8 * 100e-6), 24 << 10)
-    return burst, (64 << 10) if burst >= (72 << 10) else (16 << 10)
-
-
 def _shape(prefix: tuple[str, ...], dev: str, gbps: float, latency_us: float) -> None:
     """Token-bucket shaping of ``dev``'s egress at ``gbps``, with netem latency in front if asked."""
-    burst, gso = _bucket(gbps)
+    burst, gso = bucket(gbps)
     _run(*prefix, "ip", "link", "set", "dev", dev, "gso_max_size", str(gso))
     tbf = ["tbf", "rate", f"{gbps * 1000:.0f}mbit", "burst", str(burst), "latency", "50ms"]
     if latency_us > 0:

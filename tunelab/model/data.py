@@ -139,4 +139,12 @@ def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[
     over = per_machine / cores if cores else 1.0
     # Emulated nodes slow only the engine's cross-node bytes; in a lab every system crosses the link.
     on_link = lab is not None or hw.get("link_gbps") is None
-    return Topology(nodes, sizes[0], link_name(gbps) if nodes > 1 else "none", max(1.0, over), on_link), knobs
+    burst_s = 0.0
+    if lab is not None and nodes > 1 and gbps:  # tc's token bucket in front of every lab link
+        from ..lab.spec import bucket
+
+        recorded = lab.get("burst_bytes")  # files from before it was recorded ran the formula's bucket
+        burst = bucket(float(gbps))[0] if recorded is None else float(recorded)
+        burst_s = burst * 8.0 / (float(gbps) * 1e9)
+    return Topology(nodes, sizes[0], link_name(gbps) if nodes > 1 else "none", max(1.0, over), on_link,
+                    burst_s), knobs
