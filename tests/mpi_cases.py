@@ -504,6 +504,54 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
     return out
 
 
+def case_device_marks(comm: MPI.Comm, seed: int = 17) -> dict:
+    """Gradients submitted through the coordinator while the framework keeps queuing work, with launches
+    run as late as a GPU may (tests/lazy_streams.py): the "backward" launch that writes a gradient is
+    queued on the producer's stream before its submit, more work after it.  Every result is numpy's
+    (the call waited for what wrote its input), and the work queued after the last submit has not run
+    when the call is done (the call did not wait for it; work between submits may run: a fused call
+    starts when its last member is ready).  That last is checked on rank 0, which submits 0.3 s before
+    the others, so its call cannot start before its later work is queued."""
+    from lazy_streams import LazyStreams
+    from numba import cuda
+    from tunelab.kernels import get_backend, register_backend
+
+    from tunelab.engine.coordinator import Coordinator
+    from tunelab.engine.device import device_buffer
+
+    streams = LazyStreams(get_backend("numba-cuda"))
+    register_backend("numba-cuda", streams)
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096))
+    engine.allreduce(cuda.to_device(np.ones(4, np.float32)), "sum")  # the first device call makes the path
+    streams.stream_sync(0)
+    coord = Coordinator(engine)
+    addr = lambda a: device_buffer(a).addr
+    marker = cuda.to_device(np.full(4, 7.0, np.float32))
+    inputs = [exact_inputs(c, np.dtype(np.float32), comm.size, seed + c) for c in (5, 300, 2000)]
+    if comm.rank:
+        time.sleep(0.3)
+    grads, later, handles = [], [], []
+    for i, x in enumerate(inputs):
+        values = cuda.to_device(x[comm.rank])
+        grad = cuda.to_device(np.zeros_like(x[comm.rank]))
+        streams.copy_table(np.array([[addr(values), addr(grad), values.nbytes]], np.int64), stream=0)  # backward
+        handles.append(coord.submit(f"grad.{i}", grad, "sum", out=grad))
+        after = cuda.to_device(np.zeros(4, np.float32))
+        streams.copy_table(np.array([[addr(marker), addr(after), 16]], np.int64), stream=0)  # backward goes on
+        grads.append((grad, values))
+        later.append(after)
+    for h in handles:
+        h.wait(timeout=120)
+    not_run = [bool((a.copy_to_host() == 0).all()) for a in later]  # read as is: nothing waited for
+    streams.stream_sync(0)  # the framework's next reads: after its stream
+    failures = [f"grad.{i}: {bit_mismatches(g.copy_to_host(), reference(x, 'sum'))} wrong"
+                for i, ((g, _), x) in enumerate(zip(grads, inputs))
+                if bit_mismatches(g.copy_to_host(), reference(x, "sum"))]
+    coord.shutdown()
+    engine.close()
+    return {"failures": failures, "later_not_run": not_run}
+
+
 class CountingBackend:
     """A kernel back end that counts what the engine asks of the real one: launches, table uploads
     (host-to-device transfers that allocate), allocations, stream and device-wide waits."""

@@ -81,6 +81,20 @@ def test_device_path_when_launches_run_as_late_as_a_gpu_may(n, cuda_aware):
         assert res["checks"] >= 43 and res["failures"] == [], f"rank {rank}: {res['failures']}"
 
 
+@pytest.mark.mpi
+def test_a_submitted_gradient_waits_for_its_producer_and_no_later_work():
+    """Gradient hooks submit while backward goes on queuing kernels; the call reducing gradients must
+    wait for the kernels that wrote them and for nothing queued after the last of them (else
+    communication cannot overlap the rest of backward). Under lazy streams
+    (tests/mpi_cases.py::case_device_marks)."""
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
+    run = run_case("device_marks", 2, 300, env=env)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+    assert run.results[0]["later_not_run"][-1] is True  # (work between submits may run: fused calls)
+
+
 def _gpu_backend_or_skip(name: str) -> None:
     from tunelab.kernels import get_backend
 

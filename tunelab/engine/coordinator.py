@@ -136,7 +136,7 @@ class Coordinator:
             if self.engine.is_device_tensor(a):  # zero-copy views of device tensors; results land in ``out``
                 from .device import device_buffer, empty_like
 
-                src = device_buffer(a)
+                src = self.engine.mark_ready(device_buffer(a))  # here, in the submitting thread
                 out = outs[i] if outs is not None else empty_like(src)
                 view = device_buffer(out)
                 if view.shape != src.shape or view.dtype != src.dtype:

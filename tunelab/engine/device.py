@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,13 +34,16 @@ def simulated() -> bool:
 
 @dataclass(frozen=True)
 class DeviceBuffer:
-    """A C-contiguous device tensor seen as raw memory; ``owner`` keeps the memory alive."""
+    """A C-contiguous device tensor seen as raw memory; ``owner`` keeps the memory alive.  ``ready``:
+    an event recorded on the producer's stream where the tensor was handed over (with that stream),
+    so a call waits for the work queued before then and no more (None: recorded when the call starts)."""
 
     addr: int
     size: int  # elements
     dtype: np.dtype
     shape: tuple[int, ...]
     owner: Any
+    ready: Any = field(default=None, compare=False)
 
     @property
     def nbytes(self) -> int:

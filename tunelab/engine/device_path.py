@@ -27,7 +27,9 @@ protocol (and its counts of records and waits) testable without a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -213,7 +215,10 @@ class DevicePath:
         self._buffers: dict[str, tuple[Any, int]] = {}
         self._ready, self._done = kernels.new_event(), kernels.new_event()
         self._producers: dict[int, Any] = {}
-        self._producer: Any = None
+        self._consumers: list[Any] = []  # the producers' streams of the call under way
+        self._waited: list[Any] = []     # the marks it waits on (empty: it recorded _ready itself)
+        self._free_marks: list[Any] = []
+        self._marks_lock = threading.Lock()
         device_ids = topology.local.allgather(kernels.device_id())
         leader = _vote(topology.local, _leader_mode, device_ids, topology)
         self.shared: SharedGpu | None = None
@@ -226,10 +231,23 @@ class DevicePath:
         name = verdicts[0] if len(set(verdicts)) == 1 else "stream-sync"  # all ranks alike
         self.ordering = IpcEventOrdering(self, topology.local) if name == "ipc-events" else StreamSyncOrdering(self)
 
-    @property
-    def ready_event(self) -> Any:
-        """The event ``begin`` recorded on the producer's stream."""
-        return self._ready
+    def mark_ready(self, buf: Any) -> Any:
+        """``buf`` with an event recorded now on its producer's stream (the calling thread's current
+        stream: a gradient hook's), so the call that reduces it waits for the work queued before this
+        point, not for what the framework queues while the call waits its turn (the rest of the
+        backward pass).  Called where tensors are submitted, possibly from several threads."""
+        if self.index is not None:
+            self.kernels.use_device(self.index)
+        stream = self._producer_stream(buf.owner)
+        with self._marks_lock:
+            event = self._free_marks.pop() if self._free_marks else self.kernels.new_event()
+        self.kernels.record(event, stream)
+        return dataclasses.replace(buf, ready=(event, stream))
+
+    def wait_producers(self) -> None:
+        """Wait on the host for what the producers of this call's inputs queued before them."""
+        for event in self._waited or [self._ready]:
+            self.kernels.event_sync(event)
 
     def run_shared(self, ins: list[Any], outs: list[Any], op: ReduceOp, factor: float, what: str) -> bool:
         """The whole call through the shared-GPU leader, when ranks share one GPU; False (on every
@@ -241,17 +259,30 @@ class DevicePath:
 
     # ---- a collective's bounds -------------------------------------------------------------------
     def begin(self, inputs: list[Any]) -> None:
-        """Order the engine stream after the producer of ``inputs`` (their owner's current stream)."""
+        """Order the engine stream after the producers of ``inputs``: the events marked where each was
+        submitted (:meth:`mark_ready`), or, when some input has none, an event recorded now on the
+        first input's owner's current stream."""
         if self.index is not None:
             self.kernels.use_device(self.index)  # this thread's current device (threads differ)
-        self._producer = self._producer_stream(inputs[0].owner)
-        self.kernels.record(self._ready, self._producer)
-        self.kernels.wait_event(self.stream, self._ready)
+        marks = [b.ready for b in inputs]
+        if all(m is not None for m in marks):
+            self._waited = list({id(e): e for e, _ in marks}.values())
+            self._consumers = list({id(s): s for _, s in marks}.values())
+        else:
+            self._waited, self._consumers = [], [self._producer_stream(inputs[0].owner)]
+            self.kernels.record(self._ready, self._consumers[0])
+        for event in self._waited or [self._ready]:
+            self.kernels.wait_event(self.stream, event)
 
     def end(self, outputs: list[Any]) -> None:
-        """Order the producer's stream after the results (its next kernels read them)."""
+        """Order the producers' streams after the results (their next kernels read them); the marks
+        this call waited on may be recorded again (a stream's wait took the event as it was)."""
         self.kernels.record(self._done, self.stream)
-        self.kernels.wait_event(self._producer, self._done)
+        for stream in self._consumers:
+            self.kernels.wait_event(stream, self._done)
+        with self._marks_lock:
+            self._free_marks.extend(self._waited)
+        self._waited = []
 
     def synchronize(self) -> None:
         """Wait on the host for everything queued on the engine stream."""

@@ -201,7 +201,7 @@ class SharedGpu:
                 self.mailbox.publish(self.exporter.new, [(*keys[i], *keys[n + i], ins[i].size) for i in range(n)])
             except NotShareable:
                 ok = 0
-            path.kernels.event_sync(path.ready_event)  # my producer wrote my inputs (no launch here)
+            path.wait_producers()  # my producers wrote my inputs (no launch here)
         flags = path.barrier.wait(ok, what)
         if min(flags) == 0:  # type: ignore[type-var]
             return False

@@ -21,6 +21,7 @@ every rank before any result is written).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,7 @@ class Engine:
         self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s, spin=spin)
         self._host = HostPath(self.topology.local, self.kernels, self.barrier)
         self._device: Any = None
+        self._marking = True  # device tensors marked ready where they are submitted (mark_ready)
         self.link = self._emulated_link()
         self._ring_world = self._ring_over(self.topology.world)
         self._ring_cross = self._ring_over(self.topology.cross)
@@ -219,6 +221,23 @@ class Engine:
     def is_device_tensor(self, tensor: object) -> bool:
         """Whether ``tensor`` lives in device memory (and so takes the device path)."""
         return is_device_tensor(tensor)
+
+    def mark_ready(self, buf: Any) -> Any:
+        """A device buffer marked ready on its producer's stream where it is submitted (the coordinator's
+        callers: gradient hooks), so its call waits for no later work of the framework
+        (:meth:`DevicePath.mark_ready`).  Unmarked before the first device call has made the device path
+        (that takes every rank), or when this thread cannot record on that stream: its call then
+        records an event when it starts, which is also correct, only later."""
+        path = self._device
+        if path is None or not self._marking:
+            return buf
+        try:
+            return path.mark_ready(buf)
+        except Exception as exc:  # noqa: BLE001 - a back end's CUDA error of any kind: fall back, once said
+            self._marking = False
+            warnings.warn(f"tunelab: device tensors are ordered when their call starts, not where they are "
+                          f"submitted ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
+            return buf
 
     def _inputs(self, tensors: Sequence[Any], outs: Sequence[Any] | None,
                 on_device: list[bool]) -> tuple[list[Any], list[Any]]:
