@@ -579,10 +579,13 @@ def test_fit_takes_files_given_after_options(tmp_path: Path, capsys: pytest.Capt
     a, b = json.loads(first.read_text()), json.loads(later.read_text())
     assert len(a["fit_points"]) == len(b["fit_points"]) and a["values"] == b["values"]
     capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        _cli(["model", "fit", files[0], "--sizes", "64KiB", files[1], "--bogus", "--out", "x.json"])
-    assert stop.value.code == 2
-    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    for argv in (["model", "fit", files[0], "--sizes", "64KiB", files[1], "--bogus", "--out", str(tmp_path / "x.json")],
+                 ["model", "--bogus", "fit", files[0], "--out", str(tmp_path / "x.json"), files[1]],  # before the command's words
+                 ["--bogus", "model", "fit", files[0], "--out", str(tmp_path / "x.json"), files[1]]):
+        with pytest.raises(SystemExit) as stop:
+            _cli(argv)
+        assert stop.value.code == 2
+        assert "unrecognized arguments: --bogus" in capsys.readouterr().err, argv
 
 
 def test_onset_is_where_the_larger_sizes_winner_clears_ten_percent() -> None:

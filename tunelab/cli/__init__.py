@@ -102,6 +102,8 @@ def _intermixed(args: argparse.Namespace, words: list[str], extra: list[str]) ->
     start = 0
     for word in args._prog.split()[1:]:  # the sub-command words, in order
         start = words.index(word, start) + 1
+    if any(word not in words[start:] for word in extra):
+        return extra  # a word given before the command's own (``model --bogus fit ...``): an error, as ever
     again, left = leaf.parse_known_intermixed_args(words[start:])
     if not left:
         vars(args).update(vars(again))
