@@ -18,6 +18,7 @@ memory (on a GPU, ``cudaFree`` waits for the device).
 from __future__ import annotations
 
 import inspect
+import threading
 from collections import Counter
 from typing import Any
 
@@ -36,6 +37,7 @@ class LazyStreams:
         self._streams: dict[int, Any] = {}
         self._keep: list[Any] = []
         self.deferred = 0  # launches that were queued behind the host's back at some point (0: lazy did nothing)
+        self._lock = threading.RLock()  # threads queue and run launches (the coordinator's, the caller's)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._inner, attr)
@@ -46,10 +48,11 @@ class LazyStreams:
         bound = inspect.signature(fn).bind(*args, **kwargs)
         stream = bound.arguments.get("stream", 0)
         bound.arguments["stream"] = stream
-        key = self._key(stream)
-        self._queued[key] += 1
-        self._queues.setdefault(key, []).append((self._queued[key], ("run", fn, bound.args, bound.kwargs)))
-        self.deferred += 1
+        with self._lock:
+            key = self._key(stream)
+            self._queued[key] += 1
+            self._queues.setdefault(key, []).append((self._queued[key], ("run", fn, bound.args, bound.kwargs)))
+            self.deferred += 1
 
     def copy_table(self, *args: Any, **kwargs: Any) -> None:
         self._launch("copy_table", args, kwargs)
@@ -78,14 +81,16 @@ class LazyStreams:
         return _Event()
 
     def record(self, event: _Event, stream: Any) -> None:
-        event.stream, event.position = self._key(stream), self._queued[self._key(stream)]
+        with self._lock:
+            event.stream, event.position = self._key(stream), self._queued[self._key(stream)]
 
     def wait_event(self, stream: Any, event: _Event) -> None:
         if event.stream is None:
             return  # never recorded: nothing to wait for
-        key = self._key(stream)
-        self._queued[key] += 1
-        self._queues.setdefault(key, []).append((self._queued[key], ("wait", event.stream, event.position)))
+        with self._lock:
+            key = self._key(stream)
+            self._queued[key] += 1
+            self._queues.setdefault(key, []).append((self._queued[key], ("wait", event.stream, event.position)))
 
     def event_sync(self, event: _Event) -> None:
         if event.stream is not None:
@@ -100,13 +105,14 @@ class LazyStreams:
             self._run(key, self._queued[key])
 
     def _run(self, key: int, upto: int) -> None:
-        queue = self._queues.get(key, [])
-        while queue and queue[0][0] <= upto:
-            _, work = queue.pop(0)
-            if work[0] == "wait":
-                self._run(work[1], work[2])
-            else:
-                work[1](*work[2], **work[3])
+        with self._lock:
+            queue = self._queues.get(key, [])
+            while queue and queue[0][0] <= upto:
+                _, work = queue.pop(0)
+                if work[0] == "wait":
+                    self._run(work[1], work[2])
+                else:
+                    work[1](*work[2], **work[3])
 
     # ---- memory: kept alive while queued launches may still address it -----------------------------
     def alloc(self, nbytes: int) -> Any:

@@ -79,6 +79,7 @@ def test_device_path_when_launches_run_as_late_as_a_gpu_may(n, cuda_aware):
     for rank, res in enumerate(run.results):
         assert set(res["direct"]) == {cuda_aware}
         assert res["checks"] >= 43 and res["failures"] == [], f"rank {rank}: {res['failures']}"
+        assert res["deferred"] > 100  # the launches did go through the lazy back end
 
 
 @pytest.mark.mpi
