@@ -2,9 +2,12 @@
 
 Everything is ordered on the engine's **own CUDA stream**, never by waiting for the whole device:
 
-* ``begin``: an event recorded on the producer's stream (the framework's current stream: torch's,
-  CuPy's, or the legacy default stream) is waited on by the engine stream, so the collective
-  starts after the kernels that wrote its inputs without the host waiting for them;
+* ``begin``: the engine stream waits on events recorded on the producers' streams (the framework's
+  current stream: torch's, CuPy's, or the legacy default stream), so the collective starts after the
+  kernels that wrote its inputs without the host waiting for them.  A tensor submitted through the
+  coordinator carries its own event, recorded where it was submitted (:meth:`DevicePath.mark_ready`:
+  the work queued after that, the rest of backward, is not waited for); others get one recorded
+  when the call starts;
 * kernels launch on the engine stream.  Their address tables are uploaded once and cached by
   content (:class:`TableCache`): a warmed-up call moves no table from the host and allocates
   nothing;
@@ -16,8 +19,11 @@ Everything is ordered on the engine's **own CUDA stream**, never by waiting for 
   - ``stream-sync`` (ranks share a GPU, where waiting on another process's event costs
     milliseconds): each rank waits for its own stream only, then meets the others on the host;
 
-* ``end``: the engine stream records an event the producer's stream waits on, so the framework's
-  next kernels (the optimizer step) see the results, again without a host wait.
+* ``end``: the engine stream records an event the producers' streams (and the calling thread's) wait
+  on, so the framework's next kernels (the optimizer step) see the results, again without a host wait.
+  With the numba-cuda back end the engine's stream is a blocking one, which the legacy default stream
+  also orders against everything: there a call cannot overlap work on that stream (CuPy's stream is
+  non-blocking).
 
 Choose ``TUNELAB_DEVICE_ORDERING=auto|ipc-events|stream-sync`` to override the choice.  Under
 Numba's CUDA simulator kernels run synchronously in the calling process and there are no
@@ -48,6 +54,7 @@ if TYPE_CHECKING:
     from .topology import Topology
 
 ENV_ORDERING = "TUNELAB_DEVICE_ORDERING"
+MARK_STOCK = 512  # events kept for marking submitted tensors (a model's gradients in flight, and more)
 ORDERINGS = ("auto", "ipc-events", "stream-sync")
 _TABLE_CACHE_SIZE = 4096
 
@@ -216,7 +223,8 @@ class DevicePath:
         self._ready, self._done = kernels.new_event(), kernels.new_event()
         self._producers: dict[int, Any] = {}
         self._consumers: list[Any] = []  # the producers' streams of the call under way
-        self._waited: list[Any] = []     # the marks it waits on (empty: it recorded _ready itself)
+        self._marked: list[Any] = []     # the marks it waits on
+        self._waited: list[Any] = []     # ... and _ready, when some input had none
         self._free_marks: list[Any] = []
         self._marks_lock = threading.Lock()
         device_ids = topology.local.allgather(kernels.device_id())
@@ -235,18 +243,24 @@ class DevicePath:
         """``buf`` with an event recorded now on its producer's stream (the calling thread's current
         stream: a gradient hook's), so the call that reduces it waits for the work queued before this
         point, not for what the framework queues while the call waits its turn (the rest of the
-        backward pass).  Called where tensors are submitted, possibly from several threads."""
-        if self.index is not None:
-            self.kernels.use_device(self.index)
-        stream = self._producer_stream(buf.owner)
+        backward pass).  Called where tensors are submitted, from any thread: it takes an event the
+        engine's thread made (:meth:`begin` keeps a stock), and leaves ``buf`` unmarked when none is left."""
         with self._marks_lock:
-            event = self._free_marks.pop() if self._free_marks else self.kernels.new_event()
-        self.kernels.record(event, stream)
+            if not self._free_marks:
+                return buf
+            event = self._free_marks.pop()
+        stream = self._producer_stream(buf.owner)
+        try:
+            self.kernels.record(event, stream)
+        except BaseException:
+            with self._marks_lock:
+                self._free_marks.append(event)
+            raise
         return dataclasses.replace(buf, ready=(event, stream))
 
     def wait_producers(self) -> None:
         """Wait on the host for what the producers of this call's inputs queued before them."""
-        for event in self._waited or [self._ready]:
+        for event in self._waited:
             self.kernels.event_sync(event)
 
     def run_shared(self, ins: list[Any], outs: list[Any], op: ReduceOp, factor: float, what: str) -> bool:
@@ -259,20 +273,28 @@ class DevicePath:
 
     # ---- a collective's bounds -------------------------------------------------------------------
     def begin(self, inputs: list[Any]) -> None:
-        """Order the engine stream after the producers of ``inputs``: the events marked where each was
-        submitted (:meth:`mark_ready`), or, when some input has none, an event recorded now on the
-        first input's owner's current stream."""
+        """Order the engine stream after the producers of ``inputs``: the events marked where they were
+        submitted (:meth:`mark_ready`), and for inputs without one, an event recorded now on the first
+        input's owner's current stream (this thread's: the caller's, or the coordinator's)."""
         if self.index is not None:
             self.kernels.use_device(self.index)  # this thread's current device (threads differ)
-        marks = [b.ready for b in inputs]
-        if all(m is not None for m in marks):
-            self._waited = list({id(e): e for e, _ in marks}.values())
-            self._consumers = list({id(s): s for _, s in marks}.values())
-        else:
-            self._waited, self._consumers = [], [self._producer_stream(inputs[0].owner)]
-            self.kernels.record(self._ready, self._consumers[0])
-        for event in self._waited or [self._ready]:
+        marks = [b.ready for b in inputs if b.ready is not None]
+        here = self._producer_stream(inputs[0].owner)
+        self._marked = list({id(e): e for e, _ in marks}.values())
+        self._waited = list(self._marked)
+        if len(marks) < len(inputs):
+            self.kernels.record(self._ready, here)
+            self._waited.append(self._ready)
+        # the results are ordered before the marks' streams and this thread's current one (where a
+        # framework that synchronised a side stream into its own goes on)
+        self._consumers = list({id(s): s for s in [*(s for _, s in marks), here]}.values())
+        for event in self._waited:
             self.kernels.wait_event(self.stream, event)
+        with self._marks_lock:  # a stock of marks for the submitting threads, made in this one
+            short = MARK_STOCK - len(self._free_marks)
+        made = [self.kernels.new_event() for _ in range(max(0, short))]
+        with self._marks_lock:
+            self._free_marks.extend(made)
 
     def end(self, outputs: list[Any]) -> None:
         """Order the producers' streams after the results (their next kernels read them); the marks
@@ -281,8 +303,8 @@ class DevicePath:
         for stream in self._consumers:
             self.kernels.wait_event(stream, self._done)
         with self._marks_lock:
-            self._free_marks.extend(self._waited)
-        self._waited = []
+            self._free_marks.extend(self._marked)
+        self._marked, self._waited = [], []
 
     def synchronize(self) -> None:
         """Wait on the host for everything queued on the engine stream."""

@@ -227,7 +227,8 @@ class Engine:
         callers: gradient hooks), so its call waits for no later work of the framework
         (:meth:`DevicePath.mark_ready`).  Unmarked before the first device call has made the device path
         (that takes every rank), or when this thread cannot record on that stream: its call then
-        records an event when it starts, which is also correct, only later."""
+        records an event when it starts, which is also correct, only later.  Marks come from a stock the
+        engine's thread makes (no event is created, nor a device switched, in the caller's thread)."""
         path = self._device
         if path is None or not self._marking:
             return buf
