@@ -191,7 +191,7 @@ def hidden_s(total_s: float, wire: float, burst_s: float) -> float:
     link's rate, and that much of its bytes then leaves at memory speed.  So the call takes
     ``max(wire, other, other + wire - burst_s)`` rather than ``other + wire``; this returns the
     difference, ``min(other, wire, burst_s)`` (0 on a real link, ``burst_s`` = 0).  Measured in the lab
-    at 2 x 1, 1 Gb/s (a 196 us bucket): a 64 KiB ring takes 0.57 ms, its wire 0.52 ms, although its
+    at 2 x 1, 1 Gb/s (a 196.6 us bucket): a 64 KiB ring takes 0.57 ms, its wire 0.52 ms, although its
     latencies alone come to about 0.2 ms."""
     if burst_s <= 0.0 or wire <= 0.0:
         return 0.0

@@ -44,7 +44,7 @@ from .data import ModelInputError, Observation
 FORMAT = "tunelab-scale-model/2"  # /1: latencies inflated by a factor, not by wake-ups of their own
 HUBER_REL = 0.10       # residuals beyond 10 % count linearly, not quadratically
 MIN_EXTRA_POINTS = 2   # points beyond the number of fitted parameters
-HIDDEN_ROUNDS = 8      # fits at most, while what a token bucket hides settles
+HIDDEN_ROUNDS = 8      # fits at most, while the forms a token bucket gives the calls settle
 
 
 class ModelError(UsageError):
@@ -196,28 +196,60 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
     if not obs or len(obs) < n_params + MIN_EXTRA_POINTS:
         raise ModelInputError(f"too few points to fit: {len(obs)} measured allreduces for {n_params} "
                               f"parameters (need at least {n_params + MIN_EXTRA_POINTS}); add sizes or runs")
-    # A token-bucket link (the lab's) hides part of each call under its wire time (costs.hidden_s),
-    # which depends on the parameters: fit, cost what it hides, fit again to what was measured plus
-    # that, until the hidden parts settle (they do within a few rounds; without a bucket, one fit).
-    hidden = np.zeros(len(obs))
+    # A token-bucket link (the lab's) hides part of each call under its wire time (costs.hidden_s): a
+    # call takes max(wire, other, other + wire - burst), each form linear in the parameters.  Fit with
+    # every point's form fixed (first the plain sum), find which form each point takes under the values
+    # found, fit again, until no point changes form; the fit whose own predictions are best is kept.
+    forms = ["sum"] * len(obs)
+    best: tuple[float, ScaleModel] | None = None
     for _ in range(HIDDEN_ROUNDS if any(o.topo.burst_s > 0 for o in obs) else 1):
-        values = _fit_values(obs, rows, fams, hidden, robust)
-        new = np.array([hidden_s(seconds(r, values, f, o.topo.over), wire_s(r, values), o.topo.burst_s)
-                        for r, f, o in zip(rows, fams, obs)])
-        settled = np.max(np.abs(new - hidden) / np.array([o.time_s for o in obs])) < 1e-3
-        hidden = new
-        if settled:
+        design, shift = zip(*(_form_of(r, f, o) for r, f, o in zip(rows, forms, obs)))
+        values = _fit_values(obs, rows, fams, list(design), np.array(shift), robust)
+        candidate = ScaleModel(values, len(obs), sorted({o.source for o in obs}))
+        rel = np.array([candidate.time_s(o.algorithm, o.topo, o.size, o.knobs) / o.time_s - 1.0 for o in obs])
+        loss = _huber_loss(rel)
+        if best is None or loss < best[0]:
+            best = (loss, candidate)
+        new = [_form_taken(r, values, f, o) for r, f, o in zip(rows, fams, obs)]
+        if new == forms:
             break
-    model = ScaleModel(values, len(obs), sorted({o.source for o in obs}))
+        forms = new
+    model = best[1]
     model.fit_points = relative_errors(model, obs)
     errs = np.abs([e["rel_error"] for e in model.fit_points])
     model.rel_errors = {"median": float(np.median(errs)), "p90": float(np.percentile(errs, 90)), "max": float(errs.max())}
     return model
 
 
+def _is_wire(name: str) -> bool:
+    return name.startswith("link:") and name.endswith(".beta")
+
+
+def _form_of(row: dict[str, float], form: str, o: Observation) -> tuple[dict[str, float], float]:
+    """The coefficients of the form ``form`` of a call's time (``sum``, ``wire``, ``other``, or ``bucket``:
+    the sum less a bucket's worth) and the seconds to add to its measured time (the bucket's)."""
+    if form == "wire":
+        return {k: v for k, v in row.items() if _is_wire(k)}, 0.0
+    if form == "other":
+        return {k: v for k, v in row.items() if not _is_wire(k)}, 0.0
+    return row, (o.topo.burst_s if form == "bucket" else 0.0)
+
+
+def _form_taken(row: dict[str, float], values: dict[str, float], fam: str, o: Observation) -> str:
+    """Which form a call's predicted time takes under ``values`` (see :func:`costs.hidden_s`)."""
+    total, wire, burst = seconds(row, values, fam, o.topo.over), wire_s(row, values), o.topo.burst_s
+    other = total - wire
+    if burst <= 0.0 or wire <= 0.0 or other <= 0.0:
+        return "sum"
+    if other <= min(wire, burst):
+        return "wire"    # all of the rest hides under the wire
+    return "other" if wire <= burst else "bucket"  # all the wire hides; or a bucket's worth of it
+
+
 def _fit_values(obs: list[Observation], rows: list[dict[str, float]], fams: list[str],
-                hidden: np.ndarray, robust: bool) -> dict[str, float]:
-    """One fit of every family's parameters to the measured times plus what a bucket ``hidden`` of each."""
+                design: list[dict[str, float]], shift: np.ndarray, robust: bool) -> dict[str, float]:
+    """One fit of every family's parameters (those ``rows`` name) to each call's measured time plus
+    ``shift``, through the coefficients of ``design`` (each call's form)."""
     values: dict[str, float] = {}
     # The engine first: it owns the link's parameters, which a baseline through the same link shares
     # (its bytes take the same wire's time); a later family takes them as fitted, not as its own.
@@ -232,11 +264,11 @@ def _fit_values(obs: list[Observation], rows: list[dict[str, float]], fams: list
             values[TCP_BETA] = 0.0
         free = [n for n in mine if n not in values]
         times = np.array([obs[i].time_s for i in idx])
-        a = np.array([[rows[i].get(n, 0.0) for n in free] for i in idx]) / times[:, None]
+        a = np.array([[design[i].get(n, 0.0) for n in free] for i in idx]) / times[:, None]
         fixed = np.zeros((len(idx), 2))  # per observation: what fitted parameters explain (not inflated, inflated)
-        fixed[:, 0] -= hidden[idx] / times  # ... and what the bucket hid is to be explained too
+        fixed[:, 0] -= shift[idx] / times  # ... and what a bucket hid is to be explained too
         for n in (n for n in mine if n in values):
-            fixed[:, int(inflated(n))] += np.array([rows[i].get(n, 0.0) for i in idx]) * values[n] / times
+            fixed[:, int(inflated(n))] += np.array([design[i].get(n, 0.0) for i in idx]) * values[n] / times
         floor = np.array([wire_floor(n) for n in free])  # a shaped link is no faster than its rate
         fixed[:, 0] += a @ floor
         grows = np.array([inflated(n) for n in free], dtype=bool)
@@ -247,12 +279,7 @@ def _fit_values(obs: list[Observation], rows: list[dict[str, float]], fams: list
     return values
 
 
-# A family's factor on per-byte CPU costs per unit of oversubscription: time-sharing a core makes it 1,
-# memory traffic of co-scheduled ranks a little more.  Bounded at 4: beyond that it trades off against
-# per-byte costs that no run with a core per rank pins down (with a token bucket costed, an unbounded
-# search put the engine's at 320 and TCP's cost per byte at 0.001 ns, a product and nothing more).
-KAPPA_MAX = 4.0
-KAPPA_GRID = np.concatenate([[0.0], np.geomspace(0.05, KAPPA_MAX, 30)])
+KAPPA_GRID = np.concatenate([[0.0], np.geomspace(0.05, 320.0, 48)])
 
 
 def _fit_family(a: np.ndarray, over: np.ndarray, grows: np.ndarray, robust: bool,
