@@ -180,9 +180,14 @@ def seconds(coeffs: Coeffs, values: dict[str, float], fam: str, over: float) -> 
     return total
 
 
+def is_wire(name: str) -> bool:
+    """Whether a parameter is a shaped link's time per byte on the wire, ``link:<name>.beta``."""
+    return name.startswith("link:") and name.endswith(".beta")
+
+
 def wire_s(coeffs: Coeffs, values: dict[str, float]) -> float:
     """The part of a predicted time spent on the wire between hosts (``link:<name>.beta`` terms)."""
-    return sum(c * values[name] for name, c in coeffs.items() if name.startswith("link:") and name.endswith(".beta"))
+    return sum(c * values[name] for name, c in coeffs.items() if is_wire(name))
 
 
 def hidden_s(total_s: float, wire: float, burst_s: float) -> float:
@@ -202,7 +207,7 @@ def inflated(name: str) -> bool:
     """Whether oversubscription multiplies a parameter: per-byte CPU work (copies, reductions, TCP's
     own per-byte cost) yes; latencies no (their wake-ups are parameters of their own), nor the shaped
     link's time per byte, ``link:<name>.beta`` (a byte on the wire takes as long whoever has the cores)."""
-    if name.startswith("link:") and name.endswith(".beta"):
+    if is_wire(name):
         return False
     return parameter_kind(name) != "alpha"
 

@@ -36,6 +36,7 @@ from .costs import (
     family,
     hidden_s,
     inflated,
+    is_wire,
     seconds,
     wire_s,
 )
@@ -221,17 +222,13 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
     return model
 
 
-def _is_wire(name: str) -> bool:
-    return name.startswith("link:") and name.endswith(".beta")
-
-
 def _form_of(row: dict[str, float], form: str, o: Observation) -> tuple[dict[str, float], float]:
     """The coefficients of the form ``form`` of a call's time (``sum``, ``wire``, ``other``, or ``bucket``:
     the sum less a bucket's worth) and the seconds to add to its measured time (the bucket's)."""
     if form == "wire":
-        return {k: v for k, v in row.items() if _is_wire(k)}, 0.0
+        return {k: v for k, v in row.items() if is_wire(k)}, 0.0
     if form == "other":
-        return {k: v for k, v in row.items() if not _is_wire(k)}, 0.0
+        return {k: v for k, v in row.items() if not is_wire(k)}, 0.0
     return row, (o.topo.burst_s if form == "bucket" else 0.0)
 
 
