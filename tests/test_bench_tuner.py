@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from tunelab.bench.landscape import DEFAULT_GRID, grid_points, grid_space, parse_grid, visit_order
-from tunelab.bench.tuner import LANDSCAPE_DIR, Landscape, evaluate, exhaustive_pick, truth_ceiling
+from tunelab.bench.tuner import (
+    LANDSCAPE_DIR,
+    Landscape,
+    evaluate,
+    exhaustive_pick,
+    share_interval,
+    truth_ceiling,
+)
 from tunelab.knobs import Knobs, MiB
 from tunelab.tuning.plan import Plan
 from tunelab.tuning.replay import Drift, Objective
@@ -88,6 +95,29 @@ def test_evaluate_scores_the_locked_configuration():
     for curve in curves:  # the default until the lock, then the locked configuration's true score
         assert curve[0] == pytest.approx(default / land.best) and len(curve) >= 3
         assert any(curve[-1] * land.best == pytest.approx(m) for m in land.means)
+
+
+def _wilson(k: int, n: int, z: float = 1.6448536269514722) -> tuple[float, float]:
+    """The Wilson score interval written out (z: the 95th percentile of the normal, a 90 % interval)."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+@pytest.mark.parametrize("k,n", [(16, 20), (0, 20), (20, 20), (3, 7)])
+def test_a_fraction_over_seeds_comes_with_its_wilson_interval(k, n):
+    low, high = share_interval([True] * k + [False] * (n - k))
+    assert (low, high) == pytest.approx(_wilson(k, n), abs=1e-9)
+    assert low <= k / n <= high and (k < n or high == pytest.approx(1.0)) and (k > 0 or low == pytest.approx(0.0))
+
+
+def test_evaluate_gives_each_fraction_its_interval():
+    land = tiny(steps=True)
+    row, _ = evaluate(land, "tunelab", seeds=4, plan=Plan(), drift=0.05)
+    for name in ("locked_within_3pct", "locked_worse_than_default"):
+        k = round(row[f"{name}_frac"] * 4)
+        assert row[f"{name}_interval"] == pytest.approx(list(_wilson(k, 4)), abs=1e-9)
 
 
 def test_evaluate_says_how_often_a_locked_gain_reached_its_claimed_low_end():

@@ -85,12 +85,21 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
     blocks = [_figure("fig-tuner", "tuner quality: median best-so-far vs samples, per strategy", fig)]
     for label, d in results:
         keys = list(dict.fromkeys(k for r in d["rows"] if isinstance(r, dict) for k in r))
-        rows = [{k: ("n/a" if r.get(k) is None else r[k]) for k in keys} for r in d["rows"] if isinstance(r, dict)]
+        rows = [{k: _tuner_cell(r.get(k)) for k in keys} for r in d["rows"] if isinstance(r, dict)]
         blocks.append(table_block(f"tuner quality: {label} (target {d.get('target', '?')})", rows))
         lands = d.get("landscapes")
         if isinstance(lands, dict) and lands:
             blocks.append(table_block(f"landscapes: {label}", [_landscape_row(n, i) for n, i in lands.items()]))
     return {"id": "bench-tuner", "title": "Tuner quality", "blocks": blocks}
+
+
+def _tuner_cell(value: Any) -> Any:
+    """A tuner row's value as a cell: an interval (two numbers) as "[low, high]", nothing as n/a."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, list) and len(value) == 2 and all(_number(v) for v in value):
+        return f"[{value[0]:.2f}, {value[1]:.2f}]"
+    return value
 
 
 def _landscape_row(name: str, info: Any) -> dict[str, Any]:
