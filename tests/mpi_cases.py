@@ -248,16 +248,19 @@ def case_ring_on_a_stream(comm: MPI.Comm, seed: int = 13) -> dict:
     return {"checks": checks, "failures": failures[:20]}
 
 
-def case_mismatch(comm: MPI.Comm) -> dict:
+def case_mismatch(comm: MPI.Comm, ranks_per_node: int | None = None) -> dict:
     """Ranks submit different shapes, dtypes or tensor counts: every rank must get
-    RankMismatchError quickly, and the engine must keep working afterwards."""
-    engine = Engine(comm, load_engine_config(timeout_s=30))
+    RankMismatchError quickly, and the engine must keep working afterwards.  ``ranks_per_node``:
+    emulated nodes, where a small call takes recursive doubling straight on its output; ``route``:
+    one rank's call small enough for that, the other's not."""
+    engine = Engine(comm, load_engine_config(timeout_s=30, ranks_per_node=ranks_per_node))
     r, last = comm.rank, comm.size - 1
     calls = {
         "shape": lambda: engine.allreduce(np.ones(100 + (r == last), np.float32)),
         "dtype": lambda: engine.allreduce(np.ones(100, np.float64 if r == last else np.float32)),
         "count": lambda: engine.allreduce_batch([np.ones(3, np.float32)] * (1 + (r == last))),
         "op": lambda: engine.allreduce(np.ones(3, np.float32), "max" if r == last else "sum"),
+        "route": lambda: engine.allreduce(np.ones(100 if r == last else 1 << 18, np.float32)),
     }
     out = {}
     for kind, call in calls.items():

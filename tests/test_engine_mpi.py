@@ -40,11 +40,12 @@ def test_the_ring_keeps_stream_order_when_reductions_run_late(n):
         assert res["failures"] == [], f"rank {rank}: {res['failures']}"
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_disagreeing_ranks_get_one_clear_error_everywhere(n):
-    results = run_ok("mismatch", n, limit_s=120)
+@pytest.mark.parametrize("n,ranks_per_node", [(2, None), (3, None), (2, 1), (3, 1), (4, 2)])
+def test_disagreeing_ranks_get_one_clear_error_everywhere(n, ranks_per_node):
+    """On one node and between (emulated) nodes, where small calls take a shorter route than large ones."""
+    results = run_ok("mismatch", n, limit_s=120, ranks_per_node=ranks_per_node)
     expect = {"shape": "float32[100]", "dtype": "float64", "count": "number of tensors differs",
-              "op": "op differs"}
+              "op": "op differs", "route": "float32[262144]"}
     for kind, fragment in expect.items():
         messages = {res[kind]["message"] for res in results}
         assert len(messages) == 1, f"{kind}: ranks report different messages {messages}"

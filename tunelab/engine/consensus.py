@@ -9,6 +9,7 @@ mismatch every rank gathers the descriptions and raises the same message.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -34,10 +35,18 @@ def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
     return hash((header, tuple(rows))) & 0x3FFF_FFFF_FFFF_FFFF
 
 
-def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int) -> None:
-    """Wait for ``req``; CollectiveTimeoutError after ``timeout_s``.  Spins briefly, then sleeps."""
+def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, spin_s: float = 0.0) -> None:
+    """Wait for ``req``; CollectiveTimeoutError after ``timeout_s``.  Polls briefly (for ``spin_s``
+    seconds when given, yielding the core between polls: a round trip between hosts takes tens of
+    microseconds, and a sleep at least 50 us more), then sleeps between polls."""
     if req.Test():
         return
+    if spin_s > 0.0:
+        until = time.perf_counter() + spin_s
+        while time.perf_counter() < until:
+            if req.Test():
+                return
+            os.sched_yield()
     deadline = time.monotonic() + timeout_s
     tests = 0
     while not req.Test():
@@ -55,10 +64,11 @@ HeaderLabels = tuple[tuple[str, "tuple[str, ...] | None"], ...]
 
 def agree(comm: MPI.Comm, header: tuple[int, ...], rows: list[tuple[int, ...]],
           timeout_s: float, what: str, labels: HeaderLabels = (),
-          node_barrier: NodeBarrier | None = None) -> None:
+          node_barrier: NodeBarrier | None = None, spin_s: float = 0.0) -> None:
     """Raise RankMismatchError on every rank unless all ranks passed the same header and rows.
     ``labels`` name the header fields (and optionally the names of their integer values).
-    With ``node_barrier`` (all of ``comm`` on one node) digests travel through shared memory."""
+    With ``node_barrier`` (all of ``comm`` on one node) digests travel through shared memory; else
+    through MPI, waited for by spinning up to ``spin_s`` seconds before sleeping."""
     digest = signature_hash(header, rows)
     if node_barrier is not None:
         digests = node_barrier.wait(digest, what)
@@ -69,7 +79,7 @@ def agree(comm: MPI.Comm, header: tuple[int, ...], rows: list[tuple[int, ...]],
 
         send = np.array([digest, -digest], dtype=np.int64)
         recv = np.empty(2, dtype=np.int64)
-        wait_or_timeout(comm.Iallreduce(send, recv, op=MPI.MAX), timeout_s, what, comm.rank)
+        wait_or_timeout(comm.Iallreduce(send, recv, op=MPI.MAX), timeout_s, what, comm.rank, spin_s)
         if recv[0] == -recv[1]:
             return
     everyone = comm.allgather((header, rows))

@@ -12,7 +12,9 @@ doubling instead of the ring (:mod:`tunelab.engine.mpi_ring`).
 
 A single small host tensor on one node (the latency-bound case) takes the shortest route: ranks
 agree on the call in the same barrier that publishes their data, so the whole allreduce costs one
-synchronisation, about what MPI_Allreduce pays.
+synchronisation, about what MPI_Allreduce pays.  On several nodes (flat path, buffers up to
+``doubling_max_bytes``) it is agreed as every call is, then reduced by recursive doubling straight on
+the output array, with no fusion plan, staging or packing in between.
 
 All ranks must make the same calls in the same order (a mismatch is detected and reported on
 every rank before any result is written).
@@ -84,6 +86,10 @@ class Engine:
         # Waiting ranks spin briefly when every rank has a core of its own, and yield at once when
         # ranks outnumber cores (a spinning rank would steal the core the awaited peer needs).
         spin = 2000 if self.topology.host_size <= (cores or 1) else 0
+        # Agreeing on a call through MPI (several nodes) polls for up to 200 us, yielding the core between
+        # polls, before it sleeps: a round trip between hosts takes tens of microseconds, a sleep at least
+        # 50 us more, and where ranks outnumber cores the yield hands the core to the rank waited for.
+        self._spin_s = 200e-6
         self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s, spin=spin)
         self._host = HostPath(self.topology.local, self.kernels, self.barrier)
         self._device: Any = None
@@ -189,7 +195,7 @@ class Engine:
         what = f"allreduce call #{self._calls}"
         if verify:
             agree(self.topology.world, (_OP_CODES[name], n), rows, self.config.timeout_s, what,
-                  _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None)
+                  _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None, self._spin_s)
         # The verdicts below are the same on every rank: the dtypes were just agreed.
         for a, row in zip(arrays, rows):
             _check_reducible(a.dtype, row[0] & ~DEVICE_ROW, average)
@@ -300,9 +306,13 @@ class Engine:
             algorithms.flat_ring(path, layout, call, self._ring_world, k.segment_bytes)
 
     def _small_host_call(self, a: np.ndarray) -> bool:
-        """Whether a one-tensor host call takes the agreed one-shot route (a verdict every rank
-        reaches alike for the same call)."""
-        return self.topology.num_nodes == 1 and 0 < a.nbytes <= self._knobs.oneshot_max_bytes
+        """Whether a one-tensor host call takes the short route (a verdict every rank reaches alike for
+        the same call): on one node the agreed one-shot, on several the flat path's recursive doubling
+        straight on the output."""
+        topo, k = self.topology, self._knobs
+        if topo.num_nodes == 1:
+            return 0 < a.nbytes <= k.oneshot_max_bytes
+        return 0 < a.nbytes <= k.doubling_max_bytes and not (k.hierarchical and topo.local_size > 1)
 
     def _small_call(self, dtype: np.dtype, shape: tuple[int, ...], op: str) -> _SmallCall:
         """Everything a one-tensor one-shot call of this kind needs, computed once (cached)."""
@@ -316,8 +326,11 @@ class Engine:
             error = exc
         count = int(np.prod(shape, dtype=np.int64))
         slots, nloc = self._host.slots, self.topology.local_size
-        views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
-                       for q in range(nloc)] for parity in (0, 1))
+        if self.topology.num_nodes == 1:
+            views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
+                           for q in range(nloc)] for parity in (0, 1))
+        else:  # the receive area of recursive doubling
+            views = ([np.empty(shape, dtype)], [])
         half = bool(half_kind(dtype))
         factor = None
         if average and error is None:  # halves scale in float32 (the kernel's way), others in their dtype
@@ -330,7 +343,10 @@ class Engine:
 
     def _agreed_oneshot(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
         """One host tensor on one node: copy it into this rank's slot, agree on the call in the same
-        barrier that publishes the slot, then reduce every peer's slot straight into the output."""
+        barrier that publishes the slot, then reduce every peer's slot straight into the output.  On
+        several nodes: :meth:`_agreed_doubling`."""
+        if self.topology.num_nodes > 1:
+            return self._agreed_doubling(small, a, o)
         self._calls += 1
         views = small.views[self.barrier.next_parity()]  # the parity is alike on every rank
         np.copyto(views[self.topology.local_rank], a)
@@ -355,6 +371,35 @@ class Engine:
                 combine(out, v, out=out)
         if small.factor is not None:
             np.multiply(out, small.factor, out=out)
+        return out
+
+    def _agreed_doubling(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
+        """One small host tensor on several nodes: agree on the call (as every call through MPI is),
+        then recursive doubling over every rank on the output array itself."""
+        self._calls += 1
+        header, rows = small.signature
+        agree(self.topology.world, header, rows, self.config.timeout_s, self._call_name(), _HEADER_LABELS,
+              None, self._spin_s)
+        if small.error is not None:
+            raise type(small.error)(*small.error.args)
+        out = np.empty(a.shape, a.dtype) if o is None else o
+        np.copyto(out, a)
+        tmp = small.views[0][0]
+        if small.half:  # halves accumulate in float32 and round once: the kernel does that
+            def combine(first: np.ndarray, second: np.ndarray) -> None:
+                self.kernels.reduce(out.ctypes.data, [first.ctypes.data, second.ctypes.data], a.size, a.dtype,
+                                    small.op)
+        else:
+            reduce = _NUMPY_REDUCE[small.op]
+
+            def combine(first: np.ndarray, second: np.ndarray) -> None:
+                reduce(first, second, out=out)
+        self._ring_world.doubling(out, tmp, combine)
+        if small.factor is not None:
+            if small.half:
+                self.kernels.scale(out, float(small.factor))
+            else:
+                np.multiply(out, small.factor, out=out)
         return out
 
     def _call_name(self) -> str:
@@ -384,7 +429,8 @@ class _SmallCall:
 
     digest: int
     signature: tuple  # (header, rows), for the mismatch message
-    views: tuple[list[np.ndarray], list[np.ndarray]]  # every rank's slot as dtype[shape], per half
+    views: tuple[list[np.ndarray], list[np.ndarray]]  # every rank's slot as dtype[shape], per half (several
+                                                      # nodes: the receive area, then nothing)
     op: ReduceOp
     half: bool
     factor: Any  # the average's 1/N in the dtype, or None

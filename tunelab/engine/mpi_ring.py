@@ -16,7 +16,7 @@ doubling for small buffers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -121,34 +121,50 @@ class RingAllreduce:
                   sync: Callable[[], None] | None) -> None:
         """Recursive doubling of ``count`` elements at ``addr``, receiving into ``tmp`` (see the module
         doc)."""
-        n, rank = self.comm.size, self.comm.rank
         nbytes = count * dtype.itemsize
+
+        def combine(first: int, second: int) -> None:
+            reduce(addr, np.array([first, second], dtype=np.int64), count, dtype, op)
+
+        self.butterfly(addr, tmp, nbytes, lambda at: _mem(at, nbytes), combine, sync)
+
+    def doubling(self, buf: np.ndarray, tmp: np.ndarray, combine: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        """Recursive doubling of a host array in place (``tmp``: a receive area like it): MPI reads and
+        writes the arrays themselves, and ``combine(first, second)`` reduces the two into ``buf``
+        (the lower rank's partial first)."""
+        self.butterfly(buf, tmp, buf.nbytes, lambda arr: arr.reshape(-1).view(np.uint8), combine, None)
+
+    def butterfly(self, buf: Any, tmp: Any, nbytes: int, message: Callable[[Any], Any],
+                  combine: Callable[[Any, Any], None], sync: Callable[[], None] | None) -> None:
+        """The steps of recursive doubling over this communicator on ``buf`` (memory of any kind:
+        ``message(x)`` makes ``buf`` or ``tmp`` an MPI message of ``nbytes``), combining the partner's
+        partial in ``tmp`` with ``combine(first, second)`` into ``buf``."""
+        n, rank = self.comm.size, self.comm.rank
         high = 1 << (n.bit_length() - 1)  # the largest power of two <= n
         if rank >= high:  # an extra rank: hand the buffer over, get the result back
             if sync is not None:
                 sync()
-            self.comm.Send(_mem(addr, nbytes), rank - high, _TAG)
-            self.comm.Recv(_mem(addr, nbytes), rank - high, _TAG)
+            self.comm.Send(message(buf), rank - high, _TAG)
+            self.comm.Recv(message(buf), rank - high, _TAG)
             self._arrived(rank - high, nbytes)
             return
         if rank + high < n:
-            self.comm.Recv(_mem(tmp, nbytes), rank + high, _TAG)
+            self.comm.Recv(message(tmp), rank + high, _TAG)
             self._arrived(rank + high, nbytes)
-            reduce(addr, np.array([addr, tmp], dtype=np.int64), count, dtype, op)
+            combine(buf, tmp)
         mask = 1
         while mask < high:
             peer = rank ^ mask
             if sync is not None:
                 sync()  # what was reduced is what goes out; the reduce has read tmp before it is refilled
-            self.comm.Sendrecv(_mem(addr, nbytes), peer, _TAG, _mem(tmp, nbytes), peer, _TAG)
+            self.comm.Sendrecv(message(buf), peer, _TAG, message(tmp), peer, _TAG)
             self._arrived(peer, nbytes)
-            first, second = (addr, tmp) if rank < peer else (tmp, addr)  # the lower rank's partial first
-            reduce(addr, np.array([first, second], dtype=np.int64), count, dtype, op)
+            combine(*((buf, tmp) if rank < peer else (tmp, buf)))  # the lower rank's partial first
             mask <<= 1
         if rank + high < n:
             if sync is not None:
                 sync()
-            self.comm.Send(_mem(addr, nbytes), rank + high, _TAG)
+            self.comm.Send(message(buf), rank + high, _TAG)
 
     def _arrived(self, peer: int, nbytes: int) -> None:
         """``nbytes`` came from ``peer``: through the emulated link when it is on another emulated node."""
