@@ -201,6 +201,36 @@ def case_doubling_same_bits(comm: MPI.Comm, seed: int = 3) -> dict:
     return {"failures": failures[:20]}
 
 
+def case_short_route_same_bits(comm: MPI.Comm, seed: int = 19) -> dict:
+    """A single small host tensor takes a short route (one node: the agreed one-shot; several: recursive
+    doubling on the output); the same call as a group takes the planned one through the kernels.  With
+    signed zeros and NaNs of different payloads in the inputs, both give the same bits on every rank."""
+    n, failures, checks = comm.size, [], 0
+    for lay in ({"ranks_per_node": None}, {"ranks_per_node": 1}, {"ranks_per_node": 2}):
+        if lay["ranks_per_node"] and (n % lay["ranks_per_node"] or n // lay["ranks_per_node"] < 2):
+            continue
+        engine = Engine(comm, load_engine_config(**lay))
+        for dtype, bits in ((np.float32, np.uint32), (np.float64, np.uint64)):
+            for count in (1, 5, 300):
+                rng = np.random.default_rng((seed, count))  # the same stream on every rank
+                inputs = [rng.standard_normal(count).astype(dtype) for _ in range(n)]
+                for r, x in enumerate(inputs):
+                    x[::2] = -0.0 if r % 2 else 0.0
+                    if count > 1:  # quiet NaNs whose payloads name their rank
+                        x[1] = (np.array([0x7FC00001 + r], np.uint32) if dtype == np.float32
+                                else np.array([0x7FF8000000000001 + r], np.uint64)).view(dtype)[0]
+                for op in ("sum", "min", "max"):
+                    short = engine.allreduce(inputs[comm.rank].copy(), op)
+                    planned = engine.grouped_allreduce([inputs[comm.rank].copy()], op)[0]
+                    checks += 1
+                    if short.view(bits).tolist() != planned.view(bits).tolist():
+                        failures.append(f"{lay} {np.dtype(dtype).name} {op} n={count}: the short route's bits differ")
+                    if len(set(comm.allgather(short.tobytes()))) != 1:
+                        failures.append(f"{lay} {np.dtype(dtype).name} {op} n={count}: ranks hold different bits")
+        engine.close()
+    return {"checks": checks, "failures": failures[:20]}
+
+
 def case_ring_on_a_stream(comm: MPI.Comm, seed: int = 13) -> dict:
     """The ring and recursive doubling as the device path drives them with a CUDA-aware MPI: every
     reduction is queued, as a launch on a stream is, and runs only when ``sync`` is called, while MPI

@@ -32,6 +32,13 @@ def test_recursive_doubling_leaves_every_rank_the_same_bits(n):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_small_call_takes_a_short_route_to_the_same_bits(n):
+    for rank, res in enumerate(run_ok("short_route_same_bits", n, limit_s=120)):
+        assert res["checks"] >= 18
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_the_ring_keeps_stream_order_when_reductions_run_late(n):
     """A CUDA-aware MPI reads device memory at once while reductions run on a stream; the ring syncs
     wherever MPI reads what a reduction wrote (tests/mpi_cases.py::case_ring_on_a_stream)."""

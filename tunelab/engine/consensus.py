@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from .shm import NodeBarrier
 
+_yield = getattr(os, "sched_yield", lambda: None)  # give the core to a rank waited for, where ranks share it
 _SPIN_TESTS = 20  # then sleep: waiting threads must leave the cores to the training
 
 
@@ -46,7 +47,7 @@ def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, sp
         while time.perf_counter() < until:
             if req.Test():
                 return
-            os.sched_yield()
+            _yield()
     deadline = time.monotonic() + timeout_s
     tests = 0
     while not req.Test():

@@ -53,7 +53,21 @@ OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
 _HEADER_LABELS = (("op", tuple(OPS)), ("number of tensors", None))
 _PLAN_CACHE_SIZE = 256
-_NUMPY_REDUCE = (np.add, np.minimum, np.maximum)  # by ReduceOp: same order and rounding as the kernels
+
+
+def _min_as_kernels(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``min(a, b)`` into ``out`` as the CPU kernels take it: ``b`` where it is NaN or smaller, else ``a``
+    (ties such as +0 and -0 keep ``a``; np.minimum keeps ``b``)."""
+    np.copyto(out, np.where((b != b) | (b < a), b, a))  # noqa: PLR0124 - b != b is the NaN test
+
+
+def _max_as_kernels(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """``max(a, b)`` as the CPU kernels take it (see :func:`_min_as_kernels`)."""
+    np.copyto(out, np.where((b != b) | (b > a), b, a))  # noqa: PLR0124
+
+
+# by ReduceOp, for the short routes: the same bits as the kernels (a sum of two is one rounding either way)
+_NUMPY_REDUCE = (lambda a, b, out: np.add(a, b, out=out), _min_as_kernels, _max_as_kernels)
 
 
 _OP_LOOKUP = {**{name: (name, *spec) for name, spec in OPS.items()},
@@ -329,8 +343,8 @@ class Engine:
         if self.topology.num_nodes == 1:
             views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
                            for q in range(nloc)] for parity in (0, 1))
-        else:  # the receive area of recursive doubling
-            views = ([np.empty(shape, dtype)], [])
+        else:  # several nodes: recursive doubling receives into the ring's scratch, not into slots
+            views = ([], [])
         half = bool(half_kind(dtype))
         factor = None
         if average and error is None:  # halves scale in float32 (the kernel's way), others in their dtype
@@ -366,9 +380,9 @@ class Engine:
             np.copyto(out, views[0])
         else:
             combine = _NUMPY_REDUCE[small.op]
-            combine(views[0], views[1], out=out)
+            combine(views[0], views[1], out)
             for v in views[2:]:
-                combine(out, v, out=out)
+                combine(out, v, out)
         if small.factor is not None:
             np.multiply(out, small.factor, out=out)
         return out
@@ -384,7 +398,7 @@ class Engine:
             raise type(small.error)(*small.error.args)
         out = np.empty(a.shape, a.dtype) if o is None else o
         np.copyto(out, a)
-        tmp = small.views[0][0]
+        tmp = self._ring_world.host_area(a.nbytes).view(a.dtype).reshape(a.shape)
         if small.half:  # halves accumulate in float32 and round once: the kernel does that
             def combine(first: np.ndarray, second: np.ndarray) -> None:
                 self.kernels.reduce(out.ctypes.data, [first.ctypes.data, second.ctypes.data], a.size, a.dtype,
@@ -393,7 +407,7 @@ class Engine:
             reduce = _NUMPY_REDUCE[small.op]
 
             def combine(first: np.ndarray, second: np.ndarray) -> None:
-                reduce(first, second, out=out)
+                reduce(first, second, out)
         self._ring_world.doubling(out, tmp, combine)
         if small.factor is not None:
             if small.half:
@@ -429,8 +443,7 @@ class _SmallCall:
 
     digest: int
     signature: tuple  # (header, rows), for the mismatch message
-    views: tuple[list[np.ndarray], list[np.ndarray]]  # every rank's slot as dtype[shape], per half (several
-                                                      # nodes: the receive area, then nothing)
+    views: tuple[list[np.ndarray], list[np.ndarray]]  # every rank's slot as dtype[shape], per half (one node)
     op: ReduceOp
     half: bool
     factor: Any  # the average's 1/N in the dtype, or None

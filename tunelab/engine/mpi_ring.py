@@ -56,9 +56,13 @@ class RingAllreduce:
         self.run(buf.ctypes.data, buf.size, buf.dtype, op, segment_bytes, self.kernels.reduce, self.host_scratch)
 
     def host_scratch(self, nbytes: int) -> int:
+        return self.host_area(nbytes).ctypes.data
+
+    def host_area(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of this ring's host receive area (grown when needed, shared by its calls)."""
         if self._scratch.size < nbytes:
             self._scratch = np.empty(nbytes, dtype=np.uint8)
-        return self._scratch.ctypes.data
+        return self._scratch[:nbytes]
 
     def run(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, segment_bytes: int,
             reduce: Reduce, scratch: Callable[[int], int], sync: Callable[[], None] | None = None) -> None:
