@@ -282,7 +282,8 @@ def case_mismatch(comm: MPI.Comm, ranks_per_node: int | None = None) -> dict:
     """Ranks submit different shapes, dtypes or tensor counts: every rank must get
     RankMismatchError quickly, and the engine must keep working afterwards.  ``ranks_per_node``:
     emulated nodes, where a small call takes recursive doubling straight on its output; ``route``:
-    one rank's call small enough for that, the other's not."""
+    between nodes, one rank's call small enough for that and the other's not (on one node both fit
+    the one-shot limit, so it is one more shape mismatch there)."""
     engine = Engine(comm, load_engine_config(timeout_s=30, ranks_per_node=ranks_per_node))
     r, last = comm.rank, comm.size - 1
     calls = {

@@ -174,7 +174,7 @@ class Engine:
             if small is None and self._small_host_call(tensor):
                 small = self._small_call(tensor.dtype, tensor.shape, op)
             if small is not None:
-                return self._agreed_oneshot(small, tensor, None if out is None else _check_out(0, tensor, out))
+                return self._short_route(small, tensor, None if out is None else _check_out(0, tensor, out))
         return self.allreduce_batch([tensor], op, None if out is None else [out])[0]
 
     def grouped_allreduce(self, tensors: Sequence[np.ndarray], op: str = "sum",
@@ -201,7 +201,7 @@ class Engine:
         arrays, outs_ = self._inputs(tensors, outs, on_device)
         if verify and n == 1 and not on_device[0] and groups_[0] is None and self._small_host_call(arrays[0]):
             small = self._small_call(arrays[0].dtype, arrays[0].shape, name)
-            return [self._agreed_oneshot(small, arrays[0], outs_[0])]
+            return [self._short_route(small, arrays[0], outs_[0])]
         # Where a tensor lives is part of the call: ranks that disagree get one clear error.
         rows = [(_safe_code(a.dtype) | (DEVICE_ROW if d else 0), -1 if g is None else int(g), *a.shape)
                 for a, g, d in zip(arrays, groups_, on_device)]
@@ -339,8 +339,8 @@ class Engine:
         except TypeError as exc:
             error = exc
         count = int(np.prod(shape, dtype=np.int64))
-        slots, nloc = self._host.slots, self.topology.local_size
         if self.topology.num_nodes == 1:
+            slots, nloc = self._host.slots, self.topology.local_size
             views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
                            for q in range(nloc)] for parity in (0, 1))
         else:  # several nodes: recursive doubling receives into the ring's scratch, not into slots
@@ -355,12 +355,16 @@ class Engine:
         self._small[(dtype, shape, op)] = small
         return small
 
-    def _agreed_oneshot(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
-        """One host tensor on one node: copy it into this rank's slot, agree on the call in the same
-        barrier that publishes the slot, then reduce every peer's slot straight into the output.  On
-        several nodes: :meth:`_agreed_doubling`."""
+    def _short_route(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
+        """A call :meth:`_small_host_call` admits: the agreed one-shot on one node, recursive doubling on
+        the output on several."""
         if self.topology.num_nodes > 1:
             return self._agreed_doubling(small, a, o)
+        return self._agreed_oneshot(small, a, o)
+
+    def _agreed_oneshot(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
+        """One host tensor on one node: copy it into this rank's slot, agree on the call in the same
+        barrier that publishes the slot, then reduce every peer's slot straight into the output."""
         self._calls += 1
         views = small.views[self.barrier.next_parity()]  # the parity is alike on every rank
         np.copyto(views[self.topology.local_rank], a)
