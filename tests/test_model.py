@@ -650,6 +650,17 @@ def test_a_crossover_is_where_the_difference_changes_sign_for_good() -> None:
     assert none is not None and none.sizes == () and none.faster_below == "flat"
 
 
+
+def test_two_crossovers_name_the_winner_between_them() -> None:
+    """Flat ahead at the smallest and largest sizes, hierarchical between: the text names all three
+    spans, not "flat below, flat above"."""
+    from tunelab.model.validate import crossover_of
+
+    cross = crossover_of({16 << 10: -0.3, 64 << 10: 0.3, 256 << 10: 0.3, 1 << 20: -0.3})
+    assert cross is not None and len(cross.sizes) == 2
+    assert cross.describe().startswith("crossovers at 32 KiB, 512 KiB: flat below 32 KiB, hierarchical from "
+                                       "32 KiB to 512 KiB, flat above 512 KiB"), cross.describe()
+
 def test_a_derived_link_keeps_the_baselines_fitted_through_the_fitted_one(tmp_path: Path) -> None:
     """At a link speed not measured, MPI through the lab's link is still predicted: its own latency and
     per-byte work as fitted, its bytes on the wire at the new speed (computed here from the formulas)."""

@@ -83,9 +83,16 @@ class Crossover:
                 text = f"no crossover: {self.faster_below} is faster at every size with a winner (the others within 10 %)"
             else:
                 text = f"no crossover: {self.faster_below} is faster at every size searched"
-        else:
-            where = ", ".join(_fmt_bytes(s) for s in self.sizes)
-            text = f"crossover at {where}: {self.faster_below} below, {self.faster_above} above"
+        elif len(self.sizes) == 1:
+            text = f"crossover at {_fmt_bytes(self.sizes[0])}: {self.faster_below} below, {self.faster_above} above"
+        else:  # each crossing is a change of winner, so the winners alternate between them
+            flip = {"flat": "hierarchical", "hierarchical": "flat"}
+            spans, winner = [f"{self.faster_below} below {_fmt_bytes(self.sizes[0])}"], self.faster_below
+            for lo, hi in itertools.pairwise(self.sizes):
+                winner = flip.get(winner, winner)
+                spans.append(f"{winner} from {_fmt_bytes(lo)} to {_fmt_bytes(hi)}")
+            spans.append(f"{self.faster_above} above {_fmt_bytes(self.sizes[-1])}")
+            text = f"crossovers at {', '.join(_fmt_bytes(s) for s in self.sizes)}: {', '.join(spans)}"
         if self.onset is not None and self.faster_above != "tie":
             bound = "at most " if self.onset_below_range else ""
             text += f"; {self.faster_above} faster by > 10 % from {bound}{_fmt_bytes(self.onset)} on"
