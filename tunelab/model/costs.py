@@ -3,8 +3,10 @@
 Every formula is linear in the parameters, so a predicted time is ``sum(coeff[name] * value[name])``
 and fitting is a (non-negative, weighted) linear least-squares problem.  The parameters:
 
-* ``call.alpha`` (s per engine call, whatever its size and path: agreeing on it across ranks and
-  dispatching it), ``shm.alpha`` (s per ordering point of a node's ranks), ``shm.beta`` (s per byte
+* ``call.alpha`` (s per engine call agreed on its own: agreeing on it across ranks and dispatching it),
+  ``plan.alpha`` (s of CPU per call that takes the general path: its fusion plan, staging, packing and
+  kernel dispatch; a single small tensor takes a short route without them), ``shm.alpha`` (s per
+  ordering point of a node's ranks), ``shm.beta`` (s per byte
   copied through shared memory), ``gamma`` (s per byte of every source a reduction reads);
 * ``link.alpha`` (s per message crossing the link between hosts, MPI's own cost included: one value
   for the link type, since shaping a link to another speed changes its rate, not its latency) and
@@ -23,9 +25,10 @@ waits and copies cost more, with ``over = max(0, ranks per machine / cores - 1)`
   waits for a core is the scheduler's, not a multiple of what the wait costs on an idle core (in the
   lab an ordering point takes no measurable time with a core per rank and 175 us a unit of
   oversubscription);
-* every per-byte CPU cost (copies, reductions, TCP's; not the wire's, ``link:<name>.beta``: a shaped
-  link is as slow whoever has the cores) is multiplied by ``1 + kappa * over``, one factor per family
-  (the engine; each baseline), ``<family>~over.beta``.
+* every CPU cost (per byte: copies, reductions, TCP's; not the wire's, ``link:<name>.beta``: a shaped
+  link is as slow whoever has the cores; and the general path's ``plan.alpha``, work rather than a
+  wait, which has no wake-up) is multiplied by ``1 + kappa * over``, one factor per family (the engine; each baseline),
+  ``<family>~over.beta``.
 
 Predictions for real hosts with a core per rank have ``over = 0``: the wake-ups and the factors drop
 out.
@@ -37,7 +40,17 @@ at memory speed (:func:`hidden_s`, subtracted from the sum of the terms).  Real 
 The engine's paths (:mod:`tunelab.engine.algorithms`, hosts ``N``, ranks per host ``K``, ``P = N K``,
 size ``S``, pieces of ``segment_bytes``):
 
-* every call on more than one rank: ``call.alpha``, and then by path:
+* the route of a call (``route``): a single host tensor (``"call"``, as ``bench allreduce`` times it)
+  takes a short route where one exists, a coordinator's fused bucket (``"bucket"``) never does:
+
+  - one host, ``S <= oneshot_max_bytes``, a single tensor: the ranks agree on the call in the barrier
+    that publishes their data, so it costs the one-shot below and nothing else;
+  - between hosts, the flat path, ``S <= doubling_max_bytes``, a single tensor: ``call.alpha`` (its
+    agreement) and recursive doubling straight on the output;
+  - every other call on more than one rank: the general path, ``plan.alpha``, plus ``call.alpha`` for
+    a single tensor (a bucket was negotiated by the coordinator, costed per cycle by the step model);
+
+  and then by path:
 * one host, ``S <= oneshot_max_bytes``: copy in, one ordering point, reduce K sources:
   ``shm.alpha + S shm.beta + K S gamma``;
 * one host, larger: two-shot, per piece of ``m`` bytes: ``2 shm.alpha + 2 m shm.beta + m gamma``;
@@ -77,6 +90,8 @@ OVER = "~over"
 WAKE = ".wake"             # X.wake.alpha: the wake-up a wait of X.alpha pays per unit of oversubscription
 LINK_ALPHA = "link.alpha"  # one latency for the link type between hosts; its speeds differ in beta
 TCP_BETA = "tcp.beta"      # CPU time per byte a rank sends and receives through TCP, whatever the link's speed
+PLAN_ALPHA = "plan.alpha"  # CPU time of the general path's fusion plan, staging and dispatch, per call
+ROUTES = ("call", "bucket")  # a single tensor (short routes where they apply), a coordinator's fused bucket
 
 Coeffs = dict[str, float]
 
@@ -134,19 +149,21 @@ def path_of(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> str:
     return algorithm
 
 
-def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
+def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs, route: str = "call") -> Coeffs:
     """Coefficients of every parameter in the time of one allreduce of ``size`` bytes: the wake-ups of
-    an oversubscribed machine included, its factor on per-byte CPU costs not (see :func:`seconds`).
+    an oversubscribed machine included, its factor on CPU costs not (see :func:`seconds`).
     ``algorithm``: ``flat``, ``hierarchical`` (the engine: on one host both are the same path) or a
-    baseline name."""
+    baseline name; ``route``: ``call`` (a single tensor) or ``bucket`` (a coordinator's fused bucket)."""
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; choose from {', '.join(ROUTES)}")
     if algorithm in BASELINES:
         base = _baseline(algorithm, family(algorithm, topo), topo, size)
     elif algorithm in ENGINE_ALGORITHMS:
-        base = _engine(path_of(algorithm, topo, size, knobs), topo, size, knobs)
+        base = _engine(path_of(algorithm, topo, size, knobs), topo, size, knobs, route)
     else:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ENGINE_ALGORITHMS + BASELINES)}")
     if topo.over > 0:
-        for name in [k for k in base if parameter_kind(k) == "alpha"]:
+        for name in [k for k in base if parameter_kind(k) == "alpha" and not inflated(k)]:
             _add(base, wake_of(name), base[name] * topo.over)
     return {k: v for k, v in base.items() if v}
 
@@ -196,27 +213,38 @@ def hidden_s(total_s: float, wire: float, burst_s: float) -> float:
     link's rate, and that much of its bytes then leaves at memory speed.  So the call takes
     ``max(wire, other, other + wire - burst_s)`` rather than ``other + wire``; this returns the
     difference, ``min(other, wire, burst_s)`` (0 on a real link, ``burst_s`` = 0).  Measured in the lab
-    at 2 x 1, 1 Gb/s (a 196.6 us bucket): a 64 KiB ring takes 0.57 ms, its wire 0.52 ms, although its
-    latencies alone come to about 0.2 ms."""
+    at 2 x 1, 1 Gb/s (a 196.6 us bucket): a 64 KiB ring takes 0.56-0.62 ms, its wire 0.52 ms, although
+    its planning and latencies come to about 0.1 ms more."""
     if burst_s <= 0.0 or wire <= 0.0:
         return 0.0
     return max(0.0, min(total_s - wire, wire, burst_s))
 
 
 def inflated(name: str) -> bool:
-    """Whether oversubscription multiplies a parameter: per-byte CPU work (copies, reductions, TCP's
-    own per-byte cost) yes; latencies no (their wake-ups are parameters of their own), nor the shaped
+    """Whether oversubscription multiplies a parameter: CPU work (copies, reductions, TCP's own per-byte
+    cost, the general path's per-call ``plan.alpha``) yes; latencies no (their wake-ups are parameters of their own), nor the shaped
     link's time per byte, ``link:<name>.beta`` (a byte on the wire takes as long whoever has the cores)."""
     if is_wire(name):
         return False
-    return parameter_kind(name) != "alpha"
+    return name == PLAN_ALPHA or parameter_kind(name) != "alpha"
 
 
-def _engine(path: str, topo: Topology, size: int, knobs: Knobs) -> Coeffs:
+def short_route(path: str, size: int, knobs: Knobs) -> bool:
+    """Whether a single host tensor on ``path`` takes the engine's short route (as
+    ``Engine._small_host_call`` decides): the agreed one-shot on one host, recursive doubling straight on
+    the output between hosts."""
+    return (path == "oneshot" and size <= knobs.oneshot_max_bytes) or (path == "flat" and size <= knobs.doubling_max_bytes)
+
+
+def _engine(path: str, topo: Topology, size: int, knobs: Knobs, route: str = "call") -> Coeffs:
     n, k = topo.hosts, topo.ranks_per_host
     c: Coeffs = {}
     if path != "alone":
-        _add(c, "call.alpha", 1.0)
+        short = route == "call" and short_route(path, size, knobs)
+        if not (short and path == "oneshot"):  # the one-host short route agrees inside its ordering point
+            _add(c, "call.alpha", 1.0 if route == "call" else 0.0)
+        if not short:
+            _add(c, PLAN_ALPHA, 1.0)
     if path == "alone":
         _add(c, "shm.beta", size)
     elif path == "oneshot":

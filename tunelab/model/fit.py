@@ -28,6 +28,7 @@ from ..knobs import Knobs
 from .costs import (
     BASELINES,
     OVER,
+    PLAN_ALPHA,
     TCP_BETA,
     WAKE,
     Topology,
@@ -67,6 +68,10 @@ class ScaleModel:
             # a model fitted without oversubscribed runs (or before TCP's CPU cost was its own
             # parameter) has that cost inside the link's beta
             self.values.setdefault(TCP_BETA, 0.0)
+        if "call.alpha" in self.values:
+            # a model fitted on runs that never told the general path from a short route (or before
+            # plan.alpha was its own parameter) has the planning cost inside call.alpha
+            self.values.setdefault(PLAN_ALPHA, 0.0)
 
     @property
     def links(self) -> list[str]:
@@ -76,11 +81,14 @@ class ScaleModel:
     def baselines(self) -> list[str]:
         """Fitted baselines: ``mpi`` (not behind a link) or ``mpi@<link>`` (through it), and gloo's."""
         return sorted({_family_of(k) for k in self.values
-                       if OVER not in k and not k.startswith(("link", "shm.", "gamma", "tcp.", "call."))})
+                       if OVER not in k and not k.startswith(("link", "shm.", "gamma", "tcp.", "call.", "plan."))})
 
-    def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None) -> float:
-        """Predicted seconds of one allreduce.  ModelError when a parameter it needs was not fitted."""
-        coeffs = coefficients(algorithm, topo, size, knobs or Knobs())
+    def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None,
+               route: str = "call") -> float:
+        """Predicted seconds of one allreduce (``route``: a single tensor's ``call`` or a coordinator's
+        fused ``bucket``, see :func:`~tunelab.model.costs.coefficients`).  ModelError when a parameter it
+        needs was not fitted."""
+        coeffs = coefficients(algorithm, topo, size, knobs or Knobs(), route)
         missing = [k for k in coeffs if k not in self.values]
         if missing:
             raise ModelError(f"the model has no fitted {missing[0]} (needed by {algorithm} on {topo.describe()}); "

@@ -10,7 +10,8 @@ The coordinator (:mod:`tunelab.engine.coordinator`) is simulated as it runs:
 * a cycle negotiates (``negotiation_s``), takes every gradient ready at the cycle's start, plans
   fusion buckets of at most ``fusion_threshold_bytes`` (:func:`tunelab.engine.fusion.plan_buckets`),
   and runs them one after another on the single communication channel (each bucket's time from the
-  model: flat ring or hierarchical by the knob, pieces of ``segment_bytes``);
+  model: flat ring or hierarchical by the knob, pieces of ``segment_bytes``, on the general path: a
+  fused bucket takes no short route, and the cycle's negotiation is its agreement);
 * if gradients arrived meanwhile, the next cycle starts ``cycle_time_ms`` after this one started
   (or when this one ends, if later); otherwise the coordinator sleeps until the next submission.
 
@@ -127,7 +128,7 @@ def simulate_step(model: ScaleModel, workload: Workload, topo: Topology, knobs: 
 
     def bucket_s(nbytes: int) -> float:
         if nbytes not in cache:
-            cache[nbytes] = model.time_s(algo, topo, nbytes, knobs)
+            cache[nbytes] = model.time_s(algo, topo, nbytes, knobs, route="bucket")
         return cache[nbytes]
 
     cycle_s = knobs.cycle_time_ms / 1000.0
