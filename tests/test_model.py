@@ -187,6 +187,22 @@ def test_the_short_routes_tell_a_calls_agreement_from_the_general_paths_planning
         assert model.time_s("flat", topo, size, knobs, route="bucket") == pytest.approx(want, rel=0.02), (hosts, size)
 
 
+def test_a_call_measured_well_above_its_wire_is_not_read_as_hidden_under_it() -> None:
+    """The fit reads each lab call in the form its values so far give it; one whose latencies came out
+    small would be read as hiding them under its wire, a form in which they have no pull, and stay
+    small.  A call measured clearly (beyond the fit's 10 %) slower than its predicted wire is read with
+    its latencies (MPI at 1 KiB on 2 x 1 at 1 Gb/s: 23 us measured, 8 us of wire)."""
+    from tunelab.model.data import Observation
+    from tunelab.model.fit import _form_taken
+
+    topo = Topology(2, 1, "1gbps", burst_s=196.6e-6)
+    row = {"mpi@1gbps.alpha": 2.0, "link:1gbps.beta": 1024.0}
+    values = {"mpi@1gbps.alpha": 1e-6, "link:1gbps.beta": 8e-9}  # a latency fitted too low
+    for measured, form in ((23e-6, "other"), (8.5e-6, "wire")):
+        obs = Observation("mpi", 1024, measured, topo, Knobs(), "lab.json")
+        assert _form_taken(row, values, "mpi@1gbps", obs) == form, measured
+
+
 def test_hierarchical_on_one_rank_hosts_is_the_flat_ring() -> None:
     """The engine takes the flat ring whole when every host has one rank (engine.Engine._run): the
     model costs it so, not as one segment-sized ring after another."""

@@ -246,9 +246,12 @@ def _form_taken(row: dict[str, float], values: dict[str, float], fam: str, o: Ob
     other = total - wire
     if burst <= 0.0 or wire <= 0.0 or other <= 0.0:
         return "sum"
-    if other <= min(wire, burst):
+    if other <= min(wire, burst) and o.time_s <= wire * (1.0 + HUBER_REL):
         return "wire"    # all of the rest hides under the wire
-    return "other" if wire <= burst else "bucket"  # all the wire hides; or a bucket's worth of it
+    # all the wire hides; or a bucket's worth of it.  (A call measured clearly slower than its wire is not
+    # hiding its rest under it, whatever the values so far say: taken in the wire's form its latencies
+    # would have no pull on the fit, and a latency that came out low once would stay there.)
+    return "other" if wire <= burst else "bucket"
 
 
 def _fit_values(obs: list[Observation], rows: list[dict[str, float]], fams: list[str],
