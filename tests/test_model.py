@@ -85,8 +85,9 @@ def test_fit_recovers_planted_parameters_and_predicts_held_out(tmp_path: Path) -
     for name, value in PLANTED.items():
         if name == "mpi.gamma":  # MPI's reduction scales like its transfers: one coefficient for both
             assert model.values["mpi.beta"] == pytest.approx(PLANTED["mpi.beta"] + value / 2, rel=0.12)
-        elif name == "call.alpha":  # every call costed with it takes the general path too: only the sum counts
-            assert model.values[name] + model.values["plan.alpha"] == pytest.approx(value, rel=0.12)
+        elif name == "call.alpha":  # every call costed with it takes the general path too: fitted as one,
+            # the planning (what a coordinator's bucket pays as well)
+            assert model.values[name] == 0.0 and model.values["plan.alpha"] == pytest.approx(value, rel=0.12)
         elif name != "mpi.beta":
             assert model.values[name] == pytest.approx(value, rel=0.12), name
     # Held out: other layouts, other sizes, another segment size, up to 64 ranks.
@@ -161,8 +162,11 @@ def test_the_short_routes_tell_a_calls_agreement_from_the_general_paths_planning
         if hosts == 1:  # two-shot, one piece: two barriers, copy in and out, reduce its half twice over
             return agree + p["plan.alpha"] + 2 * p["shm.alpha"] + 2 * size * p["shm.beta"] + size * p["gamma"]
         plan = p["plan.alpha"] if bucket or size > doubling else 0.0
-        if size <= doubling:  # one swap with the other host, both copies summed, staged in and out
-            return agree + plan + p["link.alpha"] + size * p["link:1gbps.beta"] + 2 * size * (p["gamma"] + p["shm.beta"])
+        if size <= doubling:  # one swap with the other host, both copies summed; the input copied to the
+            # output first (a bucket: packed and unpacked)
+            copies = 2 if bucket else 1
+            return (agree + plan + p["link.alpha"] + size * p["link:1gbps.beta"] + 2 * size * p["gamma"]
+                    + copies * size * p["shm.beta"])
         # a ring of 2: one message a step and one more, half the buffer each way
         return (agree + plan + 2 * p["link.alpha"] + 2 * size * p["shm.beta"]
                 + size * (p["link:1gbps.beta"] + p["gamma"]))
@@ -203,6 +207,21 @@ def test_a_call_measured_well_above_its_wire_is_not_read_as_hidden_under_it() ->
         assert _form_taken(row, values, "mpi@1gbps", obs) == form, measured
 
 
+def test_a_model_file_with_one_cost_per_call_is_read_as_the_general_paths(tmp_path: Path) -> None:
+    """A model saved before the planning was its own cost (format /2) fitted one cost per call on runs of
+    the general path: it is read as that path's planning, so a coordinator's bucket, which has no
+    agreement of its own, still pays it."""
+    values = {"call.alpha": 40e-6, "shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": "tunelab-scale-model/2", "values": values}))
+    model = ScaleModel.load(path)
+    assert model.values["plan.alpha"] == 40e-6 and model.values["call.alpha"] == 0.0
+    topo, knobs = Topology(1, 2), Knobs(oneshot_max_bytes=0)
+    two_shot = 40e-6 + 2 * 1e-5 + 2 * MiB * 1e-10 + MiB * 1e-10  # one piece: 2 barriers, in and out, one reduction
+    for route in ("call", "bucket"):
+        assert model.time_s("flat", topo, MiB, knobs, route=route) == pytest.approx(two_shot), route
+
+
 def test_hierarchical_on_one_rank_hosts_is_the_flat_ring() -> None:
     """The engine takes the flat ring whole when every host has one rank (engine.Engine._run): the
     model costs it so, not as one segment-sized ring after another."""
@@ -235,7 +254,10 @@ def test_recursive_doubling_costs_count_its_messages_and_the_busiest_link(hosts,
     assert c["link.alpha"] == messages
     assert c["link:1gbps.beta"] == c["tcp.beta"] == through_link * size
     assert c["gamma"] == reduced * size
-    assert c["shm.beta"] == 2 * size  # pack and unpack
+    assert c["shm.beta"] == size  # a single tensor's short route: the input copied to the output once
+    bucket = coefficients("flat", topo, size, Knobs(), route="bucket")  # a fused bucket: packed and unpacked
+    assert bucket["shm.beta"] == 2 * size and bucket["plan.alpha"] == 1 and "call.alpha" not in bucket
+    assert "plan.alpha" not in c and c["call.alpha"] == 1
     ring = coefficients("flat", topo, size, Knobs(doubling_max_bytes=0))
     assert ring["link.alpha"] == (hosts * per_host - 1) * 2  # a message a step, 2 (P-1) steps
     above = coefficients("flat", topo, size, Knobs(doubling_max_bytes=size - 1))
@@ -330,9 +352,10 @@ def test_a_token_bucket_link_hides_latency_under_the_wire_and_the_fit_sees_it(tm
         obs += load_bench(path)
     assert all(o.topo.burst_s == pytest.approx(burst_s) for o in obs)
     model = fit_model(obs)
-    # no recursive doubling in these files: every call takes the general path, so call.alpha stands for
-    # the agreement and the planning together
-    assert model.values["call.alpha"] + model.values["plan.alpha"] == pytest.approx(planted["call.alpha"], rel=0.05)
+    # no recursive doubling in these files: every call takes the general path, so agreement and planning
+    # are fitted as one, plan.alpha
+    assert model.values["call.alpha"] == 0.0
+    assert model.values["plan.alpha"] == pytest.approx(planted["call.alpha"], rel=0.05)
     assert model.values["link.alpha"] == pytest.approx(planted["link.alpha"], rel=0.05)
     assert max(abs(p["rel_error"]) for p in model.fit_points) < 0.02
     unbucketed = [dataclasses.replace(o, topo=dataclasses.replace(o.topo, burst_s=0.0)) for o in obs]
@@ -370,14 +393,14 @@ def test_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
     few = load_bench(bench_file(tmp_path / "few.json", 2, 1, 0.0, np.random.default_rng(0), sizes=[MiB]))
     with pytest.raises(ModelInputError, match="too few points"):
         fit_model(few)
-    model = ScaleModel({"call.alpha": 0.0, "shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10})
+    model = ScaleModel({"call.alpha": 0.0, "plan.alpha": 0.0, "shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10})
     with pytest.raises(ModelError, match="no fitted link"):
         model.time_s("flat", Topology(2, 1, "1gbps"), MiB)
 
 
 def _hand_model() -> ScaleModel:
     """Hand-computed cases below leave a call's own latency out (0): the fits above recover it."""
-    return ScaleModel({"call.alpha": 0.0, "shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10, "link.alpha": 1e-4,
+    return ScaleModel({"call.alpha": 0.0, "plan.alpha": 0.0, "shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10, "link.alpha": 1e-4,
                        "link:1gbps.beta": 8e-9, "mpi.alpha": 1e-5, "mpi.beta": 1e-9, "mpi.gamma": 0.0})
 
 

@@ -182,12 +182,12 @@ def family(algorithm: str, topo: Topology) -> str:
 
 
 def contention_key(fam: str) -> str:
-    """The value name of a family's inflation of per-byte CPU costs per unit of oversubscription."""
+    """The value name of a family's inflation of CPU costs (per byte, and the planning) per unit of oversubscription."""
     return f"{fam}{OVER}.beta"
 
 
 def seconds(coeffs: Coeffs, values: dict[str, float], fam: str, over: float) -> float:
-    """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for per-byte CPU costs and 0
+    """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for CPU costs (per byte, and the planning) and 0
     for the rest (latencies and their wake-ups, the wire); KeyError naming the first parameter the
     values lack."""
     kappa = values.get(contention_key(fam), 0.0)
@@ -274,7 +274,8 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs, route: str = "ca
         p, link = topo.ranks, f"link:{topo.link}"
         msgs, swaps, folds = _doubling_steps(p)
         crossing = _doubling_crossings(p, k)
-        _add(c, "shm.beta", 2.0 * size)
+        # the short route copies the input to the output once; the general path packs and unpacks
+        _add(c, "shm.beta", (1.0 if route == "call" and short_route(path, size, knobs) else 2.0) * size)
         _add(c, LINK_ALPHA, msgs)
         _add(c, f"{link}.beta", crossing * size)
         _add(c, TCP_BETA, crossing * size)

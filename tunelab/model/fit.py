@@ -43,7 +43,8 @@ from .costs import (
 )
 from .data import ModelInputError, Observation
 
-FORMAT = "tunelab-scale-model/2"  # /1: latencies inflated by a factor, not by wake-ups of their own
+FORMAT = "tunelab-scale-model/3"  # /2: one cost per call (no plan.alpha); /1: latencies inflated by a factor
+PER_CALL_FORMAT = "tunelab-scale-model/2"
 HUBER_REL = 0.10       # residuals beyond 10 % count linearly, not quadratically
 MIN_EXTRA_POINTS = 2   # points beyond the number of fitted parameters
 HIDDEN_ROUNDS = 8      # fits at most, while the forms a token bucket gives the calls settle
@@ -68,10 +69,6 @@ class ScaleModel:
             # a model fitted without oversubscribed runs (or before TCP's CPU cost was its own
             # parameter) has that cost inside the link's beta
             self.values.setdefault(TCP_BETA, 0.0)
-        if "call.alpha" in self.values:
-            # a model fitted on runs that never told the general path from a short route (or before
-            # plan.alpha was its own parameter) has the planning cost inside call.alpha
-            self.values.setdefault(PLAN_ALPHA, 0.0)
 
     @property
     def links(self) -> list[str]:
@@ -154,9 +151,15 @@ class ScaleModel:
         if isinstance(doc, dict) and doc.get("format") == "tunelab-scale-model/1":
             raise ModelInputError(f"{path}: fitted by an older tunelab (format tunelab-scale-model/1, whose "
                                   f"latencies scale differently); fit it again with `tunelab model fit`")
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("values"), dict):
+        if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, PER_CALL_FORMAT) \
+                or not isinstance(doc.get("values"), dict):
             raise ModelInputError(f"{path}: not a tunelab model file (expected format {FORMAT})")
         values = {str(k): float(v) for k, v in doc["values"].items()}
+        if doc["format"] == PER_CALL_FORMAT and "call.alpha" in values:
+            # one cost per call, fitted on runs of the general path: its planning and its agreement
+            # together, what a coordinator's bucket pays as well as a call of the general path
+            values[PLAN_ALPHA] = values.pop("call.alpha")
+            values["call.alpha"] = 0.0
         return cls(values, int(doc.get("points", 0)), list(doc.get("sources", [])), dict(doc.get("rel_errors", {})),
                    list(doc.get("fit_points", [])))
 
@@ -196,9 +199,10 @@ def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
 
 def fit_model(observations: Sequence[Observation], robust: bool = True) -> ScaleModel:
     """Fit every parameter the observations touch (wake-ups where some observations ran oversubscribed),
-    and there each family's contention factor on per-byte CPU costs.  ModelInputError with too few points."""
+    and there each family's contention factor on CPU costs (per byte, and the planning).  ModelInputError with too few points."""
     obs = list(observations)
     rows = [coefficients(o.algorithm, o.topo, o.size, o.knobs) for o in obs]
+    merged = _merge_call_into_plan(rows)
     names = sorted({k for r in rows for k, v in r.items() if v})
     fams = [family(o.algorithm, o.topo) for o in obs]
     n_params = len(names) + len({f for f, o in zip(fams, obs) if o.topo.over > 0})
@@ -214,6 +218,8 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
     for _ in range(HIDDEN_ROUNDS if any(o.topo.burst_s > 0 for o in obs) else 1):
         design, shift = zip(*(_form_of(r, f, o) for r, f, o in zip(rows, forms, obs)))
         values = _fit_values(obs, rows, fams, list(design), np.array(shift), robust)
+        if merged:
+            values["call.alpha"] = 0.0
         candidate = ScaleModel(values, len(obs), sorted({o.source for o in obs}))
         rel = np.array([candidate.time_s(o.algorithm, o.topo, o.size, o.knobs) / o.time_s - 1.0 for o in obs])
         loss = _huber_loss(rel)
@@ -228,6 +234,19 @@ def fit_model(observations: Sequence[Observation], robust: bool = True) -> Scale
     errs = np.abs([e["rel_error"] for e in model.fit_points])
     model.rel_errors = {"median": float(np.median(errs)), "p90": float(np.percentile(errs, 90)), "max": float(errs.max())}
     return model
+
+
+def _merge_call_into_plan(rows: list[dict[str, float]]) -> bool:
+    """Where every call that pays an agreement (``call.alpha``) also pays the general path's planning
+    (``plan.alpha``) and the other way round (no short route between hosts was measured: one host's
+    short route pays neither), the two cannot be told apart: fit them as one, ``plan.alpha`` (what a
+    coordinator's bucket pays too), with ``call.alpha`` 0.  Edits ``rows`` in place; True if merged."""
+    touched = [r for r in rows if r.get("call.alpha") or r.get(PLAN_ALPHA)]
+    if not touched or any(r.get("call.alpha", 0.0) != r.get(PLAN_ALPHA, 0.0) for r in touched):
+        return False
+    for r in touched:
+        r.pop("call.alpha", None)
+    return True
 
 
 def _form_of(row: dict[str, float], form: str, o: Observation) -> tuple[dict[str, float], float]:
@@ -292,7 +311,7 @@ KAPPA_GRID = np.concatenate([[0.0], np.geomspace(0.05, 320.0, 48)])
 
 def _fit_family(a: np.ndarray, over: np.ndarray, grows: np.ndarray, robust: bool,
                 fixed: np.ndarray | None = None) -> tuple[np.ndarray, float]:
-    """Parameters and kappa, the factor on per-byte CPU costs (``grows``) per unit of
+    """Parameters and kappa, the factor on CPU costs (per byte, and the planning) (``grows``) per unit of
     oversubscription: kappa by a search on a grid (each grid point a linear problem), the rest by
     robust NNLS on relative error.  ``fixed``: per observation, the relative time that parameters fitted
     before explain (columns: not inflated, inflated by the same factor)."""
@@ -307,7 +326,7 @@ def _fit_family(a: np.ndarray, over: np.ndarray, grows: np.ndarray, robust: bool
 
 
 def _inflation(grows: np.ndarray, over: np.ndarray, kappa: float) -> np.ndarray:
-    """Per observation and parameter: ``1 + kappa * over`` for per-byte CPU costs, 1 for the rest."""
+    """Per observation and parameter: ``1 + kappa * over`` for CPU costs (per byte, and the planning), 1 for the rest."""
     return 1.0 + np.where(grows, kappa, 0.0)[None, :] * over[:, None]
 
 

@@ -102,7 +102,7 @@ def model_section(model: ScaleModel, errors: Sequence[dict[str, Any]], ranks_per
                                   "on one machine, oversubscribed where it has fewer cores than ranks)"})
     params = [{"parameter": k, "value": v} for k, v in sorted(model.values.items())]
     blocks.append(table_block("fitted parameters (s, s/byte; .wake: s per wait per unit of oversubscription; ~over: inflation of "
-                              "per-byte CPU costs per unit of oversubscription)", params))
+                              "CPU costs (per byte, and the planning) per unit of oversubscription)", params))
     for caption, rows in tables:
         if rows:
             blocks.append(table_block(caption, rows))
