@@ -390,6 +390,12 @@ def test_bad_inputs_are_usage_errors(tmp_path: Path) -> None:
     other.write_text(json.dumps({"rows": [{"mode": "fused", "time_us": 3}], "model": "resnet50"}))
     with pytest.raises(ModelInputError, match="not a tunelab bench allreduce"):
         load_bench(other)
+    device = json.loads(bench_file(tmp_path / "dev.json", 2, 1, 0.0, np.random.default_rng(0)).read_text())
+    (tmp_path / "dev.json").write_text(json.dumps({**device, "device": "cuda"}))
+    with pytest.raises(ModelInputError, match="--device cuda run"):  # the model costs the host path only
+        load_bench(tmp_path / "dev.json")
+    from tunelab.cli import main
+    assert main(["model", "fit", str(tmp_path / "dev.json"), "--out", str(tmp_path / "m.json")]) == 2
     few = load_bench(bench_file(tmp_path / "few.json", 2, 1, 0.0, np.random.default_rng(0), sizes=[MiB]))
     with pytest.raises(ModelInputError, match="too few points"):
         fit_model(few)

@@ -66,7 +66,7 @@ def run_rank(p: dict) -> dict:
         e.close()
     if gloo is not None:
         gloo.close()
-    return {"rows": rows, "hardware": hardware, "notes": notes}
+    return {"rows": rows, "hardware": hardware, "device": "cuda" if on_device else "cpu", "notes": notes}
 
 
 def _algorithms(p: dict, dtype: np.dtype, on_device: bool) -> tuple[list[str], list[str]]:

@@ -60,6 +60,10 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
     if not isinstance(hw, dict) or not isinstance(rows, list) or not rows \
             or not all(isinstance(r, dict) and "algorithm" in r for r in rows):
         raise ModelInputError(f"{path}: not a tunelab bench allreduce --json result (no allreduce rows)")
+    notes = doc.get("notes") if isinstance(doc.get("notes"), list) else []
+    if doc.get("device") == "cuda" or any(str(n).startswith("device kernels:") for n in notes):
+        raise ModelInputError(f"{path}: a --device cuda run; the scale model costs the engine's host path "
+                              f"only (its device path takes other routes and copies)")
     topo, knobs = _topology(path, hw, link_gbps)
     out = []
     for r in rows:
