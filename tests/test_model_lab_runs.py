@@ -186,3 +186,18 @@ def test_small_calls_with_a_core_per_rank_by_route(model_file: Path) -> None:
     engine = [p for p in points if p["algorithm"] != "mpi"]
     assert all(abs(p["rel_error"]) <= 0.07 for p in engine), engine
     assert all(abs(p["rel_error"]) <= 0.10 for p in points if p["algorithm"] == "mpi" and p["size"] == 1024), points
+
+
+def test_the_crossover_for_single_tensors_and_for_fused_buckets(model_file: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    """On 4 x 2 a single small tensor takes the flat path's short route (recursive doubling, no planning),
+    so flat wins below about 1 KiB; a training job's fused buckets never do, and for them hierarchical
+    wins at every size: ``predict`` names both."""
+    out = tmp_path / "p.json"
+    assert main(["model", "predict", "--model-file", str(model_file), "--hosts", "4", "--ranks-per-host", "2",
+                 "--link-gbps", "1", "--no-report", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    cross = json.loads(out.read_text())["crossover"]
+    assert cross["faster_below"] == "flat" and cross["faster_above"] == "hierarchical" and len(cross["sizes"]) == 1
+    assert cross["buckets"]["sizes"] == [] and cross["buckets"]["faster_below"] == "hierarchical"
+    assert "for a training job's fused buckets (no short route): no crossover: hierarchical" in text

@@ -121,16 +121,19 @@ def onset(sizes: Sequence[float], diffs: Sequence[float]) -> tuple[float | None,
 
 
 def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
-              low: int = 1 << 10, high: int = 1 << 32, points_per_octave: int = 4) -> Crossover | None:
+              low: int = 1 << 10, high: int = 1 << 32, points_per_octave: int = 4,
+              route: str = "call") -> Crossover | None:
     """The crossover on ``topo`` (None on one host, or on hosts of one rank each: there both are the same
-    path, the engine taking hierarchical as the flat ring)."""
+    path, the engine taking hierarchical as the flat ring), for single tensors (``route="call"``, as
+    ``bench allreduce`` times them: small ones take the short route) or a training job's fused buckets
+    (``"bucket"``)."""
     if topo.hosts < 2 or topo.ranks_per_host == 1:
         return None
     knobs = knobs or Knobs()
     steps = round(math.log2(high / low) * points_per_octave)
     sizes = [low * 2 ** (s / points_per_octave) for s in range(steps + 1)]
-    diff = [math.log(model.time_s("flat", topo, int(s), knobs) / model.time_s("hierarchical", topo, int(s), knobs))
-            for s in sizes]
+    diff = [math.log(model.time_s("flat", topo, int(s), knobs, route)
+                     / model.time_s("hierarchical", topo, int(s), knobs, route)) for s in sizes]
     found = []
     for (s0, d0), (s1, d1) in zip(zip(sizes, diff), zip(sizes[1:], diff[1:])):
         if (d0 < 0) != (d1 < 0) and d0 != d1:
