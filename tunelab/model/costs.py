@@ -27,8 +27,8 @@ waits and copies cost more, with ``over = max(0, ranks per machine / cores - 1)`
   oversubscription);
 * every CPU cost (per byte: copies, reductions, TCP's; not the wire's, ``link:<name>.beta``: a shaped
   link is as slow whoever has the cores; and the general path's ``plan.alpha``, work rather than a
-  wait, which has no wake-up) is multiplied by ``1 + kappa * over``, one factor per family (the engine; each baseline),
-  ``<family>~over.beta``.
+  wait, which has no wake-up) is multiplied by ``1 + kappa * over``, one factor per family (the
+  engine; each baseline), ``<family>~over.beta``.
 
 Predictions for real hosts with a core per rank have ``over = 0``: the wake-ups and the factors drop
 out.
@@ -182,13 +182,14 @@ def family(algorithm: str, topo: Topology) -> str:
 
 
 def contention_key(fam: str) -> str:
-    """The value name of a family's inflation of CPU costs (per byte, and the planning) per unit of oversubscription."""
+    """The value name of a family's inflation of CPU costs (per byte, and the planning) per unit of
+    oversubscription."""
     return f"{fam}{OVER}.beta"
 
 
 def seconds(coeffs: Coeffs, values: dict[str, float], fam: str, over: float) -> float:
-    """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for CPU costs (per byte, and the planning) and 0
-    for the rest (latencies and their wake-ups, the wire); KeyError naming the first parameter the
+    """``sum(coeff * value * (1 + kappa * over))``, kappa the family's for CPU costs (per byte, and the
+    planning) and 0 for the rest (latencies and their wake-ups, the wire); KeyError naming the first parameter the
     values lack."""
     kappa = values.get(contention_key(fam), 0.0)
     total = 0.0
@@ -222,8 +223,8 @@ def hidden_s(total_s: float, wire: float, burst_s: float) -> float:
 
 def inflated(name: str) -> bool:
     """Whether oversubscription multiplies a parameter: CPU work (copies, reductions, TCP's own per-byte
-    cost, the general path's per-call ``plan.alpha``) yes; latencies no (their wake-ups are parameters of their own), nor the shaped
-    link's time per byte, ``link:<name>.beta`` (a byte on the wire takes as long whoever has the cores)."""
+    cost, the general path's per-call ``plan.alpha``) yes; latencies no (their wake-ups are parameters
+    of their own), nor the shaped link's time per byte, ``link:<name>.beta`` (a byte on the wire takes as long whoever has the cores)."""
     if is_wire(name):
         return False
     return name == PLAN_ALPHA or parameter_kind(name) != "alpha"
@@ -233,7 +234,8 @@ def short_route(path: str, size: int, knobs: Knobs) -> bool:
     """Whether a single host tensor on ``path`` takes the engine's short route (as
     ``Engine._small_host_call`` decides): the agreed one-shot on one host, recursive doubling straight on
     the output between hosts."""
-    return (path == "oneshot" and size <= knobs.oneshot_max_bytes) or (path == "flat" and size <= knobs.doubling_max_bytes)
+    return ((path == "oneshot" and size <= knobs.oneshot_max_bytes)
+            or (path == "flat" and size <= knobs.doubling_max_bytes))
 
 
 def _engine(path: str, topo: Topology, size: int, knobs: Knobs, route: str = "call") -> Coeffs:

@@ -78,7 +78,8 @@ class ScaleModel:
     def baselines(self) -> list[str]:
         """Fitted baselines: ``mpi`` (not behind a link) or ``mpi@<link>`` (through it), and gloo's."""
         return sorted({_family_of(k) for k in self.values
-                       if OVER not in k and not k.startswith(("link", "shm.", "gamma", "tcp.", "call.", "plan."))})
+                       if OVER not in k
+                       and not k.startswith(("link", "shm.", "gamma", "tcp.", "call.", "plan."))})
 
     def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs | None = None,
                route: str = "call") -> float:
@@ -199,7 +200,8 @@ def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
 
 def fit_model(observations: Sequence[Observation], robust: bool = True) -> ScaleModel:
     """Fit every parameter the observations touch (wake-ups where some observations ran oversubscribed),
-    and there each family's contention factor on CPU costs (per byte, and the planning).  ModelInputError with too few points."""
+    and there each family's contention factor on CPU costs (per byte, and the planning).  ModelInputError
+    with too few points."""
     obs = list(observations)
     rows = [coefficients(o.algorithm, o.topo, o.size, o.knobs) for o in obs]
     merged = _merge_call_into_plan(rows)
@@ -326,7 +328,8 @@ def _fit_family(a: np.ndarray, over: np.ndarray, grows: np.ndarray, robust: bool
 
 
 def _inflation(grows: np.ndarray, over: np.ndarray, kappa: float) -> np.ndarray:
-    """Per observation and parameter: ``1 + kappa * over`` for CPU costs (per byte, and the planning), 1 for the rest."""
+    """Per observation and parameter: ``1 + kappa * over`` for CPU costs (per byte, and the planning), 1
+    for the rest."""
     return 1.0 + np.where(grows, kappa, 0.0)[None, :] * over[:, None]
 
 
