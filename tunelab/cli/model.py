@@ -179,16 +179,18 @@ def _crossover(model: Any, topo: Any, knobs: Any) -> dict | None:
             print("# flat vs hierarchical: no crossover: with one rank per host, hierarchical is the flat ring")
         return None
     print(f"# flat vs hierarchical: {c.describe()}")
-    out = {"sizes": list(c.sizes), "faster_below": c.faster_below, "faster_above": c.faster_above,
-           "onset": c.onset, "onset_below_range": c.onset_below_range}
+    out = _crossover_dict(c)
     fused = crossover(model, topo, knobs, route="bucket")  # what the hierarchical knob does in training
     if fused is not None and fused.describe() != c.describe():
         print(f"# flat vs hierarchical for a training job's fused buckets (no short route): {fused.describe()}")
     if fused is not None:
-        out["buckets"] = {"sizes": list(fused.sizes), "faster_below": fused.faster_below,
-                          "faster_above": fused.faster_above, "onset": fused.onset,
-                          "onset_below_range": fused.onset_below_range}
+        out["buckets"] = _crossover_dict(fused)
     return out
+
+
+def _crossover_dict(c: Any) -> dict:
+    return {"sizes": list(c.sizes), "faster_below": c.faster_below, "faster_above": c.faster_above,
+            "onset": c.onset, "onset_below_range": c.onset_below_range}
 
 
 def _steps(model: Any, topo: Any, scenario: str, base: Any) -> dict:

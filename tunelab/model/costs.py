@@ -241,8 +241,8 @@ def short_route(path: str, size: int, knobs: Knobs) -> bool:
 def _engine(path: str, topo: Topology, size: int, knobs: Knobs, route: str = "call") -> Coeffs:
     n, k = topo.hosts, topo.ranks_per_host
     c: Coeffs = {}
+    short = route == "call" and short_route(path, size, knobs)
     if path != "alone":
-        short = route == "call" and short_route(path, size, knobs)
         if not (short and path == "oneshot"):  # the one-host short route agrees inside its ordering point
             _add(c, "call.alpha", 1.0 if route == "call" else 0.0)
         if not short:
@@ -277,7 +277,7 @@ def _engine(path: str, topo: Topology, size: int, knobs: Knobs, route: str = "ca
         msgs, swaps, folds = _doubling_steps(p)
         crossing = _doubling_crossings(p, k)
         # the short route copies the input to the output once; the general path packs and unpacks
-        _add(c, "shm.beta", (1.0 if route == "call" and short_route(path, size, knobs) else 2.0) * size)
+        _add(c, "shm.beta", (1.0 if short else 2.0) * size)
         _add(c, LINK_ALPHA, msgs)
         _add(c, f"{link}.beta", crossing * size)
         _add(c, TCP_BETA, crossing * size)
