@@ -35,11 +35,31 @@ def _resolve(job: str) -> Callable[[dict], dict]:
 
 
 def run_in_process(job: str, params: dict) -> dict:
-    """Run ``job`` in this process (already one rank of an MPI job); every rank gets rank 0's result."""
+    """Run ``job`` in this process (already one rank of an MPI job); every rank gets rank 0's result.
+    Each rank parsed its own command line (``mpiexec -n 1 tunelab ... : -n 1 tunelab ...`` may give
+    them different ones), so the ranks first agree on the job: ranks that would run different
+    iterations or sizes would otherwise wait on each other's collectives for ever."""
     from mpi4py import MPI
 
+    _agree_on_job(MPI.COMM_WORLD, job, params)
     result = _resolve(job)(params)
     return MPI.COMM_WORLD.bcast(result, root=0)
+
+
+def _agree_on_job(comm: object, job: str, params: dict) -> None:
+    """A usage error on every rank, naming the first setting that differs from rank 0's, when the ranks
+    were not all given the same job and settings (one allgather)."""
+    mine = json.dumps([job, params], sort_keys=True, default=str)
+    everyone = comm.allgather(mine)  # type: ignore[attr-defined]
+    other = next((r for r, text in enumerate(everyone) if text != everyone[0]), None)
+    if other is None:
+        return
+    (job0, params0), (job1, params1) = json.loads(everyone[0]), json.loads(everyone[other])
+    if job0 != job1:
+        raise UsageError(f"ranks disagree on the command: rank 0 runs {job0}, rank {other} {job1}")
+    key = next(k for k in sorted(set(params0) | set(params1)) if params0.get(k) != params1.get(k))
+    raise UsageError(f"ranks disagree on the command's {key}: rank 0 has {params0.get(key)!r}, "
+                            f"rank {other} {params1.get(key)!r} (give every rank the same command line)")
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""Parsing and printing sizes with binary units ("64MiB", "1KiB", "4096")."""
+"""Parsing and printing sizes with binary units ("64MiB", "1KiB", "4096"), and the range of a link."""
 
 from __future__ import annotations
 
@@ -10,6 +10,22 @@ _UNITS = {
     "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
     "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
 }
+# A link between hosts, emulated or shaped: from 1 Mb/s to 100 Tb/s, with at most a second of latency.
+# Outside that a run would take hours or compute with times no clock holds; refused as bad input.
+LINK_GBPS_RANGE = (0.001, 100_000.0)
+LINK_LATENCY_US_MAX = 1e6
+
+
+def link_problem(gbps: float | None = None, latency_us: float | None = None) -> str | None:
+    """Why a link speed (Gb/s) or latency (us) is not one tunelab runs or models, or None."""
+    low, high = LINK_GBPS_RANGE
+    if gbps is not None and not low <= gbps <= high:
+        return f"a link speed must be {low:g} .. {high:g} Gb/s, got {gbps!r}"
+    if latency_us is not None and not 0.0 <= latency_us <= LINK_LATENCY_US_MAX:
+        return f"a link latency must be 0 .. {LINK_LATENCY_US_MAX:g} us, got {latency_us!r}"
+    return None
+
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 

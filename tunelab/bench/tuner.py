@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..cli.finish import add_output_flags, finish
-from ..cli.types import choice_list, fraction, positive_float, positive_int
+from ..cli.types import choice_list, fraction, link_gbps, positive_int
 from ..errors import TunelabError, UsageError
 from ..tuning.driver import Driver
 from ..tuning.plan import Plan
@@ -194,7 +194,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
                    help="hosts of the modelled topology (repeatable; default 2)")
     m.add_argument("--ranks-per-host", type=positive_int, default=None, metavar="K", help="default 1")
-    m.add_argument("--link-gbps", type=positive_float, default=None, metavar="G",
+    m.add_argument("--link-gbps", type=link_gbps, default=None, metavar="G",
                    help="the link between hosts (default: the model's one fitted link; another speed is "
                         "derived from the nearest fitted one)")
     m.add_argument("--model-noise", type=fraction, default=None,

@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..errors import TunelabError, UsageError
 from .types import Parser
@@ -66,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = args._prog.split()[1:]  # the sub-command words, e.g. ["bench", "allreduce"]
         before = path and path[0] in words and extra[0] in words and words.index(extra[0]) < words.index(path[0])
         Parser(prog=parser.prog if before else args._prog).error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        _refuse_overwriting_inputs(args)
+    except UsageError as exc:
+        sys.stderr.write(f"tunelab: error: {exc}\n")
+        return 2
     from ..launch import inside_mpi_job, job_rank
 
     if inside_mpi_job() and job_rank() != 0:  # under the user's mpiexec/srun: rank 0 speaks for the job
@@ -89,6 +95,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 141
         sys.stderr.write(f"tunelab: error: {exc}\n")  # some other pipe broke: that is an error
         return 1
+
+
+def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
+    """UsageError when a file the command would write (an ``output_file`` argument) is one it reads (any
+    other path argument) or the profile store: ``--out`` naming the input by mistake must not destroy
+    it.  Checked before any work."""
+    from ..config import tunelab_home
+    from ..profiles import FILE_NAME
+    from .types import output_file
+
+    leaf = getattr(args, "_parser", None)
+    if leaf is None:
+        return
+    outputs, inputs = [], [("the profile store", tunelab_home() / FILE_NAME)]
+    for action in leaf._actions:
+        value = getattr(args, action.dest, None)
+        paths = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, Path)]
+        name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
+        (outputs if action.type is output_file else inputs).extend((str(name), p) for p in paths)
+    for i, (flag, out) in enumerate(outputs):
+        for what, given in inputs:
+            if _same_file(out, given):
+                role = "the profile store" if what == "the profile store" else f"an input of this command ({what})"
+                raise UsageError(f"{flag} {out} is also {role}: writing it would destroy it; name another file")
+        for other, given in outputs[i + 1:]:
+            if _same_file(out, given):
+                raise UsageError(f"{flag} and {other} name the same file {out}: one would overwrite the other")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name the same file (one that exists, or the same path once resolved)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def _intermixed(args: argparse.Namespace, words: list[str], extra: list[str]) -> list[str]:

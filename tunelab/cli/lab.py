@@ -13,7 +13,7 @@ import sys
 
 from ..files import write_text
 from .finish import add_output_flags
-from .types import positive_float, positive_int
+from .types import link_gbps, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     upp = sub.add_parser("up", help="create H hosts linked by a bridge, each link shaped to G Gb/s")
     upp.add_argument("--hosts", type=positive_int, required=True, metavar="H")
-    upp.add_argument("--link-gbps", type=positive_float, required=True, metavar="G",
+    upp.add_argument("--link-gbps", type=link_gbps, required=True, metavar="G",
                      help="each host's link rate, both directions (tc tbf)")
     upp.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="K",
                      help="ranks per host when a --lab run gives no --np (default 1)")

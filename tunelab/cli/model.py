@@ -17,11 +17,14 @@ from typing import Any
 from ..errors import UsageError
 from ..units import format_size, human_size
 from .finish import add_output_flags, finish
-from .types import Parser, knob, output_file, positive_float, positive_int, size_list
+from .types import Parser, knob, link_gbps, output_file, positive_float, positive_int, size_list
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB,256MiB,1GiB"
 STEP_ROWS = 12
 LARGE = 1 << 20  # error summaries apart below (latency-bound) and from (bandwidth-bound) this size
+
+
+MAX_RANKS = 1 << 20  # predictions past a million ranks would take minutes and mean nothing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fit = msub.add_parser("fit", help="fit the alpha-beta-gamma model on bench allreduce --json files")
     fit.add_argument("files", type=Path, nargs="+", metavar="FILE.json")
     fit.add_argument("--out", type=output_file, required=True, metavar="MODEL.json", help="where to write the model")
-    fit.add_argument("--link-gbps", type=positive_float, default=None, metavar="GBPS",
+    fit.add_argument("--link-gbps", type=link_gbps, default=None, metavar="GBPS",
                      help="link speed of files that do not record theirs")
     fit.add_argument("--sizes", type=size_list, default=None, metavar="LIST",
                      help="fit only the measurements at these sizes (hold the others out for predict --check)")
@@ -43,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="a scenario (its model's gradients and backward timing) for the step-time table")
     pr.add_argument("--hosts", type=positive_int, required=True)
     pr.add_argument("--ranks-per-host", type=positive_int, required=True)
-    pr.add_argument("--link-gbps", type=positive_float, default=None, metavar="GBPS",
+    pr.add_argument("--link-gbps", type=link_gbps, default=None, metavar="GBPS",
                     help="the link between hosts (default: the model's only fitted link; an unfitted speed "
                          "is derived from the nearest fitted one)")
     pr.add_argument("--oversubscription", type=positive_float, default=1.0, metavar="X",
@@ -123,11 +126,25 @@ def run_predict(args: argparse.Namespace) -> int:
     from ..knobs import Knobs
     from ..model.fit import ScaleModel
 
+    if args.hosts * args.ranks_per_host > MAX_RANKS:
+        raise UsageError(f"the model predicts up to {MAX_RANKS} ranks, got {args.hosts} x {args.ranks_per_host}")
+    if args.check_sizes is not None and not args.check:
+        raise UsageError("--check-sizes selects sizes of the --check files: give --check too")
+    if args.check_steps and not args.scenario:
+        raise UsageError("--check-steps needs --scenario (the workload the landscape measured)")
     model = ScaleModel.load(args.model_file)
     try:
         knobs = Knobs(**dict(args.knob))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.scenario:  # a bad scenario is refused before any table is printed
+        from ..model.step import Workload
+
+        Workload.from_scenario(args.scenario)
+    if args.check:
+        from ..model.data import load_many
+
+        load_many(args.check)
     model, topo = _topology(model, args)
     print(f"# scale model {args.model_file} ({model.points} points); predicting {topo.describe()}")
     result: dict[str, Any] = {"command": "model predict", "model_file": str(args.model_file),
@@ -139,8 +156,6 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.check:
         result["check"] = _check(model, args.check, args.check_sizes)
     if args.check_steps:
-        if not args.scenario:
-            raise UsageError("--check-steps needs --scenario (the workload the landscape measured)")
         result["check_steps"] = _check_steps(model, args.check_steps, args.scenario, topo.link)
     if getattr(args, "report", False):
         _report(model, topo, args, result)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..units import parse_size
 
-__all__ = ["Parser", "choice_list", "fraction", "knob", "non_negative_int", "output_file", "positive_float",
-           "positive_int", "size_list"]
+__all__ = ["Parser", "choice_list", "fraction", "knob", "link_gbps", "non_negative_int", "output_file",
+           "positive_float", "positive_int", "size_list"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -45,7 +45,15 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    return _number(text, float, lambda v: v > 0, "a positive number")
+    return _number(text, float, lambda v: 0 < v < float("inf"), "a positive number")
+
+
+def link_gbps(text: str) -> float:
+    """A link's speed in Gb/s, within :data:`tunelab.units.LINK_GBPS_RANGE`."""
+    from ..units import LINK_GBPS_RANGE
+
+    low, high = LINK_GBPS_RANGE
+    return _number(text, float, lambda v: low <= v <= high, f"a link speed of {low:g} .. {high:g} Gb/s")
 
 
 def fraction(text: str) -> float:

@@ -96,6 +96,8 @@ def add_link_flags(parser: Any) -> None:
     import argparse
     import math
 
+    from ..units import link_problem
+
     def number(low_ok: bool) -> Any:
         def parse(text: str) -> float:
             try:
@@ -104,6 +106,9 @@ def add_link_flags(parser: Any) -> None:
                 value = math.nan
             if not math.isfinite(value) or value < 0 or (value == 0 and not low_ok):
                 raise argparse.ArgumentTypeError(f"expected a number {'>=' if low_ok else '>'} 0, got {text!r}")
+            why = link_problem(latency_us=value) if low_ok else link_problem(gbps=value)
+            if why is not None:
+                raise argparse.ArgumentTypeError(why)
             return value
         return parse
 

@@ -19,12 +19,14 @@ the machine's oversubscription is ``world_size / cpu_cores`` unless the hardware
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
 from ..knobs import Knobs
+from ..units import link_problem
 from .costs import Topology, link_name
 
 ALGORITHM_OF_ROW = {"ring": "flat", "hierarchical": "hierarchical", "mpi": "mpi", "gloo": "gloo"}
@@ -49,6 +51,9 @@ class Observation:
     @property
     def label(self) -> str:
         return f"{self.source}:{self.algorithm}@{self.size}"
+
+
+MAX_SIZE = 1 << 50  # 1 PiB: a bench row larger than that is damage, not a measurement
 
 
 def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
@@ -76,8 +81,9 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
             raise ModelInputError(f"{path}: a row without a numeric size and time_us: {r}") from None
         if r.get("wrong"):
             continue  # wrong results are not timings of an allreduce
-        if not (size > 0 and t > 0):
-            raise ModelInputError(f"{path}: size and time must be positive, got {size} B in {t} s")
+        if not (0 < size <= MAX_SIZE and 0 < t < math.inf):
+            raise ModelInputError(f"{path}: a row's size must be 1 B .. 1 PiB and its time a positive number, "
+                                  f"got {size:.4g} B in {t} s")
         out.append(Observation(algo, size, t, topo, knobs, Path(path).stem))
     return out
 
@@ -126,6 +132,13 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[Topology, Knobs]:
     try:
+        return _topology_of(path, hw, link_gbps)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ModelInputError(f"{path}: hardware facts unusable ({type(exc).__name__}: {exc})") from None
+
+
+def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[Topology, Knobs]:
+    try:
         world = int(hw["world_size"])
         nodes = int(hw.get("nodes") or 1)
         per_node = hw.get("ranks_per_node") or [world]
@@ -139,6 +152,10 @@ def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[
         raise ModelInputError(f"{path}: the model needs the same ranks on every host, got {sizes}")
     lab = hw.get("lab") if isinstance(hw.get("lab"), dict) else None
     gbps = next((g for g in (hw.get("link_gbps"), (lab or {}).get("link_gbps"), link_gbps) if g is not None), None)
+    if gbps is not None:
+        why = link_problem(gbps=float(gbps))
+        if why is not None:
+            raise ValueError(why)
     per_machine = int(hw.get("ranks_per_machine") or world)
     over = per_machine / cores if cores else 1.0
     # Emulated nodes slow only the engine's cross-node bytes; in a lab every system crosses the link.

@@ -155,14 +155,42 @@ class ScaleModel:
         if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, PER_CALL_FORMAT) \
                 or not isinstance(doc.get("values"), dict):
             raise ModelInputError(f"{path}: not a tunelab model file (expected format {FORMAT})")
-        values = {str(k): float(v) for k, v in doc["values"].items()}
+        values = _parameters(path, doc["values"])
         if doc["format"] == PER_CALL_FORMAT and "call.alpha" in values:
             # one cost per call, fitted on runs of the general path: its planning and its agreement
             # together, what a coordinator's bucket pays as well as a call of the general path
             values[PLAN_ALPHA] = values.pop("call.alpha")
             values["call.alpha"] = 0.0
+        shapes = {"points": int, "sources": list, "rel_errors": dict, "fit_points": list}
+        wrong = [k for k, kind in shapes.items() if k in doc and (not isinstance(doc[k], kind) or isinstance(doc[k], bool))]
+        if wrong:
+            raise ModelInputError(f"{path}: damaged model file ({wrong[0]} is not {shapes[wrong[0]].__name__}); "
+                                  "fit it again with `tunelab model fit`")
         return cls(values, int(doc.get("points", 0)), list(doc.get("sources", [])), dict(doc.get("rel_errors", {})),
                    list(doc.get("fit_points", [])))
+
+
+def _parameters(path: Path, raw: dict) -> dict[str, float]:
+    """A model file's parameter values: each a finite number >= 0 (every fitted parameter is), and its
+    links' speeds positive; ModelInputError naming the first that is not."""
+    if not raw:
+        raise ModelInputError(f"{path}: the model file has no parameters; fit it again with `tunelab model fit`")
+    values = {}
+    for key, value in raw.items():
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+        if not ok:
+            raise ModelInputError(f"{path}: damaged model file: parameter {key} is {value!r}, not a number >= 0")
+        values[str(key)] = float(value)
+    for key in values:
+        if key.startswith("link:") and key.removeprefix("link:").split(".")[0].endswith("gbps"):
+            speed = key.removeprefix("link:").split(".")[0].removesuffix("gbps")
+            try:
+                ok = math.isfinite(float(speed)) and float(speed) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ModelInputError(f"{path}: damaged model file: link {speed}gbps is not a speed > 0")
+    return values
 
 
 def wire_floor(name: str) -> float:
@@ -192,9 +220,11 @@ def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
     speeds = []
     for name in links:
         try:
-            speeds.append((name, float(name.removesuffix("gbps"))))
+            speed = float(name.removesuffix("gbps"))
         except ValueError:
             continue
+        if math.isfinite(speed) and speed > 0:
+            speeds.append((name, speed))
     return min(speeds, key=lambda s: abs(math.log(s[1] / gbps)), default=None)
 
 

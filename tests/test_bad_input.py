@@ -1,0 +1,149 @@
+"""Bad input found by an audit of every command: one line, the right exit status, nothing destroyed, no hang."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+LANDSCAPES = Path(__file__).resolve().parents[1] / "tunelab" / "bench" / "landscapes"
+
+
+def tunelab(*args, timeout=120, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True, check=False,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def one_line_error(proc, status, fragment):
+    assert proc.returncode == status, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert fragment in lines[0], lines[0]
+
+
+# ---- outputs never overwrite what the command reads -----------------------------------------------------
+def test_an_output_naming_an_input_is_refused_and_the_input_kept(tmp_path):
+    bench = tmp_path / "bench.json"
+    shutil.copy(DATA / "report-allreduce.json", bench)
+    before = bench.read_bytes()
+    one_line_error(tunelab("model", "fit", str(bench), "--out", str(bench)), 2, "is also an input of this command")
+    one_line_error(tunelab("report", "--bench", str(bench), "--out", str(bench)), 2, "writing it would destroy it")
+    land = tmp_path / "land.json"
+    shutil.copy(LANDSCAPES / "replay-bert-2ranks.json", land)
+    one_line_error(tunelab("bench", "tuner", "--landscape", str(land), "--json", str(land), "--seeds", "1"), 2,
+                   "(--landscape)")
+    assert bench.read_bytes() == before
+    assert json.loads(land.read_text())["points"]
+    one_line_error(tunelab("model", "fit", str(bench), "--out", str(tmp_path / "m.json"), "--json",
+                           str(tmp_path / "m.json")), 2, "name the same file")
+
+
+def test_an_export_onto_the_profile_store_is_refused(tmp_path):
+    store = tmp_path / "profiles.sqlite"
+    store.write_bytes(b"not touched")
+    proc = tunelab("profiles", "export", "--out", str(store), env={"TUNELAB_HOME": str(tmp_path)})
+    one_line_error(proc, 2, "is also the profile store")
+    assert store.read_bytes() == b"not touched"
+
+
+# ---- link speeds and sizes a run or a prediction cannot take -----------------------------------------------
+@pytest.mark.parametrize("args,fragment", [
+    (["bench", "allreduce", "--np", "2", "--ranks-per-node", "1", "--link-gbps", "1e-8"], "0.001 .. 100000 Gb/s"),
+    (["bench", "allreduce", "--link-latency-us", "1e12"], "a link latency must be 0 .. 1e+06 us"),
+    (["model", "predict", "--model-file", "m.json", "--hosts", "2", "--ranks-per-host", "1", "--link-gbps", "inf"],
+     "0.001 .. 100000 Gb/s"),
+    (["model", "predict", "--model-file", "m.json", "--hosts", "2", "--ranks-per-host", "1",
+      "--oversubscription", "inf"], "expected a positive number"),
+    (["bench", "tuner", "--model-file", "m.json", "--link-gbps", "1e-300"], "0.001 .. 100000 Gb/s"),
+])
+def test_link_speeds_outside_what_runs_are_usage_errors(args, fragment):
+    one_line_error(tunelab(*args), 2, fragment)
+
+
+def test_a_tiny_link_speed_from_the_environment_is_refused(tmp_path):
+    proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "4KiB", "--iters", "1", "--no-report",
+                   env={"TUNELAB_RANKS_PER_NODE": "1", "TUNELAB_LINK_GBPS": "1e-9"}, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "TUNELAB_LINK_GBPS" in proc.stderr and "0.001 .. 100000 Gb/s" in proc.stderr
+
+
+# ---- model files ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("model") / "model.json"
+    proc = tunelab("model", "fit", str(DATA / "report-allreduce.json"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _damaged(model_file, tmp_path, change):
+    doc = json.loads(model_file.read_text())
+    change(doc)
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d["values"].update(gamma="abc"), "parameter gamma is 'abc'"),
+    (lambda d: d["values"].update(gamma=[1]), "parameter gamma is [1]"),
+    (lambda d: d["values"].update(gamma=-1.0), "not a number >= 0"),
+    (lambda d: d.update(values={}), "has no parameters"),
+    (lambda d: d.update(points="x"), "points is not int"),
+    (lambda d: d.update(sources=5), "sources is not list"),
+    (lambda d: d.update(rel_errors=[1, 2]), "rel_errors is not dict"),
+    (lambda d: d["values"].update({"link:0gbps.beta": 1e-9}), "link 0gbps is not a speed > 0"),
+])
+def test_a_damaged_model_file_is_named_in_one_line(model_file, tmp_path, change, fragment):
+    bad = _damaged(model_file, tmp_path, change)
+    proc = tunelab("model", "predict", "--model-file", str(bad), "--hosts", "1", "--ranks-per-host", "2",
+                   "--no-report")
+    one_line_error(proc, 2, fragment)
+
+
+def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tmp_path):
+    proc = tunelab("model", "predict", "--model-file", str(model_file), "--hosts", "1000000000",
+                   "--ranks-per-host", "1000000000", timeout=60)
+    one_line_error(proc, 2, "the model predicts up to")
+    for extra, fragment in ((["--scenario", "no-such-scenario"], "no scenario named"),
+                            (["--check", str(tmp_path / "missing.json")], "no such file"),
+                            (["--check-sizes", "1MiB"], "give --check too")):
+        proc = tunelab("model", "predict", "--model-file", str(model_file), "--hosts", "1", "--ranks-per-host", "2",
+                       "--no-report", *extra)
+        one_line_error(proc, 2, fragment)
+        assert proc.stdout.strip() == "", proc.stdout  # refused before a table was printed
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d["rows"][0].update(time_us=float("inf")), "its time a positive number"),
+    (lambda d: d["rows"][0].update(size=1e300), "a row's size must be 1 B .. 1 PiB"),
+    (lambda d: d["hardware"].update(ranks_per_machine="x"), "hardware facts unusable"),
+    (lambda d: d["hardware"].update(nodes=-1), "hardware facts unusable"),
+    (lambda d: d["hardware"].update(nodes=2, link_gbps=-5), "a link speed must be"),
+    (lambda d: d["hardware"].update(nodes=2, link_gbps="fast"), "hardware facts unusable"),
+])
+def test_a_damaged_bench_file_is_not_fitted(tmp_path, change, fragment):
+    doc = json.loads((DATA / "report-allreduce.json").read_text())
+    change(doc)
+    bad = tmp_path / "bench.json"
+    bad.write_text(json.dumps(doc))
+    out = tmp_path / "model.json"
+    one_line_error(tunelab("model", "fit", str(bad), "--out", str(out)), 2, fragment)
+    assert not out.exists()
+
+
+# ---- ranks given different command lines ---------------------------------------------------------------
+def test_ranks_given_different_command_lines_stop_with_one_error_instead_of_hanging():
+    from tunelab.launch import mpiexec_command
+
+    one = ["tunelab", "bench", "allreduce", "--sizes", "4KiB", "--warmup", "0", "--algorithms", "ring",
+           "--no-report"]
+    cmd = [*mpiexec_command(), "-n", "1", sys.executable, "-m", "tunelab.cli", *one[1:], "--iters", "1", ":",
+           "-n", "1", sys.executable, "-m", "tunelab.cli", *one[1:], "--iters", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "ranks disagree on the command's iters: rank 0 has 1, rank 1 3" in proc.stderr, proc.stderr[-2000:]
