@@ -152,13 +152,20 @@ def stored_count(name: str, value: object) -> int:
 
 
 def trial_from_row(row: sqlite3.Row, path: Path) -> Trial:
-    knobs = stored_object(path, row["knobs"], row["profile_id"], f"the knobs of its trial {row['id']} are")
-    return Trial(**{**dict(row), "knobs": knobs})
+    what = f"its trial {row['id']}"
+    knobs = stored_knobs(path, row["knobs"], row["profile_id"], f"the knobs of {what} are")
+    d = dict(row)
+    for name in ("score", "spread", "seconds", "steps"):
+        value = d[name]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or value < 0 or (name == "score" and value == 0):
+            raise damaged(path, d["profile_id"], f"the {name} of {what} is {value!r}")
+    return Trial(**{**d, "knobs": knobs})
 
 
 def best_from_row(row: sqlite3.Row, path: Path) -> Best:
     d = dict(row)
-    knobs = stored_object(path, d["knobs"], d["profile_id"], "its best config's knobs are")
+    knobs = stored_knobs(path, d["knobs"], d["profile_id"], "its best config's knobs are")
     try:
         gain = float(d["score"]) / float(d["default_score"])
     except (TypeError, ValueError, ZeroDivisionError):
@@ -174,6 +181,19 @@ def stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:
         value = None
     if not isinstance(value, dict):
         raise damaged(path, profile_id, f"{what} not a JSON object")
+    return value
+
+
+def stored_knobs(path: Path, text: object, profile_id: int, what: str) -> dict:
+    """Knob settings read from the store: a JSON object that :class:`~tunelab.knobs.Knobs` takes (known
+    names, values in range), else StoreError naming what is damaged."""
+    from .knobs import Knobs
+
+    value = stored_object(path, text, profile_id, what)
+    try:
+        Knobs(**value)
+    except (TypeError, ValueError) as exc:
+        raise damaged(path, profile_id, f"{what} not valid knobs: {exc}") from None
     return value
 
 

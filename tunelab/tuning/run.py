@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import TunelabError
 from ..knobs import Knobs, knob_text
 from .plan import Plan, Sample
 from .result import record_sample, summarise
@@ -55,9 +56,7 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
     comm = rt.sync_comm
     topo = rt.topology
     space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned), device=p.get("device") == "cuda")
-    recorder = _Recorder.create(p, rt, workload, write=p.get("store", True)) if comm.rank == 0 else None
-    stored = recorder.warm_start_observations() if recorder is not None else []
-    first = _model_proposals(p, rt, space) if comm.rank == 0 and not stored else []
+    recorder, stored, first = _prepare_on_rank0(p, rt, workload, space, comm)
     seed = p.get("seed", 0)
 
     def strategy(epoch: int) -> Any:
@@ -91,6 +90,28 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
         result["profile_id"] = recorder.profile_id
         result["store"] = str(recorder.store.path)
     return result
+
+
+def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any, comm: Any) -> tuple[Any, list, list]:
+    """Rank 0's part before training: the profile store's record and stored trials, or else the scale
+    model's first proposals.  Whether it worked is broadcast, so that a failure there (a damaged store,
+    a model file that does not parse) stops every rank at once, with rank 0's error, rather than leaving
+    the others training alone until they time out waiting for rank 0."""
+    recorder, stored, first, failure = None, [], [], None
+    if comm.rank == 0:
+        try:
+            recorder = _Recorder.create(p, rt, workload, write=p.get("store", True))
+            stored = recorder.warm_start_observations()
+            first = _model_proposals(p, rt, space) if not stored else []
+        except Exception as exc:  # noqa: BLE001 - raised again below, on every rank
+            failure = exc
+    said = comm.bcast(None if failure is None else str(failure).splitlines()[0] if str(failure) else
+                      type(failure).__name__, root=0)
+    if failure is not None:
+        raise failure
+    if said is not None:
+        raise TunelabError(f"rank 0 could not prepare the tuning run: {said}")
+    return recorder, stored, first
 
 
 def _model_proposals(p: dict, rt: Any, space: Any) -> list[Knobs]:
