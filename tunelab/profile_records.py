@@ -158,7 +158,7 @@ def trial_from_row(row: sqlite3.Row, path: Path) -> Trial:
     for name in ("score", "spread", "seconds", "steps"):
         value = d[name]
         number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not number or value < 0 or (name == "score" and value == 0):
+        if not number or value < 0:  # (what ProfileStore.record_trial takes)
             raise damaged(path, d["profile_id"], f"the {name} of {what} is {value!r}")
     return Trial(**{**d, "knobs": knobs})
 

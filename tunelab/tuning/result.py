@@ -113,11 +113,11 @@ def stored_observations(trials: list[Any], extra_sigma: float) -> list[Observati
         by_run.setdefault(t.run_id, []).append(t)
     out: list[Observation] = []
     for run in by_run.values():
-        refs = [t.score for t in run if t.phase == "default"]
+        refs = [t.score for t in run if t.phase == "default" and t.score > 0]
         if not refs:
             continue
         ref = math.log(float(np.mean(refs)))
-        logs = [math.log(t.score) - ref for t in run if t.phase == "default"]
+        logs = [math.log(t) - ref for t in refs]
         noise = float(np.var(logs)) if len(logs) > 1 else 0.03 ** 2
         out += [Observation(Knobs(**t.knobs), math.log(t.score) - ref, 2 * noise + extra_sigma ** 2)
                 for t in run if t.phase == "explore" and t.score > 0]
