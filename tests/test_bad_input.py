@@ -147,3 +147,16 @@ def test_ranks_given_different_command_lines_stop_with_one_error_instead_of_hang
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode != 0
     assert "ranks disagree on the command's iters: rank 0 has 1, rank 1 3" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
+def test_a_job_that_aborts_leaves_no_shared_memory_behind():
+    def segments():
+        return {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
+
+    before = segments()
+    for _ in range(2):  # a rank's error tears the job down with MPI_Abort
+        proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "4KiB", "--iters", "1", "--no-report",
+                       env={"TUNELAB_RANKS_PER_NODE": "3"})
+        assert proc.returncode == 1 and "ranks_per_node=3" in proc.stderr, proc.stderr[-2000:]
+    assert segments() <= before

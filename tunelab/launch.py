@@ -8,12 +8,14 @@ jobs run in-process instead of launching again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,11 +91,14 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
             from .lab.launch import lab_env, mpiexec_args
 
             cmd, env = [*mpiexec_args(lab, np_, mpiexec_command()[0]), *rank_cmd], lab_env(env)
+        before = _mpich_segments()
         with open(err_path, "w") as err:
             try:
                 proc = subprocess.run(cmd, check=False, stderr=err, env=env, timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 raise TunelabError(f"{job} did not finish within {timeout_s:g} s") from None
+            finally:
+                _remove_orphaned_segments(before)
         stderr = err_path.read_text(errors="replace")
         if proc.returncode != 0 or not result_path.exists():
             left = _left_errors(result_path)
@@ -105,6 +110,47 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
         if stderr.strip():
             sys.stderr.write(stderr)
         return json.loads(result_path.read_text())
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def _mpich_segments() -> set[str]:
+    """The MPICH shared-memory segments in /dev/shm now (none where there is no /dev/shm)."""
+    try:
+        return {p.name for p in SHM_DIR.glob("mpich_shm_*")}
+    except OSError:
+        return set()
+
+
+def _remove_orphaned_segments(before: set[str], wait_s: float = 2.0) -> None:
+    """Remove the MPICH segments that appeared during a job and that no process maps any more.  MPICH
+    removes its segment when a job ends normally; a job torn down by ``MPI_Abort`` or a killed rank
+    leaves it behind (about 2 MiB of memory each, for good).  A segment some process still maps
+    (another job's) is left alone."""
+    new = _mpich_segments() - before
+    deadline = time.monotonic() + wait_s  # ranks of an aborted job may outlive mpiexec for a moment
+    while new:
+        mapped = _mapped(new)
+        for name in new - mapped:
+            with contextlib.suppress(OSError):
+                (SHM_DIR / name).unlink()
+        new = mapped
+        if not new or time.monotonic() >= deadline:
+            return
+        time.sleep(0.1)
+
+
+def _mapped(names: set[str]) -> set[str]:
+    """Which of ``names`` (files in /dev/shm) some process maps."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text(errors="replace")
+        except OSError:  # a process that ended meanwhile, or one we may not read
+            continue
+        mapped |= {name for name in names if name in text}
+    return mapped
 
 
 def _left_errors(result_path: Path) -> str:
