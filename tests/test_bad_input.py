@@ -160,3 +160,21 @@ def test_a_job_that_aborts_leaves_no_shared_memory_behind():
                        env={"TUNELAB_RANKS_PER_NODE": "3"})
         assert proc.returncode == 1 and "ranks_per_node=3" in proc.stderr, proc.stderr[-2000:]
     assert segments() <= before
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d.update(discard_steps="x"), "discard_steps must be an integer >= 0"),
+    (lambda d: d.update(measure_steps=0), "measure_steps must be an integer >= 1"),
+    (lambda d: d["space"].update(names=["nope"]), "space.names has 'nope'"),
+    (lambda d: d["space"].update(names="segment_bytes"), "space.names is not a list of knob names"),
+    (lambda d: d.update(scenario=5), "scenario must be a scenario's name"),
+    (lambda d: d.update(samples_per_step=1e308), "samples_per_step must be a number in (0, 1e6]"),
+    (lambda d: d["space"].update(names=["hierarchical"]), "no point has hierarchical=True"),
+])
+def test_a_damaged_landscape_is_a_usage_error(tmp_path, change, fragment):
+    doc = json.loads((LANDSCAPES / "replay-bert-2ranks.json").read_text())
+    change(doc)
+    bad = tmp_path / "land.json"
+    bad.write_text(json.dumps(doc))
+    one_line_error(tunelab("bench", "tuner", "--landscape", str(bad), "--seeds", "1", "--strategies", "tunelab",
+                           "--no-report"), 2, fragment)

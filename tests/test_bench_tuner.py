@@ -278,9 +278,12 @@ def test_bad_cli_input_is_one_line(tmp_path):
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
     doc = json.loads((LANDSCAPE_DIR / "replay-bert-2ranks.json").read_text())
     (tmp_path / "zero.json").write_text(json.dumps({**doc, "samples_per_step": 0}))
+    doc["points"][0]["steps_s"][0][0] = 0.0
+    (tmp_path / "zero-step.json").write_text(json.dumps(doc))
     cases = [(["--landscape", str(bad)], "not a landscape file"), (["--drift", "2"], "fraction"),
              (["--landscape", str(tmp_path / "binary.json")], "is not a landscape JSON file"),
-             (["--landscape", str(tmp_path / "zero.json")], "samples_per_step and every step time must be positive"),
+             (["--landscape", str(tmp_path / "zero.json")], "samples_per_step must be a number in (0, 1e6]"),
+             (["--landscape", str(tmp_path / "zero-step.json")], "samples_per_step and every step time must be positive"),
              (["--landscape", "no-such-landscape"], "No such file"),
              (["--hosts", "4", "--model-noise", "0.1"], "--hosts, --model-noise describe the scale model's objective")]
     for args, fragment in cases:

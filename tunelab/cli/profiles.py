@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import TunelabError, UsageError
 from ..files import write_text
 from ..knobs import Knobs, knob_text
-from .types import output_file
+from .types import output_file, profile_id
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,29 +24,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     psub.add_parser("list", help="one line per profile").set_defaults(func=cmd_list)
     show = psub.add_parser("show", help="a profile's hardware, best config and trials")
-    show.add_argument("id", type=_profile_id, metavar="ID")
+    show.add_argument("id", type=profile_id, metavar="ID")
     show.set_defaults(func=cmd_show)
     export = psub.add_parser("export", help="write profiles (all, or IDS) as JSON")
     export.add_argument("--out", type=output_file, default=None, metavar="FILE", help="default: stdout")
-    export.add_argument("ids", type=_profile_id, nargs="*", metavar="ID")
+    export.add_argument("ids", type=profile_id, nargs="*", metavar="ID")
     export.set_defaults(func=cmd_export)
     import_ = psub.add_parser("import", help="merge profiles from an export file")
     import_.add_argument("file", type=Path, metavar="FILE")
     import_.set_defaults(func=cmd_import)
     delete = psub.add_parser("delete", help="remove a profile with its trials")
-    delete.add_argument("id", type=_profile_id, metavar="ID")
+    delete.add_argument("id", type=profile_id, metavar="ID")
     delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     delete.set_defaults(func=cmd_delete)
-
-
-def _profile_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a profile id (a positive integer), got {text!r}")
-    return value
 
 
 def _store():

@@ -6,12 +6,12 @@ import argparse
 from pathlib import Path
 
 from ..errors import UsageError
-from .types import output_file
+from .types import output_file, profile_id
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     rep = subparsers.add_parser("report", help="write a self-contained HTML report of tuning runs and benchmarks")
-    rep.add_argument("--profile", type=int, action="append", default=[], metavar="ID",
+    rep.add_argument("--profile", type=profile_id, action="append", default=[], metavar="ID",
                      help="a tuning profile from the store; repeatable")
     rep.add_argument("--bench", type=Path, action="append", default=[], metavar="FILE.json",
                      help="a tunelab bench --json result; repeatable")

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..units import parse_size
 
 __all__ = ["Parser", "choice_list", "fraction", "knob", "link_gbps", "non_negative_int", "output_file",
-           "positive_float", "positive_int", "size_list"]
+           "positive_float", "positive_int", "profile_id", "size_list"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -54,6 +54,17 @@ def link_gbps(text: str) -> float:
 
     low, high = LINK_GBPS_RANGE
     return _number(text, float, lambda v: low <= v <= high, f"a link speed of {low:g} .. {high:g} Gb/s")
+
+
+def profile_id(text: str) -> int:
+    """A profile's id in the store: a positive integer that SQLite can hold."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"expected a profile id (a positive integer), got {text!r}")
+    return value
 
 
 def fraction(text: str) -> float:

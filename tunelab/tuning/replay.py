@@ -55,6 +55,9 @@ class Landscape:
 
     @classmethod
     def from_dict(cls, doc: dict, name: str) -> Landscape:
+        problem = _header_problem(doc)
+        if problem is not None:
+            raise TunelabError(f"landscape {name}: {problem}")
         try:
             space = SearchSpace(tuple(doc["space"]["names"]), Knobs(**doc["space"]["base"]))
             points = doc["points"]
@@ -70,6 +73,10 @@ class Landscape:
         if not (math.isfinite(per_step) and per_step > 0) \
                 or any(p.size and not np.all(np.isfinite(p) & (p > 0)) for p in pools):
             raise TunelabError(f"landscape {name}: samples_per_step and every step time must be positive numbers")
+        for flag in space.booleans():  # the search asks for both sides of every boolean knob
+            missing = {False, True} - {bool(getattr(k, flag)) for k in knobs}
+            if missing:
+                raise TunelabError(f"landscape {name}: {flag} is searched but no point has {flag}={missing.pop()}")
         recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps") if k in doc}
         if all(p.size for p in pools):
             visits = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
@@ -124,6 +131,32 @@ class Landscape:
         i = self.nearest(knobs)
         pool = self.step_pools[i]
         return float(np.mean(np.log(self.samples_per_step / pool))) if pool.size else math.log(self.means[i])
+
+
+def _header_problem(doc: object) -> str | None:
+    """What is wrong with a landscape file's top level (None when nothing): the searched knob names, how
+    its blocks were measured, its scenario's name and the samples per step."""
+    from .space import SCALES
+
+    if not isinstance(doc, dict):
+        return "not a landscape file (not a JSON object)"
+    space = doc.get("space")
+    names = space.get("names") if isinstance(space, dict) else None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return "not a landscape file (space.names is not a list of knob names)"
+    unknown = [n for n in names if n not in SCALES]
+    if unknown:
+        return f"space.names has {unknown[0]!r}, not a searched knob ({', '.join(SCALES)})"
+    for key, low in (("discard_steps", 0), ("measure_steps", 1)):
+        value = doc.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            return f"{key} must be an integer >= {low}, got {value!r}"
+    if "scenario" in doc and not isinstance(doc["scenario"], str):
+        return f"scenario must be a scenario's name, got {doc['scenario']!r}"
+    per_step = doc.get("samples_per_step", 1.0)
+    if isinstance(per_step, bool) or not isinstance(per_step, (int, float)) or not 0 < per_step <= 1e6:
+        return f"samples_per_step must be a number in (0, 1e6], got {per_step!r}"
+    return None
 
 
 @dataclass(frozen=True)
