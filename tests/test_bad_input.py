@@ -178,3 +178,19 @@ def test_a_damaged_landscape_is_a_usage_error(tmp_path, change, fragment):
     bad.write_text(json.dumps(doc))
     one_line_error(tunelab("bench", "tuner", "--landscape", str(bad), "--seeds", "1", "--strategies", "tunelab",
                            "--no-report"), 2, fragment)
+
+
+@pytest.mark.parametrize("kind,source,change", [
+    ("--bench", "report-allreduce.json", lambda d: d.update(hardware=["not", "an", "object"])),
+    ("--tune", "report-tune.json", lambda d: d.update(locked_final=[1, 2])),
+    ("--tune", "report-tune.json", lambda d: d["samples"][0].update(spread="x")),
+    ("--tune", "report-tune.json", lambda d: d["default"].update(score=1e309)),
+])
+def test_a_malformed_report_input_is_named_in_one_line(tmp_path, kind, source, change):
+    doc = json.loads((DATA / source).read_text())
+    change(doc)
+    bad = tmp_path / "input.json"
+    bad.write_text(json.dumps(doc))
+    out = tmp_path / "report.html"
+    one_line_error(tunelab("report", kind, str(bad), "--out", str(out)), 2, f"{kind} {bad}: malformed input")
+    assert not out.exists()

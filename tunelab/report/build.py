@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,15 @@ def _labels(paths: list[Path], datas: list[dict[str, Any]]) -> list[str]:
     return names if len(set(names)) == len(names) else [str(p) for p in paths]
 
 
+@contextlib.contextmanager
+def _naming(what: str, expected: str) -> Iterator[None]:
+    """A field of ``what`` missing or of the wrong type or value: one line naming it (exit 2)."""
+    try:
+        yield
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError, OverflowError) as exc:
+        raise UsageError(f"{what}: malformed input ({type(exc).__name__}: {exc}); expected {expected}") from None
+
+
 def build_html(title: str, profiles: list[int], benches: list[Path], tunes: list[Path],
                store: Any | None = None) -> str:
     from .bench import bench_sections
@@ -44,15 +55,15 @@ def build_html(title: str, profiles: list[int], benches: list[Path], tunes: list
     from .template import render
     from .tuning import tuning_section
 
-    try:
-        runs = [run_from_json(p.name, _load(p)) for p in tunes]
-        runs += [run_from_profile(i, store) for i in profiles]
-        sections = [tuning_section(r, n) for n, r in enumerate(runs)]
+    sections = []
+    for n, (what, make) in enumerate([*((f"--tune {p}", lambda p=p: run_from_json(p.name, _load(p))) for p in tunes),
+                                      *((f"--profile {i}", lambda i=i: run_from_profile(i, store)) for i in profiles)]):
+        with _naming(what, "the --json of tunelab tune" if what.startswith("--tune") else "a profile of the store"):
+            sections.append(tuning_section(make(), n))
+    if benches:
         bench_data = [_load(p) for p in benches]
-        sections += bench_sections(list(zip(_labels(benches, bench_data), bench_data)))
-    except (KeyError, TypeError, IndexError) as exc:
-        raise UsageError(f"malformed input: missing or wrong field {exc} (--tune takes the --json of tunelab tune, "
-                         "--bench that of a tunelab bench command)") from None
+        with _naming("--bench " + ", ".join(map(str, benches)), "the --json of a tunelab bench command"):
+            sections += bench_sections(list(zip(_labels(benches, bench_data), bench_data)))
     sources = [p.name for p in tunes + benches] + [f"profile {i}" for i in profiles]
     return render({"title": title, "sections": sections, "sources": sources,
                    "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
