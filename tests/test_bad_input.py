@@ -194,3 +194,35 @@ def test_a_malformed_report_input_is_named_in_one_line(tmp_path, kind, source, c
     out = tmp_path / "report.html"
     one_line_error(tunelab("report", kind, str(bad), "--out", str(out)), 2, f"{kind} {bad}: malformed input")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d.update(version=0), '"version" must be 1 .. 1'),
+    (lambda d: d["profiles"][0]["trials"][0]["knobs"].update(bogus=1), "trials[0].knobs: unknown knob 'bogus'"),
+    (lambda d: d["profiles"][0]["best"]["knobs"].update(segment_bytes=1), "best.knobs: knob segment_bytes=1"),
+    (lambda d: d["profiles"][0]["trials"][0].update(steps=10 ** 30), "trials[0].steps must be a finite number"),
+    (lambda d: d["profiles"][0].update(world_size=10 ** 30), "world_size must be a finite number"),
+    (lambda d: d["profiles"][0].update(hardware_facts={"x": float("nan")}), "NaN or infinity"),
+])
+def test_an_export_that_a_store_could_not_use_is_refused_before_anything_is_written(tmp_path, change, fragment):
+    doc = json.loads((DATA / "report-profile-export.json").read_text())
+    change(doc)
+    bad = tmp_path / "export.json"
+    bad.write_text(json.dumps(doc))
+    home = tmp_path / "home"
+    one_line_error(tunelab("profiles", "import", str(bad), env={"TUNELAB_HOME": str(home)}), 2, fragment)
+    listing = tunelab("profiles", "list", env={"TUNELAB_HOME": str(home)})
+    assert listing.returncode == 0 and "resnet" not in listing.stdout
+
+
+def test_a_damaged_trial_in_the_store_names_its_profile(tmp_path):
+    import sqlite3
+
+    home = tmp_path / "home"
+    assert tunelab("profiles", "import", str(DATA / "report-profile-export.json"),
+                   env={"TUNELAB_HOME": str(home)}).returncode == 0
+    with sqlite3.connect(home / "profiles.sqlite") as conn:
+        conn.execute("UPDATE trials SET score = 'abc' WHERE id = (SELECT MIN(id) FROM trials)")
+    proc = tunelab("report", "--profile", "1", "--out", str(tmp_path / "r.html"), env={"TUNELAB_HOME": str(home)})
+    one_line_error(proc, 1, "profile 1 is damaged (the score of its trial")
+    assert "profiles delete 1" in proc.stderr

@@ -3,6 +3,7 @@ checked field by field before the store writes anything."""
 
 from __future__ import annotations
 
+import json
 import math
 
 EXPORT_FORMAT = "tunelab-profiles"
@@ -34,6 +35,8 @@ def validate_export(data: object) -> list[dict]:
         raise InvalidExport(f'"version" must be an integer, got {version!r}')
     if version > EXPORT_VERSION:
         raise InvalidExport(f"export version {version} is newer than this tunelab reads ({EXPORT_VERSION})")
+    if version < 1:
+        raise InvalidExport(f'"version" must be 1 .. {EXPORT_VERSION}, got {version}')
     profiles = data.get("profiles")
     if not isinstance(profiles, list):
         raise InvalidExport('"profiles" must be a list')
@@ -45,13 +48,28 @@ def validate_export(data: object) -> list[dict]:
             _check_fields(t, _TRIAL_FIELDS, f"profiles[{i}].trials[{j}]")
             if t["phase"] not in PHASES:
                 raise InvalidExport(f"profiles[{i}].trials[{j}].phase {t['phase']!r} is not one of {PHASES}")
+            _check_knobs(t["knobs"], f"profiles[{i}].trials[{j}].knobs")
         if p.get("best") is not None:
             _check_fields(p["best"], _BEST_FIELDS, f"profiles[{i}].best")
             optional = {k: v for k, v in _BEST_OPTIONAL.items() if p["best"].get(k) is not None}
             _check_fields(p["best"], optional, f"profiles[{i}].best")
+            _check_knobs(p["best"]["knobs"], f"profiles[{i}].best.knobs")
             if p["best"]["default_score"] <= 0:
                 raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
     return profiles
+
+
+def _check_knobs(knobs: dict, where: str) -> None:
+    """Knob settings a store may hold: known names, values in range (what jobs will apply)."""
+    from .knobs import SPECS, Knobs
+
+    unknown = sorted(set(knobs) - set(SPECS))
+    if unknown:
+        raise InvalidExport(f"{where}: unknown knob {unknown[0]!r}")
+    try:
+        Knobs(**knobs)
+    except (TypeError, ValueError) as exc:
+        raise InvalidExport(f"{where}: {exc}") from None
 
 
 def _check_fields(obj: object, fields: dict, where: str) -> None:
@@ -61,5 +79,10 @@ def _check_fields(obj: object, fields: dict, where: str) -> None:
         value = obj.get(name)
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise InvalidExport(f"{where}.{name} is missing or not a {kind_name}")
-        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
-            raise InvalidExport(f"{where}.{name} must be a finite number >= 0")
+        if isinstance(value, (int, float)) and not (math.isfinite(value) and 0 <= value < 2 ** 63):
+            raise InvalidExport(f"{where}.{name} must be a finite number >= 0 (and below 2**63)")
+        if isinstance(value, dict):
+            try:
+                json.dumps(value, allow_nan=False)
+            except ValueError:
+                raise InvalidExport(f"{where}.{name} holds a number JSON cannot (NaN or infinity)") from None

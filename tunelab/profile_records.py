@@ -187,9 +187,12 @@ def stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:
 def stored_knobs(path: Path, text: object, profile_id: int, what: str) -> dict:
     """Knob settings read from the store: a JSON object that :class:`~tunelab.knobs.Knobs` takes (known
     names, values in range), else StoreError naming what is damaged."""
-    from .knobs import Knobs
+    from .knobs import SPECS, Knobs
 
     value = stored_object(path, text, profile_id, what)
+    unknown = sorted(set(value) - set(SPECS))
+    if unknown:
+        raise damaged(path, profile_id, f"{what} not valid knobs: unknown knob {unknown[0]!r}")
     try:
         Knobs(**value)
     except (TypeError, ValueError) as exc:
