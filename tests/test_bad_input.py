@@ -226,3 +226,17 @@ def test_a_damaged_trial_in_the_store_names_its_profile(tmp_path):
     proc = tunelab("report", "--profile", "1", "--out", str(tmp_path / "r.html"), env={"TUNELAB_HOME": str(home)})
     one_line_error(proc, 1, "profile 1 is damaged (the score of its trial")
     assert "profiles delete 1" in proc.stderr
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
+    if Path("/proc/self").is_dir():
+        one_line_error(tunelab("bench", "kernels", "--sizes", "4KiB", "--iters", "1", "--json", "/proc/x/y.json"), 2,
+                       "/proc is not writable")
+    link = tmp_path / "dangling.json"
+    link.symlink_to(tmp_path / "no-such-folder" / "out.json")
+    one_line_error(tunelab("bench", "kernels", "--sizes", "4KiB", "--iters", "1", "--json", str(link)), 2,
+                   "which cannot be created")
+    (tmp_path / "reports").write_text("a file where the reports folder goes")
+    proc = tunelab("bench", "kernels", "--sizes", "4KiB", "--iters", "1", cwd=tmp_path)
+    one_line_error(proc, 2, "cannot write reports under reports/")
+    assert proc.stdout == ""  # refused before the benchmark ran

@@ -27,14 +27,27 @@ def unwritable(path: Path) -> str | None:
         return "it is a directory"
     if path.exists():  # a file, a link to one, or a device such as /dev/null: written where it is
         return None if os.access(path, os.W_OK) else "the file is not writable"
+    if path.is_symlink():  # a link to nothing: written through the link, into its target's folder
+        target = path.resolve()
+        return None if target.parent.is_dir() and _can_create_in(target.parent) else \
+            f"it is a link to {target}, which cannot be created"
     folder = path.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
         return f"{folder} is not a directory"
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not os.access(folder, os.W_OK | os.X_OK) or not _can_create_in(folder):
         return f"{folder} is not writable"
     return None
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in ``folder`` (tried: permissions say yes on /proc and read-only mounts)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def write_text(path: Path, text: str, rescue: bool = True) -> Path:

@@ -69,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         Parser(prog=parser.prog if before else args._prog).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         _refuse_overwriting_inputs(args)
+        if getattr(args, "report", False) is True:  # a report under reports/ at the end: can it be written?
+            from ..report.auto import reports_unwritable
+
+            why = reports_unwritable()
+            if why is not None:
+                raise UsageError(why)
     except UsageError as exc:
         sys.stderr.write(f"tunelab: error: {exc}\n")
         return 2

@@ -19,17 +19,28 @@ def add_report_flag(p: argparse.ArgumentParser) -> None:
                    help="write a self-contained HTML report under reports/ at the end (default: on)")
 
 
+REPORTS_DIR = Path("reports")
+
+
+def reports_unwritable() -> str | None:
+    """Why the default report folder cannot take a report (None when it can): checked before a run."""
+    from ..files import unwritable
+
+    why = unwritable(REPORTS_DIR / "report.html")
+    return None if why is None else f"cannot write reports under {REPORTS_DIR}/: {why} (give --no-report)"
+
+
 def write_outputs(result: dict, json_path: Path | None, name: str, kind: str | None) -> None:
     """Write ``result`` to ``json_path`` (or, for a report, ``reports/<name>-<time>.json``) and, when
     ``kind`` is "bench" or "tune", the report next to it.  Prints every path written."""
     if json_path is None and kind is None:
         return
     stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = json_path or Path("reports") / f"{stem}.json"
+    path = json_path or REPORTS_DIR / f"{stem}.json"
     write_text(path, json.dumps(result, indent=2) + "\n")
     print(f"# wrote {path}")
     if kind is not None:
-        _write_report(path, Path("reports") / f"{stem}.html", kind)
+        _write_report(path, REPORTS_DIR / f"{stem}.html", kind)
 
 
 def _write_report(json_path: Path, out: Path, kind: str) -> None:
