@@ -158,7 +158,7 @@ def test_a_job_that_aborts_leaves_no_shared_memory_behind():
     for _ in range(2):  # a rank's error tears the job down with MPI_Abort
         proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "4KiB", "--iters", "1", "--no-report",
                        env={"TUNELAB_RANKS_PER_NODE": "3"})
-        assert proc.returncode == 1 and "ranks_per_node=3" in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 2 and "ranks_per_node=3" in proc.stderr, proc.stderr[-2000:]
     assert segments() <= before
 
 
@@ -240,3 +240,20 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
     proc = tunelab("bench", "kernels", "--sizes", "4KiB", "--iters", "1", cwd=tmp_path)
     one_line_error(proc, 2, "cannot write reports under reports/")
     assert proc.stdout == ""  # refused before the benchmark ran
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["bench", "allreduce", "--json", ""], "argument --json: an empty path"),
+    (["bench", "kernels", "--sizes", "3", "--no-report"], "size 3 must be a multiple of 4 bytes"),
+    (["tune", "--model-file", ".", "--no-report"], "not a model file"),
+])
+def test_more_bad_flags_are_usage_errors(args, fragment):
+    one_line_error(tunelab(*args), 2, fragment)
+
+
+def test_a_lab_directory_that_is_a_file_or_holds_a_directory_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    one_line_error(tunelab("lab", "down", env={"TUNELAB_LAB_DIR": str(tmp_path / "file")}), 2, "is a file")
+    (tmp_path / "dir" / "lab.json").mkdir(parents=True)
+    one_line_error(tunelab("lab", "status", env={"TUNELAB_LAB_DIR": str(tmp_path / "dir")}), 1, "cannot be read")

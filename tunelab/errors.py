@@ -13,14 +13,8 @@ class CollectiveTimeoutError(TunelabError):
     """A rank did not reach a collective within the timeout (dead, stalled or skipped)."""
 
 
-class TopologyError(TunelabError):
-    """The requested node layout or algorithm does not fit the ranks that were launched."""
-
-
 class StallError(TunelabError):
     """Some ranks submitted a tensor that others did not submit within the stall timeout."""
-
-
 
 
 class StoreError(TunelabError):
@@ -29,6 +23,11 @@ class StoreError(TunelabError):
 
 class UsageError(TunelabError):
     """The command line asks for something that cannot work (exit status 2, like argparse's errors)."""
+
+
+class TopologyError(UsageError):
+    """The requested node layout or algorithm does not fit the ranks that were launched (a usage error:
+    the command exits 2)."""
 
 
 class ScenarioError(UsageError):

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..cli.finish import add_output_flags, finish
 from ..cli.types import non_negative_int, positive_int, size_list
-from ..errors import TunelabError
+from ..errors import TunelabError, UsageError
 from ..units import format_size
 
 KERNELS = ("pack", "unpack", "reduce", "cast")
@@ -196,7 +196,7 @@ def run(params: dict) -> dict:
     rows = []
     for size in sizes:
         if size < 4 * TENSORS or size % 4:
-            raise TunelabError(f"size {size} must be a multiple of 4 bytes and at least {4 * TENSORS}")
+            raise UsageError(f"size {size} must be a multiple of 4 bytes and at least {4 * TENSORS}")
         rows += _measure(kernels, mem, int(size), int(params.get("iters", 10)), int(params.get("warmup", 2)))
     return {"rows": rows, "backend": kernels.name, "device": mem.describe(),
             "iters": int(params.get("iters", 10)), "warmup": int(params.get("warmup", 2))}

@@ -59,6 +59,9 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0].startswith("-") and words[0] not in ("-h", "--help", "--version"):
+        parser.error(f"unrecognized arguments: {words[0]}")  # rather than "a command is required"
     args, extra = parser.parse_known_args(argv)
     if extra:
         extra = _intermixed(args, list(sys.argv[1:] if argv is None else argv), extra)

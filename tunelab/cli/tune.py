@@ -58,8 +58,12 @@ def run(args: argparse.Namespace) -> int:
         link_latency_us=args.link_latency_us, image_size=args.image_size, device=args.device,
         batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
         knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
-    if args.model_file is not None and not args.model_file.exists():
-        raise UsageError(f"--model-file {args.model_file}: no such file")
+    if args.model_file is not None:  # named on the command line: one that cannot be read is a usage error
+        if not args.model_file.exists():
+            raise UsageError(f"--model-file {args.model_file}: no such file")
+        from ..model.fit import ScaleModel
+
+        ScaleModel.load(args.model_file)
     params = {**scenario.as_params(), "seed": args.seed, "store": not args.no_store, "retune_steps": args.retune,
               "model_file": str(args.model_file.resolve()) if args.model_file else None}
     with scenario_session(args.lab, scenario) as lab:

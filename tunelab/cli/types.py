@@ -93,6 +93,8 @@ def output_file(text: str) -> Path:
     """A file the command will write: refused now (exit 2), before any work, when it cannot be."""
     from ..files import unwritable
 
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
     path = Path(text)
     why = unwritable(path)
     if why is not None:

@@ -141,7 +141,12 @@ def clear_lab_dir(directory: Path | None = None) -> None:
     """Remove the files a lab keeps in its directory (its state, launcher and hostfiles), and the
     directory when that leaves it empty; nothing else in it is touched."""
     d = directory or lab_dir()
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"the lab directory {d} is a file, not a directory (TUNELAB_LAB_DIR names it): "
+                         "remove it or name another")
     for path in [d / "lab.json", d / "lab.tmp", d / "enter-host.sh", *d.glob("hosts-*")]:
+        if path.is_dir() and not path.is_symlink():
+            raise UsageError(f"{path} is a directory where the lab keeps a file: remove it")
         path.unlink(missing_ok=True)
     try:
         d.rmdir()
@@ -156,6 +161,8 @@ def load_state(directory: Path | None = None) -> LabState | None:
         return None
     try:
         return LabState.from_json(path.read_text())
+    except OSError as exc:  # a directory in its place, say
+        raise TunelabError(f"lab state {path} cannot be read ({exc.strerror or exc}): remove it") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise TunelabError(f"lab state {path} is unreadable ({exc}): run 'tunelab lab down' to clear it") from None
 
