@@ -18,6 +18,15 @@ def tunelab(*args, timeout=120, env=None, cwd=None):
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
+def damaged_copy(source, change, folder, name="input.json"):
+    """A copy of the JSON file ``source`` in ``folder``, changed by ``change(doc)``."""
+    doc = json.loads(Path(source).read_text())
+    change(doc)
+    path = folder / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
 def one_line_error(proc, status, fragment):
     assert proc.returncode == status, (proc.returncode, proc.stderr[-2000:])
     lines = proc.stderr.strip().splitlines()
@@ -80,14 +89,6 @@ def model_file(tmp_path_factory):
     return out
 
 
-def _damaged(model_file, tmp_path, change):
-    doc = json.loads(model_file.read_text())
-    change(doc)
-    path = tmp_path / "damaged.json"
-    path.write_text(json.dumps(doc))
-    return path
-
-
 @pytest.mark.parametrize("change,fragment", [
     (lambda d: d["values"].update(gamma="abc"), "parameter gamma is 'abc'"),
     (lambda d: d["values"].update(gamma=[1]), "parameter gamma is [1]"),
@@ -99,7 +100,7 @@ def _damaged(model_file, tmp_path, change):
     (lambda d: d["values"].update({"link:0gbps.beta": 1e-9}), "link 0gbps is not a speed > 0"),
 ])
 def test_a_damaged_model_file_is_named_in_one_line(model_file, tmp_path, change, fragment):
-    bad = _damaged(model_file, tmp_path, change)
+    bad = damaged_copy(model_file, change, tmp_path)
     proc = tunelab("model", "predict", "--model-file", str(bad), "--hosts", "1", "--ranks-per-host", "2",
                    "--no-report")
     one_line_error(proc, 2, fragment)
@@ -127,10 +128,7 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
     (lambda d: d["hardware"].update(nodes=2, link_gbps="fast"), "hardware facts unusable"),
 ])
 def test_a_damaged_bench_file_is_not_fitted(tmp_path, change, fragment):
-    doc = json.loads((DATA / "report-allreduce.json").read_text())
-    change(doc)
-    bad = tmp_path / "bench.json"
-    bad.write_text(json.dumps(doc))
+    bad = damaged_copy(DATA / "report-allreduce.json", change, tmp_path)
     out = tmp_path / "model.json"
     one_line_error(tunelab("model", "fit", str(bad), "--out", str(out)), 2, fragment)
     assert not out.exists()
@@ -172,10 +170,7 @@ def test_a_job_that_aborts_leaves_no_shared_memory_behind():
     (lambda d: d["space"].update(names=["hierarchical"]), "no point has hierarchical=True"),
 ])
 def test_a_damaged_landscape_is_a_usage_error(tmp_path, change, fragment):
-    doc = json.loads((LANDSCAPES / "replay-bert-2ranks.json").read_text())
-    change(doc)
-    bad = tmp_path / "land.json"
-    bad.write_text(json.dumps(doc))
+    bad = damaged_copy(LANDSCAPES / "replay-bert-2ranks.json", change, tmp_path)
     one_line_error(tunelab("bench", "tuner", "--landscape", str(bad), "--seeds", "1", "--strategies", "tunelab",
                            "--no-report"), 2, fragment)
 
@@ -187,10 +182,7 @@ def test_a_damaged_landscape_is_a_usage_error(tmp_path, change, fragment):
     ("--tune", "report-tune.json", lambda d: d["default"].update(score=1e309)),
 ])
 def test_a_malformed_report_input_is_named_in_one_line(tmp_path, kind, source, change):
-    doc = json.loads((DATA / source).read_text())
-    change(doc)
-    bad = tmp_path / "input.json"
-    bad.write_text(json.dumps(doc))
+    bad = damaged_copy(DATA / source, change, tmp_path)
     out = tmp_path / "report.html"
     one_line_error(tunelab("report", kind, str(bad), "--out", str(out)), 2, f"{kind} {bad}: malformed input")
     assert not out.exists()
@@ -205,10 +197,7 @@ def test_a_malformed_report_input_is_named_in_one_line(tmp_path, kind, source, c
     (lambda d: d["profiles"][0].update(hardware_facts={"x": float("nan")}), "NaN or infinity"),
 ])
 def test_an_export_that_a_store_could_not_use_is_refused_before_anything_is_written(tmp_path, change, fragment):
-    doc = json.loads((DATA / "report-profile-export.json").read_text())
-    change(doc)
-    bad = tmp_path / "export.json"
-    bad.write_text(json.dumps(doc))
+    bad = damaged_copy(DATA / "report-profile-export.json", change, tmp_path)
     home = tmp_path / "home"
     one_line_error(tunelab("profiles", "import", str(bad), env={"TUNELAB_HOME": str(home)}), 2, fragment)
     listing = tunelab("profiles", "list", env={"TUNELAB_HOME": str(home)})

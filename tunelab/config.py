@@ -72,10 +72,10 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     timeout = _positive_float("timeout_s", other.get("timeout_s", 60.0))
     gbps = other.get("link_gbps")
     if gbps is not None:
-        gbps = _link_gbps("link_gbps", gbps)
+        gbps = _link_setting("link_gbps", gbps)
         if rpn is None:
             raise ValueError("link_gbps emulates the link between emulated nodes: set ranks_per_node too")
-    latency = _link_latency_us("link_latency_us", other.get("link_latency_us", 0.0))
+    latency = _link_setting("link_latency_us", other.get("link_latency_us", 0.0))
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
                         backend=_backend(other.get("backend", "auto")), pinned=frozenset(knob_values),
                         timeline=str(other["timeline"]) if other.get("timeline") else None,
@@ -121,8 +121,8 @@ def check_environment(environ: Mapping[str, str] | None = None,
     env = os.environ if environ is None else environ
     variables = {"ranks_per_node": ENV_RANKS_PER_NODE, "timeout_s": ENV_TIMEOUT_S, "backend": ENV_BACKEND,
                  "link_gbps": ENV_LINK_GBPS, "link_latency_us": ENV_LINK_LATENCY_US, "retune": ENV_RETUNE}
-    checks = {"ranks_per_node": _positive_int, "timeout_s": _positive_float, "link_gbps": _link_gbps,
-              "link_latency_us": _link_latency_us, "retune": _flag,
+    checks = {"ranks_per_node": _positive_int, "timeout_s": _positive_float, "link_gbps": _link_setting,
+              "link_latency_us": _link_setting, "retune": _flag,
               "backend": lambda name, value: _backend(value)}
     for name, value in _env_layer(env).items():
         if name in overridden:
@@ -193,20 +193,14 @@ def _non_negative_float(name: str, value: object) -> float:
     return number
 
 
-def _link_gbps(name: str, value: object) -> float:
-    gbps = _positive_float(name, value)
-    why = link_problem(gbps=gbps)
+def _link_setting(name: str, value: object) -> float:
+    """``link_gbps`` (> 0) or ``link_latency_us`` (>= 0), within what a link may be (:func:`link_problem`)."""
+    speed = name == "link_gbps"
+    number = _positive_float(name, value) if speed else _non_negative_float(name, value)
+    why = link_problem(gbps=number) if speed else link_problem(latency_us=number)
     if why is not None:
         raise ValueError(f"{name}: {why}")
-    return gbps
-
-
-def _link_latency_us(name: str, value: object) -> float:
-    latency = _non_negative_float(name, value)
-    why = link_problem(latency_us=latency)
-    if why is not None:
-        raise ValueError(f"{name}: {why}")
-    return latency
+    return number
 
 
 def _float(name: str, value: object, what: str) -> float:
