@@ -32,8 +32,9 @@ def run_case(case: str, n: int, limit_s: float = 180, env: dict | None = None,
              **params: object) -> CaseRun:
     import time
 
-    from tunelab.launch import mpiexec_command
+    from tunelab.launch import mpich_segments, mpiexec_command, remove_orphaned_segments
 
+    segments = mpich_segments()  # a case whose ranks abort or die leaves MPICH's segment: removed below
     with tempfile.TemporaryDirectory(prefix="tunelab-test-") as out:
         cmd = [*mpiexec_command(), "-n", str(n), sys.executable, str(HERE / "mpi_cases.py"),
                case, json.dumps(params), out]
@@ -47,7 +48,9 @@ def run_case(case: str, n: int, limit_s: float = 180, env: dict | None = None,
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             _, stderr = proc.communicate()
-            raise AssertionError(f"case {case} on {n} ranks hung for {limit_s} s:\n{stderr[-3000:]}")
+            raise AssertionError(f"case {case} on {n} ranks hung for {limit_s} s:\n{stderr[-3000:]}") from None
+        finally:
+            remove_orphaned_segments(segments)
         elapsed = time.monotonic() - t0
         results = []
         for r in range(n):

@@ -142,7 +142,13 @@ def test_ranks_given_different_command_lines_stop_with_one_error_instead_of_hang
            "--no-report"]
     cmd = [*mpiexec_command(), "-n", "1", sys.executable, "-m", "tunelab.cli", *one[1:], "--iters", "1", ":",
            "-n", "1", sys.executable, "-m", "tunelab.cli", *one[1:], "--iters", "3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    from tunelab.launch import mpich_segments, remove_orphaned_segments
+
+    segments = mpich_segments()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    finally:
+        remove_orphaned_segments(segments)  # the job aborts: its segment would stay in /dev/shm
     assert proc.returncode != 0
     assert "ranks disagree on the command's iters: rank 0 has 1, rank 1 3" in proc.stderr, proc.stderr[-2000:]
 

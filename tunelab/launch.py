@@ -91,14 +91,14 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
             from .lab.launch import lab_env, mpiexec_args
 
             cmd, env = [*mpiexec_args(lab, np_, mpiexec_command()[0]), *rank_cmd], lab_env(env)
-        before = _mpich_segments()
+        before = mpich_segments()
         with open(err_path, "w") as err:
             try:
                 proc = subprocess.run(cmd, check=False, stderr=err, env=env, timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 raise TunelabError(f"{job} did not finish within {timeout_s:g} s") from None
             finally:
-                _remove_orphaned_segments(before)
+                remove_orphaned_segments(before)
         stderr = err_path.read_text(errors="replace")
         if proc.returncode != 0 or not result_path.exists():
             left = _left_errors(result_path)
@@ -115,7 +115,7 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
 SHM_DIR = Path("/dev/shm")
 
 
-def _mpich_segments() -> set[str]:
+def mpich_segments() -> set[str]:
     """The MPICH shared-memory segments in /dev/shm now (none where there is no /dev/shm)."""
     try:
         return {p.name for p in SHM_DIR.glob("mpich_shm_*")}
@@ -123,12 +123,12 @@ def _mpich_segments() -> set[str]:
         return set()
 
 
-def _remove_orphaned_segments(before: set[str], wait_s: float = 2.0) -> None:
+def remove_orphaned_segments(before: set[str], wait_s: float = 2.0) -> None:
     """Remove the MPICH segments that appeared during a job and that no process maps any more.  MPICH
     removes its segment when a job ends normally; a job torn down by ``MPI_Abort`` or a killed rank
     leaves it behind (about 2 MiB of memory each, for good).  A segment some process still maps
     (another job's) is left alone."""
-    new = _mpich_segments() - before
+    new = mpich_segments() - before
     deadline = time.monotonic() + wait_s  # ranks of an aborted job may outlive mpiexec for a moment
     while new:
         mapped = _mapped(new)
