@@ -73,6 +73,13 @@ def test_link_speeds_outside_what_runs_are_usage_errors(args, fragment):
     one_line_error(tunelab(*args), 2, fragment)
 
 
+def test_an_emulated_link_without_emulated_nodes_is_a_usage_error():
+    proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "4KiB", "--iters", "1", "--no-report",
+                   env={"TUNELAB_LINK_GBPS": "1"}, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "link_gbps emulates the link between emulated nodes: set ranks_per_node too" in proc.stderr
+
+
 def test_a_tiny_link_speed_from_the_environment_is_refused(tmp_path):
     proc = tunelab("bench", "allreduce", "--np", "2", "--sizes", "4KiB", "--iters", "1", "--no-report",
                    env={"TUNELAB_RANKS_PER_NODE": "1", "TUNELAB_LINK_GBPS": "1e-9"}, timeout=180)

@@ -74,7 +74,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     if gbps is not None:
         gbps = _link_setting("link_gbps", gbps)
         if rpn is None:
-            raise ValueError("link_gbps emulates the link between emulated nodes: set ranks_per_node too")
+            raise SettingsConflictError("link_gbps emulates the link between emulated nodes: set ranks_per_node too")
     latency = _link_setting("link_latency_us", other.get("link_latency_us", 0.0))
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
                         backend=_backend(other.get("backend", "auto")), pinned=frozenset(knob_values),
@@ -107,6 +107,10 @@ def lab_state_path(environ: Mapping[str, str] | None = None) -> Path | None:
     """In a rank launched into a lab: its lab's state file (None elsewhere)."""
     env = os.environ if environ is None else environ
     return Path(env[ENV_LAB_STATE]) if env.get(ENV_LAB_STATE) else None
+
+
+class SettingsConflictError(UsageError, ValueError):
+    """Engine settings that are each valid but do not go together (a usage error: exit 2)."""
 
 
 class EnvironmentSettingError(UsageError, ValueError):
