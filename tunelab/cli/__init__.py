@@ -60,8 +60,12 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
-    if words and words[0].startswith("-") and words[0] not in ("-h", "--help", "--version"):
-        parser.error(f"unrecognized arguments: {words[0]}")  # rather than "a command is required"
+    flag = words[0].split("=")[0] if words else ""
+    # the top level's own flags, or a prefix of one (argparse takes those); anything else before the
+    # command is named as unknown rather than reported as "a command is required"
+    own = flag == "-h" or (len(flag) > 2 and any(f.startswith(flag) for f in ("--help", "--version")))
+    if flag.startswith("-") and not own:
+        parser.error(f"unrecognized arguments: {words[0]}")
     args, extra = parser.parse_known_args(argv)
     if extra:
         extra = _intermixed(args, list(sys.argv[1:] if argv is None else argv), extra)
