@@ -58,14 +58,14 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
     # A damaged trial in the store stops every rank at once with rank 0's error, rather than leaving the
     # other rank training alone until it times out waiting for rank 0 (and naming a tensor instead).
     import sqlite3
-    import time
 
     store = tmp_path / "tunelab-home" / "profiles.sqlite"
     with sqlite3.connect(store) as conn:
         conn.execute("UPDATE trials SET score = 'abc' WHERE id = (SELECT MAX(id) FROM trials)")
-    t0 = time.monotonic()
-    damaged = tunelab("tune", "--scenario", str(scenario), "--budget", "2", "--no-store", "--no-report")
-    assert damaged.returncode == 1 and time.monotonic() - t0 < 30, damaged.stderr[-2000:]
+    # (the ranks hung for good before: a hang fails on the timeout, not on a clock in the assertion)
+    damaged = tunelab("tune", "--scenario", str(scenario), "--budget", "2", "--no-store", "--no-report",
+                      timeout=120)
+    assert damaged.returncode == 1, damaged.stderr[-2000:]
     assert "is damaged (the score of its trial" in damaged.stderr and "stalled" not in damaged.stderr
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import UsageError
 from .knobs import SPECS, Knobs
-from .units import link_problem
+from .units import check_link
 
 ENV_PREFIX = "TUNELAB_"
 ENV_RANKS_PER_NODE = "TUNELAB_RANKS_PER_NODE"
@@ -201,9 +201,10 @@ def _link_setting(name: str, value: object) -> float:
     """``link_gbps`` (> 0) or ``link_latency_us`` (>= 0), within what a link may be (:func:`link_problem`)."""
     speed = name == "link_gbps"
     number = _positive_float(name, value) if speed else _non_negative_float(name, value)
-    why = link_problem(gbps=number) if speed else link_problem(latency_us=number)
-    if why is not None:
-        raise ValueError(f"{name}: {why}")
+    try:
+        check_link(gbps=number if speed else None, latency_us=None if speed else number)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
     return number
 
 

@@ -59,7 +59,7 @@ def _agree_on_job(comm: object, job: str, params: dict) -> None:
         raise UsageError(f"ranks disagree on the command: rank 0 runs {job0}, rank {other} {job1}")
     key = next(k for k in sorted(set(params0) | set(params1)) if params0.get(k) != params1.get(k))
     raise UsageError(f"ranks disagree on the command's {key}: rank 0 has {params0.get(key)!r}, "
-                            f"rank {other} {params1.get(key)!r} (give every rank the same command line)")
+                     f"rank {other} {params1.get(key)!r} (give every rank the same command line)")
 
 
 def main(argv: list[str]) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 
 from .errors import ScenarioError
 from .knobs import SPECS, Knobs
-from .units import link_problem
+from .units import check_link
 from .workloads.shapes import MODELS
 
 WORKLOADS = ("train", "replay")
@@ -177,13 +177,11 @@ def _check_value(name: str, value: Any) -> Any:
         return _number(value, "a non-negative number of milliseconds", positive=False)
     if name in ("link_gbps", "lab_link_gbps") and value is not None:
         gbps = _number(value, "a positive number of Gb/s", positive=True)
-        if link_problem(gbps=gbps):
-            raise ValueError(link_problem(gbps=gbps))
+        check_link(gbps=gbps)
         return gbps
     if name == "link_latency_us":
         latency = _number(value, "a non-negative number of microseconds", positive=False)
-        if link_problem(latency_us=latency):
-            raise ValueError(link_problem(latency_us=latency))
+        check_link(latency_us=latency)
         return latency
     if name == "time_budget_s" and value is not None:
         return _number(value, "a positive number of seconds", positive=True)

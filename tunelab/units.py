@@ -26,6 +26,13 @@ def link_problem(gbps: float | None = None, latency_us: float | None = None) -> 
     return None
 
 
+def check_link(gbps: float | None = None, latency_us: float | None = None) -> None:
+    """ValueError saying why, when :func:`link_problem` finds one."""
+    why = link_problem(gbps, latency_us)
+    if why is not None:
+        raise ValueError(why)
+
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 

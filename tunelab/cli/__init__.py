@@ -68,9 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {words[0]}")
     args, extra = parser.parse_known_args(argv)
     if extra:
-        extra = _intermixed(args, list(sys.argv[1:] if argv is None else argv), extra)
+        extra = _intermixed(args, words, extra)
     if extra:  # reported by the (sub-)command that was given them, as argparse's parse_args would at the top
-        words = list(sys.argv[1:] if argv is None else argv)
         path = args._prog.split()[1:]  # the sub-command words, e.g. ["bench", "allreduce"]
         before = path and path[0] in words and extra[0] in words and words.index(extra[0]) < words.index(path[0])
         Parser(prog=parser.prog if before else args._prog).error(f"unrecognized arguments: {' '.join(extra)}")

@@ -137,26 +137,24 @@ def run_predict(args: argparse.Namespace) -> int:
         knobs = Knobs(**dict(args.knob))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.scenario:  # a bad scenario is refused before any table is printed
-        from ..model.step import Workload
+    # a bad scenario or check file is refused before any table is printed: both are read here, once
+    from ..model.data import load_many
+    from ..model.step import Workload
 
-        Workload.from_scenario(args.scenario)
-    if args.check:
-        from ..model.data import load_many
-
-        load_many(args.check)
+    work = Workload.from_scenario(args.scenario) if args.scenario else None
+    checked = load_many(args.check, combine="all") if args.check else []
     model, topo = _topology(model, args)
     print(f"# scale model {args.model_file} ({model.points} points); predicting {topo.describe()}")
     result: dict[str, Any] = {"command": "model predict", "model_file": str(args.model_file),
                               "topology": vars(topo), "knobs": knobs.as_dict()}
     result["allreduce"] = _allreduce(model, topo, args.sizes, knobs)
     result["crossover"] = _crossover(model, topo, knobs)
-    if args.scenario:
-        result["step"] = _steps(model, topo, args.scenario, knobs)
+    if work is not None:
+        result["step"] = _steps(model, topo, work, knobs)
     if args.check:
-        result["check"] = _check(model, args.check, args.check_sizes)
+        result["check"] = _check(model, checked, args.check_sizes)
     if args.check_steps:
-        result["check_steps"] = _check_steps(model, args.check_steps, args.scenario, topo.link)
+        result["check_steps"] = _check_steps(model, args.check_steps, work, topo.link)
     if getattr(args, "report", False):
         _report(model, topo, args, result)
     return finish(args, result, "model")
@@ -208,12 +206,10 @@ def _crossover_dict(c: Any) -> dict:
             "onset": c.onset, "onset_below_range": c.onset_below_range}
 
 
-def _steps(model: Any, topo: Any, scenario: str, base: Any) -> dict:
+def _steps(model: Any, topo: Any, work: Any, base: Any) -> dict:
     from ..bench.common import format_table
     from ..model.predict import grid_knobs, step_table
-    from ..model.step import Workload
 
-    work = Workload.from_scenario(scenario)
     knobs_list = grid_knobs(None, topo, base)
     rows = step_table(model, work, topo, knobs_list + [base])
     default = next(r for r in rows if r["knobs"] == base)
@@ -249,12 +245,13 @@ def _at_sizes(obs: list, sizes: list[int] | None, what: str) -> list:
     return kept
 
 
-def _check(model: Any, files: list[Path], sizes: list[int] | None = None) -> dict:
-    from ..model.data import load_many
+def _check(model: Any, checked: list, sizes: list[int] | None = None) -> dict:
+    """``checked``: every measurement of the --check files, repeats kept apart."""
+    from ..model.data import combine_repeats
     from ..model.fit import relative_errors
     from ..model.validate import crossover_check
 
-    every = load_many(files)
+    every = combine_repeats(checked)
     obs = _at_sizes(every, sizes, "--check")
     skipped: list[str] = []
     errors = [{**e, "held_out": True} for e in relative_errors(model, obs, skipped)]
@@ -265,7 +262,7 @@ def _check(model: Any, files: list[Path], sizes: list[int] | None = None) -> dic
     print("# check: measured (held-out files) vs predicted")
     summary = _print_errors(errors, "check")
     # the crossover needs every size measured, and each repeat on its own (the median of their differences)
-    crossings = crossover_check(model, load_many(files, combine="all"))
+    crossings = crossover_check(model, checked)
     for c in crossings:
         runs = f"{c['source']} ({c['repeats']} run{'s' if c['repeats'] > 1 else ''})"
         if c.get("same_path"):
@@ -283,16 +280,14 @@ def _check(model: Any, files: list[Path], sizes: list[int] | None = None) -> dic
     return {"points": errors, "summary": summary, "crossover": crossings}
 
 
-def _check_steps(model: Any, files: list[Path], scenario: str, link: str) -> list[dict]:
+def _check_steps(model: Any, files: list[Path], work: Any, link: str) -> list[dict]:
     """Measured vs predicted step time; the files are runs of one landscape (repeats), their visits
     pooled per grid point and the fastest visit kept (as the fit keeps the fastest repeat)."""
     import json
 
     from ..bench.common import format_table
-    from ..model.step import Workload
     from ..model.validate import merge_landscapes, step_check, summarize
 
-    work = Workload.from_scenario(scenario)
     docs = []
     for path in files:
         try:

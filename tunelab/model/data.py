@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..knobs import Knobs
-from ..units import link_problem
+from ..units import check_link
 from .costs import Topology, link_name
 
 ALGORITHM_OF_ROW = {"ring": "flat", "hierarchical": "hierarchical", "mpi": "mpi", "gloo": "gloo"}
@@ -138,24 +138,21 @@ def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[
 
 
 def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[Topology, Knobs]:
-    try:
-        world = int(hw["world_size"])
-        nodes = int(hw.get("nodes") or 1)
-        per_node = hw.get("ranks_per_node") or [world]
-        sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
-        cores = int(hw.get("cpu_cores") or 0)
-        # a file from before recursive doubling existed recorded no doubling_max_bytes: it ran rings
-        knobs = Knobs(**{"doubling_max_bytes": 0, **(hw.get("knobs") or {})})
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelInputError(f"{path}: hardware facts unusable ({type(exc).__name__}: {exc})") from None
+    """The file's topology and knobs; KeyError, TypeError, ValueError or AttributeError on facts that
+    are missing or of the wrong kind (:func:`_topology` names them)."""
+    world = int(hw["world_size"])
+    nodes = int(hw.get("nodes") or 1)
+    per_node = hw.get("ranks_per_node") or [world]
+    sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
+    cores = int(hw.get("cpu_cores") or 0)
+    # a file from before recursive doubling existed recorded no doubling_max_bytes: it ran rings
+    knobs = Knobs(**{"doubling_max_bytes": 0, **(hw.get("knobs") or {})})
     if len(set(sizes)) != 1 or sum(sizes) != world:
         raise ModelInputError(f"{path}: the model needs the same ranks on every host, got {sizes}")
     lab = hw.get("lab") if isinstance(hw.get("lab"), dict) else None
     gbps = next((g for g in (hw.get("link_gbps"), (lab or {}).get("link_gbps"), link_gbps) if g is not None), None)
     if gbps is not None:
-        why = link_problem(gbps=float(gbps))
-        if why is not None:
-            raise ValueError(why)
+        check_link(gbps=float(gbps))
     per_machine = int(hw.get("ranks_per_machine") or world)
     over = per_machine / cores if cores else 1.0
     # Emulated nodes slow only the engine's cross-node bytes; in a lab every system crosses the link.

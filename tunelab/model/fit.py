@@ -182,15 +182,19 @@ def _parameters(path: Path, raw: dict) -> dict[str, float]:
             raise ModelInputError(f"{path}: damaged model file: parameter {key} is {value!r}, not a number >= 0")
         values[str(key)] = float(value)
     for key in values:
-        if key.startswith("link:") and key.removeprefix("link:").split(".")[0].endswith("gbps"):
-            speed = key.removeprefix("link:").split(".")[0].removesuffix("gbps")
-            try:
-                ok = math.isfinite(float(speed)) and float(speed) > 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ModelInputError(f"{path}: damaged model file: link {speed}gbps is not a speed > 0")
+        link = key.removeprefix("link:").split(".")[0]
+        if key.startswith("link:") and link.endswith("gbps") and _gbps(link) is None:
+            raise ModelInputError(f"{path}: damaged model file: link {link} is not a speed > 0")
     return values
+
+
+def _gbps(link: str) -> float | None:
+    """The speed of a link named ``<G>gbps`` (a finite number > 0), else None."""
+    try:
+        speed = float(link.removesuffix("gbps"))
+    except ValueError:
+        return None
+    return speed if math.isfinite(speed) and speed > 0 else None
 
 
 def wire_floor(name: str) -> float:
@@ -198,11 +202,8 @@ def wire_floor(name: str) -> float:
     other parameter, or a link whose speed is not known)."""
     if not (name.startswith("link:") and name.endswith("gbps.beta")):
         return 0.0
-    try:
-        gbps = float(name[5:-len("gbps.beta")])
-    except ValueError:
-        return 0.0
-    return 8.0 / (gbps * 1e9) if gbps > 0 else 0.0
+    gbps = _gbps(name[len("link:"):-len(".beta")])
+    return 8.0 / (gbps * 1e9) if gbps is not None else 0.0
 
 
 def _owner(key: str) -> str:
@@ -217,14 +218,7 @@ def _family_of(key: str) -> str:
 
 
 def _nearest_link(links: list[str], gbps: float) -> tuple[str, float] | None:
-    speeds = []
-    for name in links:
-        try:
-            speed = float(name.removesuffix("gbps"))
-        except ValueError:
-            continue
-        if math.isfinite(speed) and speed > 0:
-            speeds.append((name, speed))
+    speeds = [(name, speed) for name in links if (speed := _gbps(name)) is not None]
     return min(speeds, key=lambda s: abs(math.log(s[1] / gbps)), default=None)
 
 

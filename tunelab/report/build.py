@@ -55,11 +55,13 @@ def build_html(title: str, profiles: list[int], benches: list[Path], tunes: list
     from .template import render
     from .tuning import tuning_section
 
-    sections = []
-    for n, (what, make) in enumerate([*((f"--tune {p}", lambda p=p: run_from_json(p.name, _load(p))) for p in tunes),
-                                      *((f"--profile {i}", lambda i=i: run_from_profile(i, store)) for i in profiles)]):
-        with _naming(what, "the --json of tunelab tune" if what.startswith("--tune") else "a profile of the store"):
-            sections.append(tuning_section(make(), n))
+    sections: list = []
+    for p in tunes:
+        with _naming(f"--tune {p}", "the --json of tunelab tune"):
+            sections.append(tuning_section(run_from_json(p.name, _load(p)), len(sections)))
+    for i in profiles:
+        with _naming(f"--profile {i}", "a profile of the store"):
+            sections.append(tuning_section(run_from_profile(i, store), len(sections)))
     if benches:
         bench_data = [_load(p) for p in benches]
         with _naming("--bench " + ", ".join(map(str, benches)), "the --json of a tunelab bench command"):
