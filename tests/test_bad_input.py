@@ -173,6 +173,90 @@ def test_a_job_that_aborts_leaves_no_shared_memory_behind():
     assert segments() <= before
 
 
+# ---- a rank that dies -----------------------------------------------------------------------------------
+HYDRA_BANNER = """
+===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   PID 2896 RUNNING AT vm
+=   EXIT CODE: 9
+=   CLEANING UP REMAINING PROCESSES
+=   YOU CAN IGNORE THE BELOW CLEANUP MESSAGES
+===================================================================================
+YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
+This typically refers to a problem with your application.
+Please see the FAQ page for debugging suggestions
+"""
+
+
+def test_the_launchers_banner_for_a_dead_rank_becomes_one_line():
+    from tunelab.launch import _LauncherBanner
+
+    banner = _LauncherBanner()
+    ours = "a table\n\n=====================  not the launcher's  =====================\n"
+    shown = [out for line in ("rank 0 says hi\n", *HYDRA_BANNER.splitlines(keepends=True), *ours.splitlines(True))
+             for out in banner.feed(line)] + banner.close()
+    assert "".join(shown) == "rank 0 says hi\n" + ours  # what is not the banner passes as it was
+    assert banner.describe("tune") == ("tune failed: a rank (pid 2896 on vm) ended with killed (signal 9); "
+                                       "the other ranks were stopped")
+    plain = _LauncherBanner()  # a rank that exits non-zero: no exit string, the code is named
+    for line in HYDRA_BANNER.replace("EXIT CODE: 9", "EXIT CODE: 3").splitlines(keepends=True)[:8]:
+        assert plain.feed(line) == []
+    assert "ended with exit code 3" in plain.describe("tune") and _LauncherBanner().describe("tune") == ""
+
+
+def _argv(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:  # it ended meanwhile
+        return []
+
+
+def _descendants(pid):
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finding the ranks needs /proc")
+def test_a_killed_rank_stops_the_job_with_one_line(tmp_path):
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "tunelab.cli", "bench", "allreduce", "--np", "2", "--sizes",
+                             "64KiB", "--iters", "1000000", "--warmup", "1", "--algorithms", "ring", "--no-report"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ranks = [p for p in _descendants(proc.pid)
+                     if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
+            if len(ranks) == 2:
+                break
+            time.sleep(0.2)
+        assert len(ranks) == 2, "the job's two ranks did not start"
+        time.sleep(3.0)  # into the job
+        os.kill(ranks[-1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, (proc.returncode, err[-2000:])
+    assert "BAD TERMINATION" not in out and "FAQ" not in out, out[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "ended with killed (signal 9)" in lines[0], err[-2000:]
+
+
 @pytest.mark.parametrize("change,fragment", [
     (lambda d: d.update(discard_steps="x"), "discard_steps must be an integer >= 0"),
     (lambda d: d.update(measure_steps=0), "measure_steps must be an integer >= 1"),

@@ -255,18 +255,16 @@ def test_rank_errors_reach_the_user_as_one_line():
 def test_a_failed_jobs_error_line_survives_lost_stderr(monkeypatch):
     """A rank that fails leaves its line beside the result, because MPI_Abort may tear the job down
     before its stderr is forwarded: run_job reports that line even when stderr carries nothing."""
-    import subprocess as sp
-
     from tunelab import launch
     from tunelab.errors import TunelabError
     from tunelab.rankmain import _leave_error
 
-    launch.mpiexec_command()  # found (and cached) before subprocess.run is replaced
-    def job_whose_stderr_was_lost(cmd, **kwargs):
+    launch.mpiexec_command()  # found (and cached) before the launch is replaced
+    def job_whose_stderr_was_lost(cmd, env, err, banner, timeout_s):
         _leave_error(cmd[-1], 1, "tunelab: error: rank 1: boom\n")  # cmd[-1]: the result path
-        return sp.CompletedProcess(cmd, 1)
+        return 1
 
-    monkeypatch.setattr(launch.subprocess, "run", job_whose_stderr_was_lost)
+    monkeypatch.setattr(launch, "_run_forwarding", job_whose_stderr_was_lost)
     with pytest.raises(TunelabError, match="^rank 1: boom$"):
         launch.run_job("bench-allreduce", {}, 2)
 

@@ -15,10 +15,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import TunelabError, UsageError
 
@@ -92,17 +93,19 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
 
             cmd, env = [*mpiexec_args(lab, np_, mpiexec_command()[0]), *rank_cmd], lab_env(env)
         before = mpich_segments()
+        banner = _LauncherBanner()
         with open(err_path, "w") as err:
             try:
-                proc = subprocess.run(cmd, check=False, stderr=err, env=env, timeout=timeout_s)
+                returncode = _run_forwarding(cmd, env, err, banner, timeout_s)
             except subprocess.TimeoutExpired:
                 raise TunelabError(f"{job} did not finish within {timeout_s:g} s") from None
             finally:
                 remove_orphaned_segments(before)
         stderr = err_path.read_text(errors="replace")
-        if proc.returncode != 0 or not result_path.exists():
+        if returncode != 0 or not result_path.exists():
             left = _left_errors(result_path)
-            message = _first_error(left + stderr) or f"{job} failed (exit code {proc.returncode})"
+            message = (_first_error(left + stderr, fallback=False) or banner.describe(job)
+                       or _first_error(stderr) or f"{job} failed (exit code {returncode})")
             from .rankmain import USAGE_SUFFIX
 
             usage = any(result_path.parent.glob(result_path.name + ".error.*" + USAGE_SUFFIX))
@@ -160,9 +163,125 @@ def _left_errors(result_path: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in files)
 
 
-def _first_error(stderr: str) -> str:
+def _first_error(stderr: str, fallback: bool = True) -> str:
+    """The first ``tunelab: error:`` line of ``stderr``; else (``fallback``) its last non-empty line."""
     for line in stderr.splitlines():
         if line.startswith("tunelab: error: "):
             return line[len("tunelab: error: "):]
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()] if fallback else []
     return lines[-1] if lines else ""
+
+
+def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _LauncherBanner,
+                    timeout_s: float | None) -> int:
+    """Run the launcher; its standard output (the ranks' prints) is forwarded line by line as it comes,
+    less the banner MPICH's launcher prints when a rank dies, which ``banner`` keeps instead."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
+    assert proc.stdout is not None
+
+    def show(lines: list[str]) -> bool:
+        try:
+            for line in lines:
+                sys.stdout.write(line)
+            sys.stdout.flush()
+            return True
+        except (OSError, ValueError):  # nobody reads our output any more: keep draining the pipe
+            return False
+
+    def forward() -> None:
+        shown = True
+        for raw in proc.stdout:  # type: ignore[union-attr]
+            lines = banner.feed(raw.decode(errors="replace"))
+            shown = shown and show(lines)
+        if shown:
+            show(banner.close())
+
+    reader = threading.Thread(target=forward, name="tunelab-launcher-output", daemon=True)
+    reader.start()
+    try:
+        returncode = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        reader.join(timeout=10.0)
+    return returncode
+
+
+class _LauncherBanner:
+    """Recognises the block MPICH's launcher (hydra) prints on its standard output when a rank ends
+    badly: a rule of ``=``, lines ``=   BAD TERMINATION ...``, ``=   PID 123 RUNNING AT host``,
+    ``=   EXIT CODE: 9`` ..., a closing rule, and for a signal ``YOUR APPLICATION TERMINATED WITH THE
+    EXIT STRING: Killed (signal 9)`` with two lines of advice.  ``feed`` returns the lines to show (the
+    banner is held back); ``describe`` says in one line what it reported."""
+
+    ADVICE = ("This typically refers to a problem with your application.",
+              "Please see the FAQ page for debugging suggestions")
+
+    def __init__(self) -> None:
+        self.pid = self.host = self.exit_code = self.exit_string = ""
+        self.seen = False
+        self._held: list[str] = []   # lines that may open a banner: a blank line, the opening rule
+        self._inside = False         # between the rules
+        self._after = False          # after the closing rule: the exit string and its advice may follow
+
+    @staticmethod
+    def _rule(line: str) -> bool:
+        text = line.strip()
+        return len(text) >= 20 and set(text) == {"="}
+
+    def feed(self, line: str) -> list[str]:
+        text = line.rstrip("\n")
+        if self._after:
+            if text.startswith("YOUR APPLICATION TERMINATED WITH THE EXIT STRING:"):
+                self.exit_string = text.split(":", 1)[1].strip()
+                return []
+            if text.strip() in self.ADVICE:
+                return []
+            self._after = False
+        if self._inside:
+            self._held.append(line)
+            if self._rule(text):
+                if any("BAD TERMINATION" in h for h in self._held):
+                    self._parse(self._held)
+                    self._held, self._inside, self._after = [], False, True
+                    return []
+                out, self._held, self._inside = self._held, [], False
+                return out
+            if not text.startswith("="):  # not the launcher's block: show it as it was
+                out, self._held, self._inside = self._held, [], False
+                return out
+            return []
+        if self._rule(text):
+            self._held.append(line)
+            self._inside = True
+            return []
+        if not text.strip():
+            out, self._held = self._held, [line]  # a blank line may open the banner
+            return out
+        out, self._held = [*self._held, line], []
+        return out
+
+    def close(self) -> list[str]:
+        out, self._held, self._inside = self._held, [], False
+        return out
+
+    def _parse(self, block: list[str]) -> None:
+        self.seen = True
+        for line in block:
+            text = line.strip().lstrip("=").strip()
+            if text.startswith("PID ") and " RUNNING AT " in text:
+                pid, _, host = text[4:].partition(" RUNNING AT ")
+                self.pid, self.host = pid.strip(), host.strip()
+            elif text.startswith("EXIT CODE:"):
+                self.exit_code = text.split(":", 1)[1].strip()
+
+    def describe(self, job: str) -> str:
+        """One line for a rank that ended badly, or "" when no banner was seen."""
+        if not self.seen:
+            return ""
+        who = f"a rank (pid {self.pid} on {self.host})" if self.pid else "a rank"
+        how = (self.exit_string.lower() if self.exit_string
+               else f"exit code {self.exit_code}" if self.exit_code else "an unknown cause")
+        return f"{job} failed: {who} ended with {how}; the other ranks were stopped"
