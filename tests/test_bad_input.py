@@ -173,6 +173,24 @@ def test_a_job_that_aborts_leaves_no_shared_memory_behind():
     assert segments() <= before
 
 
+def test_more_ranks_than_memory_holds_are_refused_before_any_start(tmp_path):
+    from tunelab.errors import UsageError
+    from tunelab.launch import check_ranks_fit
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  8388608 kB\nMemAvailable:  1048576 kB\n")  # 1 GiB available: 8 ranks
+    check_ranks_fit(8, meminfo)
+    with pytest.raises(UsageError, match="^9 ranks do not fit on this machine: .* 1024 MiB are available "
+                                         r"\(at most 8 ranks\)"):
+        check_ranks_fit(9, meminfo)
+    check_ranks_fit(10**6, tmp_path / "missing")  # nothing to check against: no refusal
+    proc = tunelab("bench", "allreduce", "--np", "1000000", "--no-report", cwd=tmp_path)
+    one_line_error(proc, 2, "1000000 ranks do not fit on this machine")
+    proc = tunelab("tune", "--model", "replay-resnet50", "--np", "1000000", "--no-report", "--no-store", cwd=tmp_path)
+    one_line_error(proc, 2, "1000000 ranks do not fit on this machine")
+    assert proc.stdout == ""  # refused before the header that would name them
+
+
 # ---- a rank that dies -----------------------------------------------------------------------------------
 HYDRA_BANNER = """
 ===================================================================================

@@ -81,6 +81,7 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
         from .rankmain import run_in_process
 
         return run_in_process(job, params)
+    check_ranks_fit(np_)
     with tempfile.TemporaryDirectory(prefix="tunelab-") as tmp:
         result_path = Path(tmp) / "result.json"
         err_path = Path(tmp) / "stderr.txt"
@@ -113,6 +114,25 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
         if stderr.strip():
             sys.stderr.write(stderr)
         return json.loads(result_path.read_text())
+
+
+RANK_MEMORY_MIB = 128  # what a rank holds once started (Python, numpy, Numba, MPI), measured at ~120 MiB
+
+
+def check_ranks_fit(np_: int, meminfo: Path = Path("/proc/meminfo")) -> None:
+    """Refuse to start more ranks on this machine than its available memory holds (each rank is a
+    Python process of ``RANK_MEMORY_MIB`` or more): a typo such as ``--np 5000`` would otherwise
+    start thousands of processes and leave the machine swapping or its ranks killed."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        available_mib = int(fields["MemAvailable"].split()[0]) // 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return  # not Linux, or no such field: nothing to check against
+    most = max(1, available_mib // RANK_MEMORY_MIB)
+    if np_ > most:
+        raise UsageError(f"{np_} ranks do not fit on this machine: each needs about {RANK_MEMORY_MIB} MiB and "
+                         f"{available_mib} MiB are available (at most {most} ranks); use fewer, or spread "
+                         "them over hosts with your own mpiexec")
 
 
 SHM_DIR = Path("/dev/shm")

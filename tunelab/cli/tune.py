@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..launch import run_job
+    from ..launch import check_ranks_fit, inside_mpi_job, run_job
     from ..scenarios import load_scenario
     from ..tuning.report_text import print_tune_summary
 
@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
               "model_file": str(args.model_file.resolve()) if args.model_file else None}
     with scenario_session(args.lab, scenario) as lab:
         np_ = scenario_ranks(lab, args.np, scenario)
+        if not inside_mpi_job():
+            check_ranks_fit(np_)  # before the header, which would name them
         print(f"# tuning {scenario.name}: {scenario.model} "
               f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {np_} ranks, "
               f"budget {scenario.budget_samples} exploration blocks (the default's included)"
