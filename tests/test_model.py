@@ -602,6 +602,7 @@ def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "first proposals from the scale model" in proc.stdout
+    assert not (tmp_path / "tunelab-home" / "profiles.sqlite").exists()  # --no-store: no store made either
     work = Workload("tiny", tuple(4 * math.prod(s) for s in gradient_shapes("resnet50")), 20.0, 40.0)
     over = 2 / (os.cpu_count() or 1)
     expected = [b.knobs.as_dict() for b in predicted_best(_hand_model(), work, Topology(1, 2, "none", over), 2,

@@ -388,6 +388,22 @@ def test_cli_list_show_export_import_delete(tmp_path):
     assert [p.id for p in ProfileStore(home / FILE_NAME).profiles()] == [b]
 
 
+def test_reading_commands_create_no_store_and_a_later_write_does(tmp_path):
+    home = tmp_path / "home"
+    assert "# no profiles" in cli(home, "list").stdout
+    one_error_line(cli(home, "show", "1"), 1, "no profile with id 1")
+    one_error_line(cli(home, "delete", "1", "--yes"), 1, "no profile with id 1")
+    assert json.loads(cli(home, "export").stdout)["profiles"] == []
+    assert not home.exists()  # nothing made on disk for a store nobody wrote to
+    reader = ProfileStore(home / FILE_NAME, create=False)
+    assert reader.profiles() == [] and reader.best(KEY) is None and not home.exists()
+    writer = ProfileStore(home / FILE_NAME)  # another process creates it: the reader sees what it writes
+    pid = new_profile(writer)
+    assert [p.id for p in reader.profiles()] == [pid]
+    late = ProfileStore(tmp_path / "late" / FILE_NAME, create=False)
+    assert trial(late, new_profile(late), 5.0) and (tmp_path / "late" / FILE_NAME).exists()  # a write creates it
+
+
 def test_cli_errors_are_one_line(tmp_path):
     home = tmp_path / "home"
     populated(ProfileStore(home / FILE_NAME))

@@ -84,13 +84,16 @@ class ProfileStore:
     threads; opening is cheap next to a tuning trial.
     """
 
-    def __init__(self, path: Path | str | None = None) -> None:
+    def __init__(self, path: Path | str | None = None, create: bool = True) -> None:
+        """``create=False``: for commands that only read; where no store exists yet, it reads as an empty
+        one and nothing is created on disk (a write then creates it)."""
         if path is None:
             from .config import tunelab_home
 
             path = tunelab_home() / FILE_NAME
         self.path = Path(path)
-        self._open_or_create()
+        self._absent = False  # no file yet, and opened to read: reads see an empty store in memory
+        self._open_or_create(create)
 
     # -- writes (each one transaction) ---------------------------------------------------------
 
@@ -234,12 +237,16 @@ class ProfileStore:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _open_or_create(self) -> None:
-        """Check an existing file read-only before anything writes to it; create the schema if new."""
+    def _open_or_create(self, create: bool = True) -> None:
+        """Check an existing file read-only before anything writes to it; create the schema if new
+        (``create``), else leave a missing store missing."""
         try:
             if self.path.parent.exists() and not self.path.parent.is_dir():
                 raise StoreError(f"cannot use profile store {self.path}: {self.path.parent} is a file, not a "
                                  "directory (is TUNELAB_HOME set to a file?)")
+            if not create and not (self.path.exists() and self.path.stat().st_size > 0):
+                self._absent = True
+                return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             existing = self.path.exists() and self.path.stat().st_size > 0
             if existing:
@@ -290,9 +297,18 @@ class ProfileStore:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        """A fresh connection; any SQLite failure becomes a one-line ``StoreError`` naming the file."""
+        """A fresh connection; any SQLite failure becomes a one-line ``StoreError`` naming the file.  A
+        store opened to read that does not exist is an empty one in memory, until some process creates it."""
+        if self._absent and self.path.exists() and self.path.stat().st_size > 0:
+            self._absent = False
+            self._open_or_create(create=False)  # created meanwhile: check it as any existing store
         try:
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            if self._absent:
+                conn = sqlite3.connect(":memory:", isolation_level=None)
+                for statement in _SCHEMA.split(";"):
+                    conn.execute(statement)
+            else:
+                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except sqlite3.Error as exc:
             raise StoreError(_describe(self.path, exc)) from None
         conn.row_factory = sqlite3.Row
@@ -307,6 +323,9 @@ class ProfileStore:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, taking the write lock up front (waits up to ``BUSY_TIMEOUT_S``)."""
+        if self._absent:  # opened to read, and now written: the store is created for real
+            self._absent = False
+            self._open_or_create(create=True)
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:

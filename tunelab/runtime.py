@@ -219,7 +219,7 @@ class Runtime:
             from .profiles import ProfileStore
 
             try:
-                found = ProfileStore().best(self.profile_key(signature, framework)) is not None
+                found = ProfileStore(create=False).best(self.profile_key(signature, framework)) is not None
             except StoreError as exc:  # every rank raises it, not rank 0 alone (the others would wait)
                 found = str(exc)
         found = self.sync_comm.bcast(found, root=0)
@@ -238,7 +238,7 @@ class Runtime:
         key = self.profile_key(signature, framework)
         what = f"{model_name or signature} / {framework} / {topo.size} ranks"
         try:
-            best = ProfileStore().best(key)
+            best = ProfileStore(create=False).best(key)
         except StoreError as exc:
             return f"tunelab: warning: {exc}; using default knobs", None
         if best is None:

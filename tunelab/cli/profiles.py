@@ -39,10 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     delete.set_defaults(func=cmd_delete)
 
 
-def _store():
+def _store(create: bool = False):
+    """The store; commands that only read (or delete) create none where there is none."""
     from ..profiles import ProfileStore
 
-    return ProfileStore()
+    return ProfileStore(create=create)
 
 
 def _existing(store, profile_id: int):
@@ -150,7 +151,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file} is not a tunelab profiles export (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    store = _store()
+    store = _store(create=True)
     try:
         result = store.merge(data)
     except InvalidExport as exc:

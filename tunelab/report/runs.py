@@ -70,7 +70,7 @@ def _check_entries(label: str, data: dict[str, Any]) -> None:
 def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any]:
     from ..profiles import ProfileStore
 
-    store = store if store is not None else ProfileStore()
+    store = store if store is not None else ProfileStore(create=False)
     summary = store.get(profile_id)
     if summary is None:
         raise TunelabError(f"no profile {profile_id} in {store.path}")
@@ -147,7 +147,7 @@ def _facts_from_store(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
     try:
         from ..profiles import ProfileStore
 
-        summary = ProfileStore(data["store"]).get(int(data["profile_id"]))
+        summary = ProfileStore(data["store"], create=False).get(int(data["profile_id"]))
     except (TunelabError, OSError, ValueError):  # an unreadable store only costs the hardware table
         return {}, "?"
     return (summary.hardware_facts, summary.hardware_name) if summary else ({}, "?")

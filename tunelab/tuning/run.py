@@ -300,7 +300,7 @@ class _Recorder:
 
         fp = rt.fingerprint()
         key = rt.profile_key(workload.signature, p["framework"] if p["workload"] != "replay" else "replay")
-        store = ProfileStore()
+        store = ProfileStore(create=write)
         existing = _profile_id(store, key)
         seeded = store.nearest(key) if existing is None else None
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
