@@ -351,6 +351,9 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
     (["bench", "allreduce", "--json", ""], "argument --json: an empty path"),
     (["bench", "kernels", "--sizes", "3", "--no-report"], "size 3 must be a multiple of 4 bytes"),
     (["tune", "--model-file", ".", "--no-report"], "not a model file"),
+    (["tune", "--model", "", "--no-report"], "an empty scenario name; shipped scenarios are"),
+    (["tune", "--scenario", "", "--no-report"], "argument --scenario: an empty path"),
+    (["bench", "landscape", "--scenario", "", "--no-report"], "argument --scenario: an empty path"),
 ])
 def test_more_bad_flags_are_usage_errors(args, fragment):
     one_line_error(tunelab(*args), 2, fragment)

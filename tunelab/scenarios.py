@@ -283,6 +283,8 @@ def _toml() -> Any:
 
 def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
     text = os.fspath(name_or_path)
+    if not text.strip():
+        raise ScenarioError(f"an empty scenario name; shipped scenarios are {', '.join(list_scenarios())}")
     if not _NAME_RE.fullmatch(text) or text.endswith(".toml"):
         return Path(text).expanduser()
     directory = _shipped_dir()

@@ -15,11 +15,10 @@ import itertools
 import os
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 from ..cli.finish import add_output_flags, finish
-from ..cli.types import non_negative_int, positive_int
+from ..cli.types import input_file, non_negative_int, positive_int
 from ..errors import UsageError
 from ..knobs import Knobs, parse_bool
 from ..units import format_size
@@ -168,7 +167,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("landscape", help="samples/s of a grid of knob settings in one training run")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
-    which.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
+    which.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
     p.add_argument("--np", type=positive_int, default=None, help="ranks to launch (default: the scenario's)")
     p.add_argument("--ranks-per-node", type=positive_int, default=None)
     p.add_argument("--lab", action="store_true",

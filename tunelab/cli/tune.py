@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import UsageError
 from .finish import add_output_flags, finish
 from .lab import scenario_ranks, scenario_session
-from .types import knob, non_negative_int, positive_float, positive_int
+from .types import input_file, knob, non_negative_int, positive_float, positive_int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     tune = subparsers.add_parser("tune", help="tune the engine's knobs live, inside one training run")
     tune.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
-    tune.add_argument("--scenario", type=Path, default=None, help="a scenario file (instead of --model)")
+    tune.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
     tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None)
     tune.add_argument("--np", type=positive_int, default=None, help="ranks to launch")
     tune.add_argument("--lab", action="store_true",

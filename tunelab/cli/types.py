@@ -89,6 +89,13 @@ def size_list(text: str) -> list[int]:
     return sizes
 
 
+def input_file(text: str) -> Path:
+    """A file the command will read (whether it exists is checked where it is read)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return Path(text)
+
+
 def output_file(text: str) -> Path:
     """A file the command will write: refused now (exit 2), before any work, when it cannot be."""
     from ..files import unwritable
