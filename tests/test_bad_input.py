@@ -353,7 +353,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
     (["tune", "--model-file", ".", "--no-report"], "not a model file"),
     (["tune", "--model", "", "--no-report"], "an empty scenario name; shipped scenarios are"),
     (["tune", "--scenario", "", "--no-report"], "argument --scenario: an empty path"),
-    (["bench", "landscape", "--scenario", "", "--no-report"], "argument --scenario: an empty path"),
+    (["bench", "landscape", "--scenario", ""], "argument --scenario: an empty path"),
 ])
 def test_more_bad_flags_are_usage_errors(args, fragment):
     one_line_error(tunelab(*args), 2, fragment)
