@@ -245,25 +245,56 @@ def _descendants(pid):
     return found
 
 
+def _running_job(tmp_path):
+    """A launched 2-rank job well into its work, and its ranks' pids."""
+    import time
+
+    # Ctrl-C as from a terminal, even where this test runs with SIGINT ignored (a background job)
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "sys.argv[0] = 'tunelab'; runpy.run_module('tunelab.cli', run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", start, "bench", "allreduce", "--np", "2", "--sizes",
+                             "64KiB", "--iters", "1000000", "--warmup", "1", "--algorithms", "ring", "--no-report"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ranks = [p for p in _descendants(proc.pid) if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
+        if len(ranks) == 2:
+            time.sleep(3.0)  # into the job
+            return proc, ranks
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the job's two ranks did not start")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finding the ranks needs /proc")
+@pytest.mark.parametrize("signame,status,line", [("SIGINT", 130, "tunelab: interrupted"),
+                                                 ("SIGTERM", 143, "tunelab: terminated")])
+def test_an_interrupted_launch_stops_its_ranks(tmp_path, signame, status, line):
+    import signal
+    import time
+
+    proc, ranks = _running_job(tmp_path)
+    try:
+        proc.send_signal(getattr(signal, signame))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, err) == (status, line + "\n"), err[-2000:]
+    assert "mpiexec@" not in out, out
+    time.sleep(1.0)
+    alive = [p for p in ranks if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
+    assert not alive, f"ranks {alive} outlived the command"
+
+
 @pytest.mark.mpi
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finding the ranks needs /proc")
 def test_a_killed_rank_stops_the_job_with_one_line(tmp_path):
     import signal
-    import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "tunelab.cli", "bench", "allreduce", "--np", "2", "--sizes",
-                             "64KiB", "--iters", "1000000", "--warmup", "1", "--algorithms", "ring", "--no-report"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc, ranks = _running_job(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ranks = [p for p in _descendants(proc.pid)
-                     if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
-            if len(ranks) == 2:
-                break
-            time.sleep(0.2)
-        assert len(ranks) == 2, "the job's two ranks did not start"
-        time.sleep(3.0)  # into the job
         os.kill(ranks[-1], signal.SIGKILL)
         out, err = proc.communicate(timeout=60)
     finally:

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -220,13 +221,26 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
     reader.start()
     try:
         returncode = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    except BaseException:  # the timeout, or this process interrupted (Ctrl-C, SIGTERM): no ranks left behind
+        _stop(proc)
         raise
     finally:
         reader.join(timeout=10.0)
     return returncode
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop the launcher and its ranks: an interrupt first (MPICH's launcher then ends every rank and
+    cleans up), a kill if it has not ended within ``grace_s``."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(OSError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class _LauncherBanner:
@@ -236,6 +250,7 @@ class _LauncherBanner:
     EXIT STRING: Killed (signal 9)`` with two lines of advice.  ``feed`` returns the lines to show (the
     banner is held back); ``describe`` says in one line what it reported."""
 
+    INTERRUPTED = ("] Sending Ctrl-C to processes as requested", "] Press Ctrl-C again to force abort")
     ADVICE = ("This typically refers to a problem with your application.",
               "Please see the FAQ page for debugging suggestions")
 
@@ -253,6 +268,8 @@ class _LauncherBanner:
 
     def feed(self, line: str) -> list[str]:
         text = line.rstrip("\n")
+        if text.startswith("[mpiexec@") and text.endswith(self.INTERRUPTED):
+            return []  # its echo of an interrupt: tunelab says "interrupted" itself
         if self._after:
             if text.startswith("YOUR APPLICATION TERMINATED WITH THE EXIT STRING:"):
                 self.exit_string = text.split(":", 1)[1].strip()

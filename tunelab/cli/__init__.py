@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import TunelabError, UsageError
 from .types import Parser
@@ -88,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if inside_mpi_job() and job_rank() != 0:  # under the user's mpiexec/srun: rank 0 speaks for the job
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
+    # A SIGTERM (a scheduler's, a kill) unwinds like Ctrl-C, so that launched ranks are stopped too.
+    previous = _terminate_as_interrupt() if not inside_mpi_job() else None
     try:
         status = args.func(args)
         sys.stdout.flush()  # here, not at exit: a reader that went away is handled below like any other
@@ -101,12 +104,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("tunelab: interrupted\n")
         return 130
+    except _Terminated:
+        sys.stderr.write("tunelab: terminated\n")
+        return 143
     except BrokenPipeError as exc:
         if _reader_gone():  # the reader of our output went away (``tunelab ... | head``): stop quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
             return 141
         sys.stderr.write(f"tunelab: error: {exc}\n")  # some other pipe broke: that is an error
         return 1
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
@@ -175,3 +186,23 @@ def _reader_gone() -> bool:
         return any(event & select.POLLERR for _, event in poll.poll(0))
     except (OSError, ValueError, AttributeError):  # no poll here, or stdout is not a file
         return False
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so that cleanup (stopping launched ranks) runs."""
+
+
+def _terminate_as_interrupt() -> Any:
+    """Make SIGTERM raise :class:`_Terminated` in the main thread; returns the handler it replaced (None
+    when not called from the main thread, where no handler can be set)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        raise _Terminated()
+
+    return signal.signal(signal.SIGTERM, raise_terminated)
