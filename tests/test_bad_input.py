@@ -289,6 +289,30 @@ def test_an_interrupted_launch_stops_its_ranks(tmp_path, signame, status, line):
 
 
 @pytest.mark.mpi
+def test_a_reader_that_goes_away_stops_the_launched_job(tmp_path):
+    """``tunelab tune | head -2``: once nobody reads the ranks' progress, the job stops (rather than run
+    to its end with its output going nowhere), quietly, with the status of a broken pipe."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen([sys.executable, "-m", "tunelab.cli", "tune", "--model", "replay-resnet50", "--budget",
+                             "200", "--no-report"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=env)
+    try:
+        first = [proc.stdout.readline() for _ in range(2)]
+        proc.stdout.close()  # as head does after its lines
+        _, err = proc.communicate(timeout=120)  # the budget of 200 blocks would take many minutes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert first[0].startswith("# tuning replay-resnet50") and "explore" in first[1], first
+    assert (proc.returncode, err) == (141, ""), err[-2000:]
+    from tunelab.profiles import ProfileStore
+
+    store = ProfileStore(create=False)  # every measured block is stored as it ends: how far did the job go?
+    blocks = sum(len(store.trials(p.id)) for p in store.profiles())
+    assert 1 <= blocks < 30, f"{blocks} of the budget's 200 blocks ran after the reader went away"
+
+
+@pytest.mark.mpi
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finding the ranks needs /proc")
 def test_a_killed_rank_stops_the_job_with_one_line(tmp_path):
     import signal

@@ -196,9 +196,12 @@ def _first_error(stderr: str, fallback: bool = True) -> str:
 def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _LauncherBanner,
                     timeout_s: float | None) -> int:
     """Run the launcher; its standard output (the ranks' prints) is forwarded line by line as it comes,
-    less the banner MPICH's launcher prints when a rank dies, which ``banner`` keeps instead."""
+    less the banner MPICH's launcher prints when a rank dies, which ``banner`` keeps instead.  When
+    nobody reads our output any more (``tunelab tune | head``), the job is stopped and BrokenPipeError
+    raised, as for any print of ours."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
     assert proc.stdout is not None
+    reader_gone = threading.Event()
 
     def show(lines: list[str]) -> bool:
         try:
@@ -206,15 +209,17 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
                 sys.stdout.write(line)
             sys.stdout.flush()
             return True
-        except (OSError, ValueError):  # nobody reads our output any more: keep draining the pipe
+        except (OSError, ValueError):
             return False
 
     def forward() -> None:
-        shown = True
         for raw in proc.stdout:  # type: ignore[union-attr]
             lines = banner.feed(raw.decode(errors="replace"))
-            shown = shown and show(lines)
-        if shown:
+            if not reader_gone.is_set() and not show(lines):
+                reader_gone.set()  # stop the job, and keep draining the pipe until it has ended
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signal.SIGINT)
+        if not reader_gone.is_set():
             show(banner.close())
 
     reader = threading.Thread(target=forward, name="tunelab-launcher-output", daemon=True)
@@ -226,6 +231,8 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
         raise
     finally:
         reader.join(timeout=10.0)
+    if reader_gone.is_set():
+        raise BrokenPipeError("the reader of this command's output went away")
     return returncode
 
 
