@@ -301,6 +301,25 @@ def test_a_shipped_landscape_is_named_by_its_name(tmp_path):
     assert "# replay-bert-2ranks: 24 points" in proc.stdout
 
 
+def test_a_landscape_whose_scenario_is_unknown_here_says_which_budget_it_replays_with(tmp_path):
+    from tunelab.bench.tuner import LANDSCAPE_DIR, plan_for
+    from tunelab.tuning.plan import Plan
+    from tunelab.tuning.replay import Landscape
+
+    doc = json.loads((LANDSCAPE_DIR / "replay-bert-2ranks.json").read_text())
+    assert plan_for(Landscape.from_dict(doc, "known")).budget_samples == 20  # replay-bert's own budget
+    doc["scenario"] = "recorded-elsewhere"
+    path = tmp_path / "elsewhere.json"
+    path.write_text(json.dumps(doc))
+    assert plan_for(Landscape.from_dict(doc, "elsewhere")).budget_samples == Plan().budget_samples
+    proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", "--landscape", str(path),
+                           "--seeds", "1", "--strategies", "random", "--no-report"],
+                          check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"#   its scenario 'recorded-elsewhere' cannot be loaded here: the default budget of "
+            f"{Plan().budget_samples} blocks is used") in proc.stdout
+
+
 def test_the_shipped_two_node_landscape_searches_hierarchical_jointly():
     land = Landscape.load(LANDSCAPE_DIR / "replay-vgg16-2nodes-10gbps.json")
     assert land.space.names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes", "hierarchical")

@@ -43,17 +43,27 @@ __all__ = ["LANDSCAPE_DIR", "Landscape", "compare", "evaluate", "run_once"]
 def plan_for(landscape: Landscape, budget: int | None = None) -> Plan:
     """The plan ``tunelab tune`` runs for the landscape's scenario: its budget and block sizes (``budget``
     overrides; a landscape without a known scenario gets the defaults)."""
-    from ..errors import ScenarioError
-    from ..scenarios import load_scenario
-
     rec = landscape.recorded or {}
-    try:
-        scenario_budget = load_scenario(rec["scenario"]).budget_samples if "scenario" in rec else None
-    except ScenarioError:
-        scenario_budget = None
+    scenario_budget, _ = _scenario_budget(landscape)
     return Plan(budget_samples=budget or scenario_budget or Plan().budget_samples,
                 discard_steps=int(rec.get("discard_steps", Plan().discard_steps)),
                 measure_steps=int(rec.get("measure_steps", Plan().measure_steps)))
+
+
+def _scenario_budget(landscape: Landscape) -> tuple[int | None, str | None]:
+    """The exploration budget of the scenario the landscape was recorded with, and why there is none
+    when it names one that cannot be loaded here (None when it names none)."""
+    from ..errors import ScenarioError
+    from ..scenarios import load_scenario
+
+    name = (landscape.recorded or {}).get("scenario")
+    if name is None:
+        return None, None
+    try:
+        return load_scenario(name).budget_samples, None
+    except ScenarioError:
+        return None, (f"its scenario {name!r} cannot be loaded here: the default budget of "
+                      f"{Plan().budget_samples} blocks is used (--budget sets another)")
 
 
 def run_once(landscape: Landscape, strategy: str, seed: int, plan: Plan, drift: float,
@@ -123,7 +133,8 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
                            "points": len(land.knobs), "names": list(land.space.names), "block_steps": steps,
                            "exhaustive_within_3pct": exhaustive_pick(land, steps),
                            "truth_ceiling_within_3pct": truth_ceiling(land),
-                           "recording_drift_removed": (land.recorded or {}).get("drift_removed")}
+                           "recording_drift_removed": (land.recorded or {}).get("drift_removed"),
+                           "scenario_problem": None if budget else _scenario_budget(land)[1]}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
             "seeds": seeds, "drift": drift, "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
@@ -242,6 +253,8 @@ def _cmd(args: argparse.Namespace) -> int:
             print(f"#   its truth is each point's mean over its visits: the best point, scored against the visits "
                   f"resampled, is within 3 % of their best in {info['truth_ceiling_within_3pct']:.2f} of draws "
                   "(how well the recording knows its own best)")
+        if info["scenario_problem"]:
+            print(f"#   {info['scenario_problem']}")
         if info["recording_drift_removed"]:
             removed = info["recording_drift_removed"]
             print(f"#   the host drifted while it was recorded (sd {100 * removed['sigma']:.2f} % along the visiting "
