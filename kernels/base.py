@@ -104,12 +104,14 @@ def cuda_array_address(array: Any, backend: str) -> tuple[int, np.dtype, int] | 
 class DeviceTable:
     """A kernel table already in device memory: uploaded once, named by every launch that uses it,
     so a warmed-up collective moves no table from the host.  ``array`` is the back end's device
-    array (it keeps the memory alive); ``max_count`` sizes copy grids (0 for address lists)."""
+    array (it keeps the memory alive); ``max_count`` sizes copy grids (0 for address lists);
+    ``host`` is the host copy it came from, kept while an asynchronous upload may still read it."""
 
     array: Any
     addr: int
     rows: int
     max_count: int
+    host: Any = None
 
 
 class DeviceArrayOps:
@@ -127,14 +129,14 @@ class DeviceArrayOps:
         gx = -(-longest // (self._block * self._unroll * unit))
         return max(1, min(gx, self._max_blocks // gy)), gy
 
-    def _table(self, rows: Any) -> DeviceTable | None:
-        """A copy table on the device (uploaded now if given as a host array), or None when there is
-        nothing to copy."""
+    def _table(self, rows: Any, stream: Any = None) -> DeviceTable | None:
+        """A copy table on the device (uploaded now, ordered before launches on ``stream``, if given as
+        a host array), or None when there is nothing to copy."""
         if not isinstance(rows, DeviceTable):
             rows = as_rows(rows)
             if not rows.shape[0] or rows[:, 2].max() <= 0:
                 return None
-            return self.upload_table(rows)  # type: ignore[attr-defined]
+            return self.upload_table(rows, stream)  # type: ignore[attr-defined]
         return rows if rows.rows and rows.max_count > 0 else None
 
     def _device_address(self, array: Any) -> tuple[int, np.dtype, int]:

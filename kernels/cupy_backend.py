@@ -354,12 +354,20 @@ class CupyBackend(DeviceArrayOps):
         props = rt.getDeviceProperties(rt.getDevice())
         return f"{props['pciDomainID']:04x}:{props['pciBusID']:02x}:{props['pciDeviceID']:02x}"
 
-    def upload_table(self, table: np.ndarray) -> DeviceTable:
-        """Copy an int64 table to the device once (an allocation and a host-to-device transfer)."""
+    def upload_table(self, table: np.ndarray, stream: Any = None) -> DeviceTable:
+        """Copy an int64 table to the device once (an allocation and a host-to-device transfer), queued
+        on ``stream``, the stream whose launches read it (None: CuPy's current stream, where launches
+        without a stream go).  CuPy copies asynchronously on the current stream: uploaded anywhere
+        else, a launch on a non-blocking engine stream could read the table before it has arrived
+        (behind the framework's queued work on the default stream)."""
         table = np.ascontiguousarray(table, dtype=np.int64)
-        array = self._cp.asarray(table)
+        if stream is None or stream == 0:
+            array = self._cp.asarray(table)
+        else:
+            with stream:
+                array = self._cp.asarray(table)
         max_count = int(table[:, 2].max()) if table.ndim == 2 and table.shape[0] else 0
-        return DeviceTable(array, int(array.data.ptr), int(table.shape[0]), max_count)
+        return DeviceTable(array, int(array.data.ptr), int(table.shape[0]), max_count, host=table)
 
     def alloc(self, nbytes: int) -> Any:
         """A device allocation of ``nbytes`` bytes (the caller keeps it alive)."""
@@ -380,13 +388,13 @@ class CupyBackend(DeviceArrayOps):
         return (max(1, min(-(-count // (self._block * _UNROLL)), self._max_blocks)),)
 
     def copy_table(self, rows: Any, stream: Any = None) -> None:
-        table = self._table(rows)
+        table = self._table(rows, stream)
         if table is not None:
             self._launch("copy_rows", self._row_grid(table.rows, table.max_count, 16),
                          (table.array, np.int32(table.rows)), stream)
 
     def scale_copy_table(self, rows: Any, dtype: np.dtype, factor: float, stream: Any = None) -> None:
-        table = self._table(rows)
+        table = self._table(rows, stream)
         if table is None:
             return
         name, kind = np.dtype(dtype).name, half_kind(dtype)
@@ -401,7 +409,8 @@ class CupyBackend(DeviceArrayOps):
                op: ReduceOp, stream: Any = None) -> None:
         if count <= 0:
             return
-        srcs = src_addrs if isinstance(src_addrs, DeviceTable) else self.upload_table(as_sources(src_addrs))
+        srcs = (src_addrs if isinstance(src_addrs, DeviceTable)
+                else self.upload_table(as_sources(src_addrs), stream))
         name, kind = np.dtype(dtype).name, half_kind(dtype)
         if not kind and name not in _TYPED:
             raise TypeError(f"cupy kernels do not handle {name}")

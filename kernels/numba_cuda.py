@@ -385,8 +385,9 @@ class NumbaCudaBackend(DeviceArrayOps):
         dev = cuda.get_current_device()
         return f"{dev.PCI_DOMAIN_ID:04x}:{dev.PCI_BUS_ID:02x}:{dev.PCI_DEVICE_ID:02x}"
 
-    def upload_table(self, table: np.ndarray) -> DeviceTable:
-        """Copy an int64 table to the device once (an allocation and a host-to-device transfer)."""
+    def upload_table(self, table: np.ndarray, stream: Any = None) -> DeviceTable:
+        """Copy an int64 table to the device once (an allocation and a host-to-device transfer).  The
+        copy is synchronous, so it is complete before any launch, on ``stream`` or any other."""
         table = np.ascontiguousarray(table, dtype=np.int64)
         array = cuda.to_device(table)
         max_count = int(table[:, 2].max()) if table.ndim == 2 and table.shape[0] else 0

@@ -120,8 +120,8 @@ class LazyStreams:
         self._keep.append(array)
         return array
 
-    def upload_table(self, table: Any) -> Any:
-        uploaded = self._inner.upload_table(table)
+    def upload_table(self, table: Any, stream: Any = None) -> Any:
+        uploaded = self._inner.upload_table(table, stream)
         self._keep.append(uploaded)
         return uploaded
 

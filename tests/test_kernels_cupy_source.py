@@ -127,3 +127,60 @@ def test_copy_rows_with_any_alignment(lib):
     lib.host_copy_rows(_ptr(rows), 4, 2, 4, 8)
     for a, b, n in ((0, 0, 1000), (1, 1003, 777), (2000, 1900, 3), (2100, 2101, 1500)):
         assert np.array_equal(dst[b:b + n], src[a:a + n])
+
+
+class _OrderingCupy:
+    """Just enough of CuPy to see which stream each copy and launch is queued on: CuPy copies a host
+    array asynchronously on its *current* stream, and a launch given a stream runs inside it."""
+
+    def __init__(self) -> None:
+        self.current, self.queued = "default", []
+        fake = self
+
+        class Stream:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def __enter__(self):
+                self.saved, fake.current = fake.current, self.name
+
+            def __exit__(self, *exc):
+                fake.current = self.saved
+
+        class Array:
+            def __init__(self, host) -> None:
+                self.host = host
+                self.data = type("Ptr", (), {"ptr": 4096})()
+
+        self.Stream, self.Array = Stream, Array
+
+    def asarray(self, host):
+        self.queued.append(("upload", self.current))
+        return self.Array(host)
+
+    def function(self, name):
+        return lambda grid, block, args: self.queued.append((name, self.current))
+
+
+def test_a_host_table_is_uploaded_on_the_stream_its_launch_runs_on():
+    """A launch on a non-blocking engine stream is not ordered after CuPy's default stream (where the
+    framework's backward kernels are queued too): a table copied there may not have arrived when the
+    kernel reads it.  Every upload goes to the stream of the launches that read it."""
+    from tunelab.kernels.cupy_backend import CupyBackend
+
+    fake = _OrderingCupy()
+    backend = object.__new__(CupyBackend)  # no GPU here: the back end over the fake module
+    backend._cp, backend._fns, backend._block, backend._max_blocks = fake, {}, 256, 8192
+    backend._fn = fake.function
+    engine = fake.Stream("engine")
+    rows = np.array([[4096, 8192, 16]], np.int64)
+    backend.copy_table(rows, engine)
+    backend.scale_copy_table(rows, np.float32, 0.5, engine)
+    backend.reduce(4096, np.array([8192, 12288], np.int64), 16, np.float32, 0, engine)
+    assert fake.queued == [("upload", "engine"), ("copy_rows", "engine"), ("upload", "engine"),
+                           ("scale_rows_float32", "engine"), ("upload", "engine"), ("reduce_float32", "engine")]
+    table = backend.upload_table(rows, engine)  # the table cache's upload, ahead of its launches
+    assert fake.queued[-1] == ("upload", "engine") and table.host is not None  # the source outlives the copy
+    fake.queued.clear()
+    backend.copy_table(rows)  # no stream: both on CuPy's current stream
+    assert fake.queued == [("upload", "default"), ("copy_rows", "default")]

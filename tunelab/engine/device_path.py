@@ -75,7 +75,7 @@ class TableCache:
             if len(self._tables) >= _TABLE_CACHE_SIZE:
                 self._kernels.stream_sync(self._stream)  # no queued launch still reads a table
                 self._tables.clear()
-            found = self._tables[key] = self._kernels.upload_table(table)
+            found = self._tables[key] = self._kernels.upload_table(table, self._stream)  # ordered before its launches
         return found
 
     def __len__(self) -> int:

@@ -247,7 +247,8 @@ class SharedGpu:
             rows = [i for i in range(n) if ins[i].dtype == dtype and counts[i] > 0]
             if rows:
                 table = np.concatenate([counts[rows, None], srcs[rows], dsts[rows]], axis=1)
-                tables.append((self.path.kernels.upload_table(table), int(counts[rows].max()), dtype))
+                tables.append((self.path.kernels.upload_table(table, self.path.stream), int(counts[rows].max()),
+                               dtype))
         return tables
 
     def free(self) -> None:
