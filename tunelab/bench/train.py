@@ -91,7 +91,7 @@ def _torch_bench(p: dict) -> dict:
     p = {**p, "ddp_backend": "gloo" if device.type == "cpu" or ranks_share_a_gpu(comm) else "nccl"}
     systems = list(p["systems"])
     notes = [f"ddp: torch DistributedDataParallel over {p['ddp_backend']}"] if "ddp" in systems else []
-    if "tunelab-tuned" in systems and not _has_profile(comm, p, build):
+    if "tunelab-tuned" in systems and not _has_profile(comm, p, build, device):
         systems.remove("tunelab-tuned")
         notes.append("tunelab-tuned: skipped, no tuned profile stored for this hardware/model/world size "
                      "(run tunelab tune first)")
@@ -188,15 +188,17 @@ def _train_step(model: Any, opt: Any, x: Any, y: Any) -> Callable[[], None]:
     return step
 
 
-def _has_profile(comm: Any, p: dict, build: Any) -> bool:
-    """Whether the profile store holds a tuned config for this hardware, model and world size."""
+def _has_profile(comm: Any, p: dict, build: Any, device: Any) -> bool:
+    """Whether the profile store holds a tuned config for this hardware, model and world size, asked
+    with the signature of the model on ``device``, where the tuned phase trains it (a model's
+    signature says whether its parameters live on a GPU)."""
     import tunelab.torch as tl
 
     from .. import runtime
 
     tl.init(comm, ranks_per_node=p.get("ranks_per_node"))
     try:
-        return runtime.current().has_profile(tl.model_signature(build(p["model"])), "torch")
+        return runtime.current().has_profile(tl.model_signature(build(p["model"]).to(device)), "torch")
     finally:
         tl.shutdown()
 
