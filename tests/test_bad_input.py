@@ -298,6 +298,7 @@ def test_a_reader_that_goes_away_stops_the_launched_job(tmp_path):
                             text=True, cwd=tmp_path, env=env)
     try:
         first = [proc.stdout.readline() for _ in range(2)]
+        ranks = [p for p in _descendants(proc.pid) if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
         proc.stdout.close()  # as head does after its lines
         _, err = proc.communicate(timeout=120)  # the budget of 200 blocks would take many minutes
     finally:
@@ -305,6 +306,7 @@ def test_a_reader_that_goes_away_stops_the_launched_job(tmp_path):
             proc.kill()
     assert first[0].startswith("# tuning replay-resnet50") and "explore" in first[1], first
     assert (proc.returncode, err) == (141, ""), err[-2000:]
+    assert len(ranks) == 2 and not [p for p in ranks if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
     from tunelab.profiles import ProfileStore
 
     store = ProfileStore(create=False)  # every measured block is stored as it ends: how far did the job go?

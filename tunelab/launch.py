@@ -199,7 +199,8 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
     less the banner MPICH's launcher prints when a rank dies, which ``banner`` keeps instead.  When
     nobody reads our output any more (``tunelab tune | head``), the job is stopped and BrokenPipeError
     raised, as for any print of ours."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
+    # Its own process group: the launcher, its proxies and the ranks can be stopped together (below).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
     assert proc.stdout is not None
     reader_gone = threading.Event()
 
@@ -216,17 +217,24 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
         for raw in proc.stdout:  # type: ignore[union-attr]
             lines = banner.feed(raw.decode(errors="replace"))
             if not reader_gone.is_set() and not show(lines):
-                reader_gone.set()  # stop the job, and keep draining the pipe until it has ended
-                with contextlib.suppress(OSError):
-                    proc.send_signal(signal.SIGINT)
+                reader_gone.set()  # the main thread stops the job; the pipe is drained until it has ended
         if not reader_gone.is_set():
             show(banner.close())
 
     reader = threading.Thread(target=forward, name="tunelab-launcher-output", daemon=True)
     reader.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        returncode = proc.wait(timeout=timeout_s)
-    except BaseException:  # the timeout, or this process interrupted (Ctrl-C, SIGTERM): no ranks left behind
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if reader_gone.is_set():
+                    raise BrokenPipeError("the reader of this command's output went away") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(cmd, timeout_s) from None
+    except BaseException:  # the timeout, a reader gone, this process interrupted (Ctrl-C, SIGTERM)
         _stop(proc)
         raise
     finally:
@@ -236,18 +244,21 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
     return returncode
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """Stop the launcher and its ranks: an interrupt first (MPICH's launcher then ends every rank and
-    cleans up), a kill if it has not ended within ``grace_s``."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(OSError):
-        proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def _stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
+    """Stop the launcher and its ranks, its whole process group: an interrupt first (MPICH's launcher
+    then ends every rank and cleans up), a SIGTERM, then a kill of whatever is left.  Escalating
+    matters: a process started with SIGINT ignored (a background job of a script) hands that on to
+    the launcher and the ranks, which then ignore the interrupt."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 2.0)):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
+    with contextlib.suppress(OSError):  # ranks the launcher left behind, or the launcher itself
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 class _LauncherBanner:
