@@ -247,8 +247,8 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
 def _stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
     """Stop the launcher and its ranks, its whole process group: an interrupt first (MPICH's launcher
     then ends every rank and cleans up), a SIGTERM, then a kill of whatever is left.  Escalating
-    matters: a process started with SIGINT ignored (a background job of a script) hands that on to
-    the launcher and the ranks, which then ignore the interrupt."""
+    matters: in one full test run the ranks did not end on the interrupt (cause not found), and a
+    process started with SIGINT ignored hands that on to the launcher and the ranks."""
     for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 2.0)):
         if proc.poll() is not None:
             break
