@@ -732,6 +732,41 @@ def test_crossover_check_takes_the_median_over_repeats() -> None:
     assert "every size with a winner (the others within 10 %)" in row["measured"]  # 64 KiB is a tie
 
 
+def test_the_crossover_check_says_how_well_each_repeat_names_the_crossover(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    """Three repeats that cross at different sizes, with no ties between winners: each crossover is the
+    geometric interpolation between the sizes around its sign change.  Their median crosses between
+    256 and 512 KiB (at 362 KiB); the repeats at 90.5 KiB (a factor 4 below: out), 362 KiB and 645 KiB
+    (1.78x: in), so 2 of 3 are within a factor of 2 of it."""
+    from tunelab.model.data import Observation
+    from tunelab.model.validate import crossover_check
+
+    topo = Topology(2, 2, "1gbps", 2.0)
+    sizes = [64 << 10, 128 << 10, 256 << 10, 512 << 10, MiB]
+    diffs = {"run": [0.3, -0.3, -0.3, -0.3, -0.3], "run.r2": [0.3, 0.3, 0.3, -0.3, -0.3],
+             "run.r3": [0.3, 0.3, 0.3, 0.3, -0.6]}  # log(flat / hierarchical) per size
+    obs = []
+    for name, ds in diffs.items():
+        for size, d in zip(sizes, ds):
+            hier = size * 1e-8
+            obs += [Observation("hierarchical", size, hier, topo, source=name),
+                    Observation("flat", size, hier * math.exp(d), topo, source=name)]
+
+    class Model:
+        def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs) -> float:
+            return size * 1e-8 * (1.2 if algorithm == "flat" else 1.0)
+
+    (row,) = crossover_check(Model(), obs)  # type: ignore[arg-type]
+    kib = 1 << 10
+    assert row["measured_crossover"] == pytest.approx(math.sqrt(256 * 512) * kib)
+    own = row["repeat_crossovers"]
+    assert own[0] == pytest.approx(math.sqrt(64 * 128) * kib) and own[1] == pytest.approx(math.sqrt(256 * 512) * kib)
+    assert own[2] == pytest.approx(512 * kib * 2 ** (0.3 / 0.9))
+    assert row["repeats_within_2x"] == 2
+    one = crossover_check(Model(), [o for o in obs if o.source == "run.r2"])  # type: ignore[arg-type]
+    assert "repeat_crossovers" not in one[0]  # a single run has nothing to compare with
+
+
 def test_a_crossover_is_where_the_difference_changes_sign_for_good() -> None:
     """Hierarchical 35 % ahead at 1 KiB, flat 35 % ahead at 32 KiB, ties between whose sign flips once
     (4 KiB flat, 8 KiB hierarchical again) before it stays: the two times cross between 8 and 16 KiB,

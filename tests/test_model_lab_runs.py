@@ -150,13 +150,16 @@ def test_small_segments_on_8_ranks(model_file: Path, tmp_path: Path, capsys: pyt
     for cores, and from a few pieces on the flat ring overtakes hierarchical: model and measurement name
     a crossover the same way round, but measured at 2.35 MiB and predicted at 353 KiB (a factor of 0.15:
     the model charges a piece too much there, and the flat ring too little), the same winner at 11 of
-    12 sizes.  From 1 MiB MPI is within 10 %, hierarchical over-predicted by 13-23 %, flat under by
-    2-21 %.  On 2 x 4 (two runs, 7 sizes) hierarchical wins at every size, measured and predicted; it
+    12 sizes.  The five runs on their own cross at 1.11-3.10 MiB, four of them within a factor of 2 of
+    the median's 2.35 MiB.  From 1 MiB MPI is within 10 %, hierarchical over-predicted by 13-23 %, flat
+    under by 2-21 %.  On 2 x 4 (two runs, 7 sizes) hierarchical wins at every size, measured and predicted; it
     is over-predicted by 22-56 %, flat and MPI within 16 % from 1 MiB."""
     check = _check(model_file, tmp_path, SEGMENTS_4X2)
     capsys.readouterr()
     [cross] = check["crossover"]
     assert cross["repeats"] == 5 and cross["sizes"] == 12 and cross["winners_agree"] == 11, cross
+    own = sorted(cross["repeat_crossovers"])
+    assert cross["repeats_within_2x"] == 4 and 1.0 < own[0] / (1 << 20) < 1.2 and 3.0 < own[-1] / (1 << 20) < 3.2, cross
     for side in ("measured", "predicted"):
         assert cross[side].startswith("crossover at") and "hierarchical below, flat above" in cross[side], cross
     big = [p for p in check["points"] if p["size"] >= 1 << 20]

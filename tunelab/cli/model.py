@@ -277,6 +277,11 @@ def _check(model: Any, checked: list, sizes: list[int] | None = None) -> dict:
             factor += f"; onset predicted/measured {bound}{c['onset_factor']:.2f}"
         print(f"# crossover {runs}: measured {c['measured']}; predicted {c['predicted']}; winner agrees at "
               f"{c['winners_agree']}/{c['sizes']} sizes{factor}")
+        if c.get("repeats_within_2x") is not None:
+            own = ", ".join(human_size(x) if x is not None else "none" for x in c["repeat_crossovers"])
+            print(f"#   each run on its own: first crossover at {own}; {c['repeats_within_2x']} of "
+                  f"{len(c['repeat_crossovers'])} within a factor of 2 of the median's "
+                  f"{human_size(c['measured_crossover'])} (how well the lab itself names it)")
     return {"points": errors, "summary": summary, "crossover": crossings}
 
 

@@ -93,8 +93,24 @@ def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[
             continue
         row = _compare(model, topo, mine[0].knobs, {s: float(np.median(d)) for s, d in sorted(per_size.items())})
         if row is not None:
-            out.append({"source": name, "repeats": len(sources), **row})
+            out.append({"source": name, "repeats": len(sources), **row, **_repeat_spread(mine, sources, row)})
     return out
+
+
+def _repeat_spread(mine: Sequence[Observation], sources: list[str], row: dict[str, Any]) -> dict[str, Any]:
+    """How well the measurement itself names the crossover: each repeat's own first crossover (None where
+    it has none) and how many of them are within a factor of 2 of the one the median over repeats names
+    (what the model is held to).  A model cannot be expected to agree with the median more closely than
+    the repeats agree with it."""
+    if len(sources) < 2:
+        return {}
+    own = []
+    for src in sources:
+        cross = crossover_of({s: d[0] for s, d in sorted(_log_ratios(mine, [src]).items())})
+        own.append(cross.sizes[0] if cross is not None and cross.sizes else None)
+    measured = row.get("measured_crossover")
+    within = sum(1 for c in own if c is not None and measured is not None and 0.5 <= c / measured <= 2.0)
+    return {"repeat_crossovers": own, "repeats_within_2x": within if measured is not None else None}
 
 
 def _log_ratios(mine: Sequence[Observation], sources: list[str]) -> dict[int, list[float]]:
@@ -125,6 +141,8 @@ def _compare(model: ScaleModel, topo: Topology, knobs: Knobs, diffs: dict[int, f
                            "measured_onset": measured.onset, "predicted_onset": predicted.onset,
                            "measured_onset_below_range": measured.onset_below_range,
                            "predicted_onset_below_range": predicted.onset_below_range}
+    if measured.sizes:
+        row["measured_crossover"] = measured.sizes[0]
     if measured.sizes and predicted.sizes:
         row["factor"] = predicted.sizes[0] / measured.sizes[0]
     if measured.onset is not None and predicted.onset is not None \
