@@ -9,6 +9,12 @@ import ctypes
 HANDLE_BYTES = 64
 
 
+class _Handle(ctypes.Structure):
+    """``CUipcMemHandle``: 64 opaque bytes, passed by value."""
+
+    _fields_ = [("reserved", ctypes.c_ubyte * HANDLE_BYTES)]
+
+
 class CudaDriver:
     """``libcuda`` calls; a failing call raises ``error`` (an exception class) naming it."""
 
@@ -42,12 +48,13 @@ class CudaDriver:
 
     def open(self, handle: bytes) -> int:
         """Map another process's allocation; returns its base address here."""
-        class Handle(ctypes.Structure):
-            _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
-
+        if len(handle) != HANDLE_BYTES:
+            raise self._error(f"an IPC handle is {HANDLE_BYTES} bytes, got {len(handle)}")
+        # The handle's bytes are copied whole: a ``c_char`` array filled from bytes (``Handle(handle)``)
+        # stops at the first zero byte and leaves the rest zero, and real handles hold zero bytes.
         ptr = ctypes.c_uint64()
-        self.check(self.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), Handle(handle), 1),  # lazy peer access
-                   "cuIpcOpenMemHandle")
+        self.check(self.lib.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _Handle.from_buffer_copy(handle), 1),
+                   "cuIpcOpenMemHandle")  # (1: lazy peer access)
         return ptr.value
 
     def close(self, ptr: int) -> None:
