@@ -590,6 +590,40 @@ def case_device_marks(comm: MPI.Comm, seed: int = 17) -> dict:
     return {"failures": failures, "later_not_run": not_run}
 
 
+def case_device_back_to_back(comm: MPI.Comm, calls: int = 6) -> dict:
+    """Direct one-shot device allreduces back to back, nothing read on the host between them, with
+    launches run as late as a GPU may (tests/lazy_streams.py) and rank 1's GPU behind the others (its
+    stream waits take 0.3 s longer to return).  A barrier only proves a peer has queued its reduce, so
+    a rank must not refill the slot half a peer's queued reduce of the previous call still reads: with
+    the half picked by the node barrier's parity (two barriers a call: the agreement and the ordering
+    point), every call took the same half and rank 1 summed rank 0's next input."""
+    import time as _time
+
+    from lazy_streams import LazyStreams
+    from numba import cuda
+    from tunelab.kernels import get_backend, register_backend
+
+    streams = LazyStreams(get_backend("numba-cuda"))
+    if comm.rank == 1:
+        inner_sync = streams.stream_sync
+
+        def slow_sync(stream):
+            _time.sleep(0.3)
+            return inner_sync(stream)
+
+        streams.stream_sync = slow_sync
+    register_backend("numba-cuda", streams)
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", oneshot_max_bytes=1 << 16))
+    inputs = [exact_inputs(64, np.dtype(np.float32), comm.size, 23 + i) for i in range(calls)]
+    got = [engine.allreduce(cuda.to_device(x[comm.rank]), "sum") for x in inputs]
+    streams.stream_sync(0)  # the framework reads after its own stream
+    failures = [f"call {i}: {bit_mismatches(g.copy_to_host(), reference(x, 'sum'))} of 64 wrong"
+                for i, (g, x) in enumerate(zip(got, inputs)) if bit_mismatches(g.copy_to_host(), reference(x, "sum"))]
+    deferred = streams.deferred
+    engine.close()
+    return {"failures": failures, "deferred": deferred}
+
+
 class CountingBackend:
     """A kernel back end that counts what the engine asks of the real one: launches, table uploads
     (host-to-device transfers that allocate), allocations, stream and device-wide waits."""

@@ -96,6 +96,18 @@ def test_a_submitted_gradient_waits_for_its_producer_and_no_later_work():
     assert run.results[0]["later_not_run"][-1] is True  # (work between submits may run: fused calls)
 
 
+@pytest.mark.mpi
+def test_back_to_back_one_shots_do_not_refill_a_slot_a_peer_still_reads():
+    """Six direct one-shot calls with nothing read between them, one rank's GPU running behind
+    (tests/mpi_cases.py::case_device_back_to_back): every result is numpy's sum."""
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
+    run = run_case("device_back_to_back", 2, 300, env=env)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+        assert res["deferred"] > 6  # the launches did go through the lazy back end
+
+
 def _gpu_backend_or_skip(name: str) -> None:
     from tunelab.kernels import get_backend
 

@@ -3,9 +3,16 @@
 * :func:`oneshot` (small buckets, one node): every rank copies its bucket into its own staging
   slot; after **one** ordering point every rank reads every peer's slot and reduces once, straight
   into its outputs.  Latency-bound messages pay one synchronisation instead of two per piece.
-  Slots are double-buffered by the parity of the node barrier's epoch: a rank may refill one half
-  while slower peers still read the other, and reaching the next ordering point proves a peer has
-  finished reading the previous half (epochs advance alike on every rank, even after an error).
+  Slots are double-buffered: a rank may refill one half while slower peers still read the other.
+  On the host path the half is the parity of the node barrier's epoch: reaching the next ordering
+  point proves a peer has finished reading the previous half (its reads are done when it moves on;
+  epochs advance alike on every rank, even after an error).  On the device path a barrier proves
+  only that a peer has *queued* its reads, and other barriers (a call's agreement) pass without any
+  device wait, so the epoch's parity could hand two calls in a row the same half, refilled while a
+  peer's queued reduce still reads it.  There the halves alternate per one-shot instead: a half is
+  used again only after the one-shot in between has passed its ``order()``, which waits for every
+  peer's earlier launches (its stream synchronised, or its event waited on), the reduce that read
+  the half included.
 * :func:`twoshot` (large buckets): a reduce-scatter and an allgather through the staging arena, in
   pipeline pieces of ``segment_bytes``.  Rank r reduces shard r of a piece from all peers'
   segments (in rank order, so results never depend on how the bucket was cut); with several
@@ -56,7 +63,12 @@ def alone(path: DataPath, layout: Layout) -> None:
 def oneshot(path: DataPath, layout: Layout, call: Call, me: int, what: str) -> None:
     """Allreduce ``layout`` within a node through one ordering point (see the module doc)."""
     isz, dtype, count = layout.itemsize, layout.dtype, layout.count
-    addrs = path.slots.half_addrs(path.barrier.next_parity())
+    if path.device:  # device: the halves alternate per one-shot (see the module doc)
+        parity = path.slots.parity
+        path.slots.parity ^= 1
+    else:
+        parity = path.barrier.next_parity()
+    addrs = path.slots.half_addrs(parity)
     path.copy(as_bytes(layout.pack_rows(0, count, int(addrs[me])), isz))
     path.order(what)
     if layout.single and call.factor == 1.0:  # straight into the output
