@@ -18,11 +18,11 @@ class FakeLibcuda:
     def __init__(self) -> None:
         self.opened: list[bytes] = []
 
-    def cuIpcGetMemHandle(self, handle, base) -> int:  # noqa: N802 (the driver's name)
+    def cuIpcGetMemHandle(self, handle, base) -> int:
         ctypes.memmove(handle, HANDLE, HANDLE_BYTES)
         return 0
 
-    def cuIpcOpenMemHandle_v2(self, ptr, handle, flags) -> int:  # noqa: N802
+    def cuIpcOpenMemHandle_v2(self, ptr, handle, flags) -> int:
         self.opened.append(ctypes.string_at(ctypes.addressof(handle), ctypes.sizeof(handle)))
         ptr._obj.value = 0x7F0000001000
         return 0
