@@ -624,6 +624,40 @@ def case_device_back_to_back(comm: MPI.Comm, calls: int = 6) -> dict:
     return {"failures": failures, "deferred": deferred}
 
 
+def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
+    """Join with device tensors (simulator): every rank submits two device gradients once; then the
+    last rank joins while the others run two more rounds of the same names, and joins after them.  The
+    joined rank's share is zeros, so each result is the sum of the active ranks' inputs (numpy's), and
+    ``join`` returns the last rank to join (the highest of those joining at the same cycle) on every rank."""
+    from numba import cuda
+
+    from tunelab.engine.coordinator import Coordinator
+
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096))
+    coord = Coordinator(engine)
+    last = comm.size - 1
+    counts = (7, 3000)  # a one-shot bucket and a two-shot one
+    failures, checks = [], 0
+    for rnd in range(3):
+        if rnd and comm.rank == last:
+            break
+        inputs = [exact_inputs(c, np.dtype(np.float32), comm.size, seed + 10 * rnd + c) for c in counts]
+        active = comm.size if rnd == 0 else comm.size - 1
+        grads = [cuda.to_device(x[comm.rank]) for x in inputs]
+        handles = [coord.submit(f"grad.{i}", g, "sum", out=g) for i, g in enumerate(grads)]
+        for h in handles:
+            h.wait(timeout=120)
+        for i, (g, x) in enumerate(zip(grads, inputs)):
+            checks += 1
+            wrong = bit_mismatches(g.copy_to_host(), reference(x[:active], "sum"))
+            if wrong:
+                failures.append(f"round {rnd} grad.{i}: {wrong} wrong")
+    joined_last = coord.join()
+    coord.shutdown()
+    engine.close()
+    return {"failures": failures, "checks": checks, "joined_last": joined_last}
+
+
 class CountingBackend:
     """A kernel back end that counts what the engine asks of the real one: launches, table uploads
     (host-to-device transfers that allocate), allocations, stream and device-wide waits."""

@@ -108,6 +108,19 @@ def test_back_to_back_one_shots_do_not_refill_a_slot_a_peer_still_reads():
         assert res["deferred"] > 6  # the launches did go through the lazy back end
 
 
+@pytest.mark.mpi
+def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
+    """A rank that joined contributes zeros to the others' allreduces; with device tensors those zeros
+    must be device memory, or the call is refused as a rank mismatch (tests/mpi_cases.py::case_device_join)."""
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
+    run = run_case("device_join", 3, 300, env=env)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+        assert res["joined_last"] == 1  # ranks 0 and 1 joined last, at the same cycle: the higher one
+    assert [r["checks"] for r in run.results] == [6, 6, 2]
+
+
 def _gpu_backend_or_skip(name: str) -> None:
     from tunelab.kernels import get_backend
 

@@ -356,10 +356,18 @@ class Coordinator:
             raise StallError(f"stalled for more than {self.stall_timeout_s:g} s: tensor {problems[0]}{more}")
 
     def _zeros(self, i: int) -> _Request:
-        """A joined rank's contribution to tensor ``i``: zeros of its dtype and shape (host memory)."""
+        """A joined rank's contribution to tensor ``i``: zeros of its dtype and shape, in device memory
+        where the others' tensor is a device tensor (it takes the device path on every rank), else on
+        the host."""
         from ..dtypes import dtype_from_name
 
-        dtype, shape, op, group, _ = self._metas[i]
+        dtype, shape, op, group, on_device = self._metas[i]
+        if on_device:
+            from .device import device_buffer, empty_like
+
+            src = device_buffer(self.engine.device_zeros(tuple(shape), dtype_from_name(dtype)))
+            out = empty_like(src)
+            return _Request(self._names[i], src, Handle(self._names[i], out), op, group, device_buffer(out))
         zeros = np.zeros(shape, dtype_from_name(dtype))
         return _Request(self._names[i], zeros, Handle(self._names[i], np.empty_like(zeros)), op, group)
 

@@ -138,6 +138,26 @@ def cuda_aware_mpi(environ: dict[str, str] | None = None) -> bool:
     return False
 
 
+def zeros(shape: tuple[int, ...], dtype: np.dtype, backend: str, index: int | None) -> Any:
+    """A device array of zeros on device ``index`` (None: the current one), through ``backend``'s library
+    (CuPy, else numba-cuda; a simulated device array under the simulator), filled before it returns:
+    what a rank that has joined contributes to its peers' device allreduces."""
+    if backend == "cupy" and not simulated():
+        import cupy
+
+        with cupy.cuda.Device(cupy.cuda.runtime.getDevice() if index is None else index):
+            out = cupy.zeros(shape, dtype=dtype)
+            cupy.cuda.get_current_stream().synchronize()  # filled before any other stream reads it
+        return out
+    from numba import cuda
+
+    host = np.zeros(shape, dtype=dtype)
+    if index is None or simulated():
+        return cuda.to_device(host)  # a synchronous copy
+    with cuda.gpus[index]:
+        return cuda.to_device(host)
+
+
 def empty_like(buf: DeviceBuffer) -> Any:
     """A new device array shaped like ``buf``, of the owner's kind (torch, CuPy, Numba; numpy under
     the simulator)."""

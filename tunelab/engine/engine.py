@@ -238,6 +238,15 @@ class Engine:
         """Whether device data crosses nodes without host staging (a CUDA-aware MPI, several nodes)."""
         return self._device is not None and self._device.direct
 
+    def device_zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """Zeros in device memory, on the device and through the kernel library this engine's device path
+        uses: a joined rank's share of its peers' device allreduces (they take the device path on every
+        rank, so a host array there would be refused as a rank mismatch)."""
+        from .device import device_backend_name, zeros
+
+        index = self._device.index if self._device is not None else None
+        return zeros(shape, dtype, device_backend_name(self.config.backend), index)
+
     def is_device_tensor(self, tensor: object) -> bool:
         """Whether ``tensor`` lives in device memory (and so takes the device path)."""
         return is_device_tensor(tensor)
