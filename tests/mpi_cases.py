@@ -779,6 +779,51 @@ def case_shared_gpu(comm: MPI.Comm, seed: int = 5) -> dict:
     return out
 
 
+def case_shared_gpu_leader_fails(comm: MPI.Comm, seed: int = 5) -> dict:
+    """Ranks sharing one GPU (simulated), the first rank doing the device work: its launch fails on the
+    second call.  Every rank must hear of it at once (the peers wait for the leader at a barrier: they
+    must not sit there until the engine's timeout), and a call after it still works."""
+    import time as _time
+
+    from tunelab.kernels import get_backend, register_backend
+
+    from tunelab.engine.device_share import sim_device_array
+
+    inner = get_backend("numba-cuda")
+
+    class FailingOnce:
+        name, calls = inner.name, 0
+
+        def __getattr__(self, attr):
+            return getattr(inner, attr)
+
+        def reduce_bcast(self, *args, **kwargs):
+            FailingOnce.calls += 1
+            if FailingOnce.calls == 2:
+                raise RuntimeError("launch failed (injected)")
+            return inner.reduce_bcast(*args, **kwargs)
+
+    register_backend("numba-cuda", FailingOnce())
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", timeout_s=60))
+    x = exact_inputs(300, np.dtype(np.float32), comm.size, seed)
+    dev = sim_device_array(x[comm.rank])
+    out = sim_device_array(np.zeros_like(x[comm.rank]))
+    results = []
+    for _ in range(3):
+        t0 = _time.monotonic()
+        try:
+            engine.allreduce_batch([dev], "sum", outs=[out])
+            error = ""
+        except Exception as exc:  # noqa: BLE001 (what each rank was told is the result)
+            error = f"{type(exc).__name__}: {exc}"
+        results.append({"error": error, "seconds": _time.monotonic() - t0,
+                        "right": not bit_mismatches(out.copy_to_host(), reference(x, "sum"))})
+        out.copy_to_device(np.zeros_like(x[comm.rank]))
+    leader = engine._device.shared is not None and engine._device.shared.leader
+    engine.close()
+    return {"calls": results, "leader": leader}
+
+
 def _find_case(name: str):
     if name in globals():
         return globals()[name]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import TunelabError
 from .cuda_driver import HANDLE_BYTES, CudaDriver
 from .device import simulated
 
@@ -206,12 +207,21 @@ class SharedGpu:
         if min(flags) == 0:  # type: ignore[type-var]
             return False
         self.exporter.new.clear()  # the leader reads them now, before anyone publishes again
+        failed: Exception | None = None
         if self.leader:
-            for table, max_count, dtype in self._launch_tables(ins, outs):
-                path.kernels.reduce_bcast(table, self.local.size, self.local.size, max_count, dtype, op,
-                                          None if factor == 1.0 else factor, stream=path.stream)
-            path.synchronize()  # every rank's outputs are written before anyone goes on
-        path.barrier.wait(what=what)
+            try:
+                for table, max_count, dtype in self._launch_tables(ins, outs):
+                    path.kernels.reduce_bcast(table, self.local.size, self.local.size, max_count, dtype, op,
+                                              None if factor == 1.0 else factor, stream=path.stream)
+                path.synchronize()  # every rank's outputs are written before anyone goes on
+            except Exception as exc:  # noqa: BLE001 (re-raised below, once the peers know)
+                failed = exc
+        done = path.barrier.wait(0 if failed else 1, what)  # the peers learn the leader's verdict here
+        if failed is not None:
+            raise failed
+        if not done[0]:  # type: ignore[index]
+            raise TunelabError(f"{what}: local rank 0, which runs the device work of the ranks sharing this "
+                               "GPU, failed (its own error says why); this rank's outputs were not written")
         return True
 
     def _launch_tables(self, ins: list[Any], outs: list[Any]) -> list[tuple[Any, int, np.dtype]]:
