@@ -779,15 +779,30 @@ def case_shared_gpu(comm: MPI.Comm, seed: int = 5) -> dict:
     return out
 
 
-def case_shared_gpu_leader_fails(comm: MPI.Comm, seed: int = 5) -> dict:
-    """Ranks sharing one GPU (simulated), the first rank doing the device work: its launch fails on the
-    second call.  Every rank must hear of it at once (the peers wait for the leader at a barrier: they
-    must not sit there until the engine's timeout), and a call after it still works."""
+def case_shared_gpu_leader_fails(comm: MPI.Comm, seed: int = 5, fail_at: str = "launch") -> dict:
+    """Ranks sharing one GPU (simulated), the first rank doing the device work: on the second call its
+    launch fails (``fail_at="launch"``), or opening a peer's new allocation does (``"open"``; the second
+    and third calls use new arrays).  Every rank must hear of it at once (the peers wait for the leader
+    at a barrier: they must not sit there until the engine's timeout), and the call after it works
+    (after a failed open, the peers' handles reach the leader again)."""
     import time as _time
 
     from tunelab.kernels import get_backend, register_backend
 
+    from tunelab.engine import device_share
     from tunelab.engine.device_share import sim_device_array
+
+    if fail_at == "open" and comm.rank == 0:
+        real_add = device_share.Importer.add
+        opened = []
+
+        def add_failing_once(self, rank, key, handle):
+            opened.append(key)
+            if len(opened) == 3:  # the first allocation of the second call (two in the first)
+                raise device_share.NotShareable("cannot open the handle (injected)")
+            return real_add(self, rank, key, handle)
+
+        device_share.Importer.add = add_failing_once
 
     inner = get_backend("numba-cuda")
 
@@ -799,7 +814,7 @@ def case_shared_gpu_leader_fails(comm: MPI.Comm, seed: int = 5) -> dict:
 
         def reduce_bcast(self, *args, **kwargs):
             FailingOnce.calls += 1
-            if FailingOnce.calls == 2:
+            if FailingOnce.calls == 2 and fail_at == "launch":
                 raise RuntimeError("launch failed (injected)")
             return inner.reduce_bcast(*args, **kwargs)
 
@@ -809,7 +824,9 @@ def case_shared_gpu_leader_fails(comm: MPI.Comm, seed: int = 5) -> dict:
     dev = sim_device_array(x[comm.rank])
     out = sim_device_array(np.zeros_like(x[comm.rank]))
     results = []
-    for _ in range(3):
+    for call in range(3):
+        if call == 1 and fail_at == "open":
+            dev, out = sim_device_array(x[comm.rank]), sim_device_array(np.zeros_like(x[comm.rank]))
         t0 = _time.monotonic()
         try:
             engine.allreduce_batch([dev], "sum", outs=[out])

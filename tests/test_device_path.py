@@ -187,12 +187,15 @@ def test_ranks_sharing_a_gpu_let_one_rank_do_all_the_device_work(n):
 
 
 @pytest.mark.mpi
-def test_a_failure_of_the_rank_doing_the_shared_gpu_work_reaches_every_rank_at_once():
-    """The leader's launch fails on the second of three calls (tests/mpi_cases.py::case_shared_gpu_leader_fails):
-    the leader raises its own error, the peers a TunelabError naming it, all within seconds rather than
-    the engine's 60 s timeout; the calls before and after are numpy's sums."""
+@pytest.mark.parametrize(("fail_at", "error"), [("launch", "RuntimeError: launch failed (injected)"),
+                                                ("open", "NotShareable: cannot open the handle (injected)")])
+def test_a_failure_of_the_rank_doing_the_shared_gpu_work_reaches_every_rank_at_once(fail_at, error):
+    """The leader's launch, or its opening of a peer's new allocation, fails on the second of three calls
+    (tests/mpi_cases.py::case_shared_gpu_leader_fails): the leader raises its own error, the peers a
+    TunelabError naming it, all within seconds rather than the engine's 60 s timeout; the calls before
+    and after are numpy's sums (after a failed open, the handles were published again)."""
     env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_SHARED_GPU": "leader"}
-    run = run_case("shared_gpu_leader_fails", 2, 120, env=env)
+    run = run_case("shared_gpu_leader_fails", 2, 120, env=env, fail_at=fail_at)
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
     leader, peer = run.results
     assert leader["leader"] and not peer["leader"]
@@ -200,7 +203,7 @@ def test_a_failure_of_the_rank_doing_the_shared_gpu_work_reaches_every_rank_at_o
         first, failed, after = res["calls"]
         assert first["error"] == after["error"] == "" and first["right"] and after["right"], res
         assert failed["seconds"] < 10, res
-    assert leader["calls"][1]["error"] == "RuntimeError: launch failed (injected)"
+    assert leader["calls"][1]["error"] == error
     assert peer["calls"][1]["error"].startswith("TunelabError: ") and "local rank 0" in peer["calls"][1]["error"]
 
 

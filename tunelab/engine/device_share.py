@@ -119,6 +119,8 @@ class Importer:
         self._opened: dict[tuple[int, int], tuple[int, Any]] = {}
 
     def add(self, rank: int, key: int, handle: bytes) -> None:
+        if (rank, key) in self._opened:  # published again after a call the leader failed
+            return
         if self._driver is None:
             from multiprocessing import shared_memory
 
@@ -206,7 +208,6 @@ class SharedGpu:
         flags = path.barrier.wait(ok, what)
         if min(flags) == 0:  # type: ignore[type-var]
             return False
-        self.exporter.new.clear()  # the leader reads them now, before anyone publishes again
         failed: Exception | None = None
         if self.leader:
             try:
@@ -219,7 +220,9 @@ class SharedGpu:
         done = path.barrier.wait(0 if failed else 1, what)  # the peers learn the leader's verdict here
         if failed is not None:
             raise failed
-        if not done[0]:  # type: ignore[index]
+        if done[0]:  # type: ignore[index]
+            self.exporter.new.clear()  # the leader has them (else they are published again next call)
+        else:
             raise TunelabError(f"{what}: local rank 0, which runs the device work of the ranks sharing this "
                                "GPU, failed (its own error says why); this rank's outputs were not written")
         return True
