@@ -93,10 +93,10 @@ class Exporter:
         i = bisect.bisect_right(self._allocs, (addr, float("inf"))) - 1
         if i >= 0 and self._allocs[i][0] <= addr < self._allocs[i][0] + self._allocs[i][1]:
             base, _, key, buf = self._allocs[i]
-            if i in checked or self._driver is None or self._driver.buffer_id(base) == buf:
+            if i in checked or self._driver is None or self._same_buffer(base, buf):
                 checked.add(i)
                 return key, addr - base
-            del self._allocs[i]  # freed and allocated again at the same address: export anew
+            del self._allocs[i]  # freed (and maybe allocated again around this address): export anew
             checked.clear()
         if self._driver is None:
             base, size, handle, buf = _sim_range(addr)
@@ -109,6 +109,15 @@ class Exporter:
         checked.clear()  # indices moved
         self.new.append((key, handle))
         return key, addr - base
+
+
+    def _same_buffer(self, base: int, buf: int) -> bool:
+        """Whether the allocation exported at ``base`` is still the one there.  A base no longer mapped
+        (freed; the address now inside another allocation) is not: asking the driver about it fails."""
+        try:
+            return self._driver.buffer_id(base) == buf  # type: ignore[union-attr]
+        except NotShareable:
+            return False
 
 
 class Importer:
