@@ -1,6 +1,7 @@
 """The CUDA driver calls through ctypes (tunelab/engine/cuda_driver.py), against a stand-in for libcuda
-that records the bytes each call receives: no GPU needed.  A CUDA IPC handle is 64 opaque bytes with
-zero bytes among them; what ``export`` returns and ``open`` passes on must be those 64 bytes."""
+that records the bytes each call receives, and the shared-GPU exporter's use of them against a
+stand-in for the driver's view of device memory: no GPU needed.  A CUDA IPC handle is 64 opaque bytes
+with zero bytes among them; what ``export`` returns and ``open`` passes on must be those 64 bytes."""
 
 from __future__ import annotations
 
