@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Every figure the GPU path is judged by, in one run on a GPU machine (the README's "On a GPU machine"
+# commands), each step under its own time limit; a step that fails or runs out of time is reported
+# and the next one runs.  From the project's root, after the install (../shared/gpu/README.md):
+#
+#   bash tests/gpu_check.sh [DIR] [STEP ...]
+#
+# DIR (default: $OUT, else ./gpu-check) receives each step's log and JSON; STEPs (default: all, in this
+# order): tests kernels allreduce train tune.  The summary at the end names each step's exit status
+# and seconds (124: it ran out of time).
+set -u
+DIR=${1:-${OUT:-gpu-check}}
+shift $(( $# > 0 ? 1 : 0 ))
+STEPS=${*:-tests kernels allreduce train tune}
+mkdir -p "$DIR"
+export TUNELAB_HOME="$DIR/home"   # a fresh profile store: tune starts from nothing
+SUMMARY=()
+
+step() {  # step NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2 t0 rc
+    shift 2
+    echo "## $name: $*"
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" >>"$DIR/$name.log" 2>&1
+    rc=$?
+    SUMMARY+=("$name rc=$rc $(( $(date +%s) - t0 ))s")
+    tail -n 25 "$DIR/$name.log"  # (the whole log stays in DIR)
+}
+
+for s in $STEPS; do
+    case $s in
+        tests)
+            step tests 420 python3 -m pytest -m gpu --require-gpu -q -rs -o addopts="" -p no:cacheprovider ;;
+        kernels)
+            step kernels-cupy 120 tunelab bench kernels --backend cupy --json "$DIR/kernels-cupy.json" --no-report
+            step kernels-numba 120 tunelab bench kernels --backend numba-cuda --json "$DIR/kernels-numba.json" \
+                --no-report ;;
+        allreduce)
+            step allreduce-np1 120 tunelab bench allreduce --device cuda --np 1 --sizes 4KiB,64MiB \
+                --algorithms ring,mpi,bound --json "$DIR/allreduce-np1.json" --no-report
+            step allreduce-np2 180 tunelab bench allreduce --device cuda --np 2 --sizes 4KiB,1MiB,64MiB \
+                --algorithms ring,mpi,bound --json "$DIR/allreduce-np2.json" --no-report ;;
+        train)
+            step train 300 tunelab bench train --device cuda --np 2 --image-size 224 --batch-size 32 --iters 20 \
+                --rounds 3 --json "$DIR/train.json" --no-report ;;
+        tune)
+            step tune 420 tunelab tune --model resnet50 --device cuda --image-size 224 --batch-size 32 \
+                --json "$DIR/tune.json" --no-report ;;
+        *)
+            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce train tune)" >&2
+            exit 2 ;;
+    esac
+done
+echo "## summary"
+printf '%s\n' "${SUMMARY[@]}" | tee "$DIR/summary.txt"
