@@ -310,9 +310,23 @@ def sync_batch_norm(r: int, n: int) -> dict:
     (torch.cat(ws) * ref_y).sum().backward()
     offset = sum(q + 2 for q in range(r))
     wgrad = tl.allreduce(bn.weight.grad, op=tl.Sum, name="bn.wgrad")
+    half = {}
+    # Half precision, as a .half() model or autocast hands it over: more than 65504 values a channel over
+    # the ranks (float16's largest number), statistics kept in float32, against float32's batch norm of
+    # the same (rounded) global batch.
+    big = _inputs(n, lambda q: (q + 2, 3, 120, 120), seed=22, dtype=torch.float32)
+    for dtype in (torch.float16, torch.bfloat16):
+        low = tl.SyncBatchNorm(3).to(dtype)
+        got = low(big[r].to(dtype))
+        ref = torch.nn.BatchNorm2d(3)(torch.cat([x.to(dtype).float() for x in big]))
+        start = sum((q + 2) for q in range(r))
+        half[str(dtype).split(".")[1]] = {
+            "dtype": str(got.dtype), "finite": bool(torch.isfinite(got).all()),
+            "out": float((got.float() - ref[start:start + r + 2]).abs().max()),
+            "running_finite": bool(torch.isfinite(low.running_mean).all() and torch.isfinite(low.running_var).all())}
     bn.eval()
     ref_bn.eval()
-    return {"out": float((y - ref_y[offset:offset + r + 2]).abs().max()),
+    return {"half": half, "out": float((y - ref_y[offset:offset + r + 2]).abs().max()),
             "in_grad": float((mine.grad - ref_in[r].grad).abs().max()),
             "w_grad": float((wgrad - ref_bn.weight.grad).abs().max()),
             "running": float(max((bn.running_mean - ref_bn.running_mean).abs().max(),

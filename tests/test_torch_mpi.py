@@ -110,4 +110,7 @@ def test_horovod_parity(n):
         bn = res["syncbn"]
         assert bn["out"] < 1e-5 and bn["in_grad"] < 1e-5 and bn["w_grad"] < 1e-4 and bn["running"] < 1e-5
         assert bn["eval"] < 1e-6
+        for name, tol in (("float16", 1e-2), ("bfloat16", 6e-2)):  # the output's own rounding (|y| < 5)
+            h = bn["half"][name]
+            assert h["dtype"] == f"torch.{name}" and h["finite"] and h["running_finite"] and h["out"] < tol, (name, h)
     assert results[0]["timeline"] == {"spans": 1, "valid": True}  # only the traced allreduce

@@ -31,21 +31,24 @@ class SyncBatchNorm(_BatchNorm):
         dims = [0, *range(2, input.dim())]
         shape = [1, c] + [1] * (input.dim() - 2)
         rt = _rt.current()
-        count = torch.tensor([input.numel() // max(c, 1)], dtype=input.dtype, device=input.device)
-        sums = allreduce(torch.cat([input.sum(dims), count]), op=Sum, name=rt.auto_name("syncbn.sum"))
+        # Statistics in float32 for half-precision input, as torch's batch norms keep them: float16
+        # cannot hold a count past 65504 values a channel (32 x 56 x 56 is 100352) nor sums of that many.
+        x = input.float() if input.dtype in (torch.float16, torch.bfloat16) else input
+        count = torch.tensor([x.numel() // max(c, 1)], dtype=x.dtype, device=x.device)
+        sums = allreduce(torch.cat([x.sum(dims), count]), op=Sum, name=rt.auto_name("syncbn.sum"))
         n = sums[c]
         if float(n) <= 1:
             raise ValueError(f"SyncBatchNorm needs more than 1 value per channel over all ranks, got {int(n)}")
         mean = sums[:c] / n
-        centered = input - mean.reshape(shape)
+        centered = x - mean.reshape(shape)
         sq = allreduce((centered * centered).sum(dims), op=Sum, name=rt.auto_name("syncbn.var"))
         var = sq / n
         if self.training and self.track_running_stats:
             self._update_running_stats(mean.detach(), var.detach() * (n.detach() / (n.detach() - 1)))
         out = centered * torch.rsqrt(var + self.eps).reshape(shape)
         if self.affine:
-            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
-        return out
+            out = out * self.weight.to(out.dtype).reshape(shape) + self.bias.to(out.dtype).reshape(shape)
+        return out.to(input.dtype)
 
     def _update_running_stats(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
         with torch.no_grad():
