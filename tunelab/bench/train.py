@@ -88,7 +88,7 @@ def _torch_bench(p: dict) -> dict:
     local.Free()
     x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + comm.rank)
     x, y = x.to(device), y.to(device)
-    p = {**p, "ddp_backend": "gloo" if device.type == "cpu" or ranks_share_a_gpu(comm) else "nccl"}
+    p = {**p, "ddp_backend": "gloo" if device.type == "cpu" or ranks_share_a_gpu(comm, device) else "nccl"}
     systems = list(p["systems"])
     notes = [f"ddp: torch DistributedDataParallel over {p['ddp_backend']}"] if "ddp" in systems else []
     if "tunelab-tuned" in systems and not _has_profile(comm, p, build, device):

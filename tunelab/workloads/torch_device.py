@@ -37,14 +37,27 @@ def finish(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def ranks_share_a_gpu(comm: Any) -> bool:
-    """Whether some GPU serves more than one rank of this host (then NCCL refuses the ranks, and
-    the framework baseline runs over gloo)."""
-    import torch
+def ranks_share_a_gpu(comm: Any, device: Any) -> bool:
+    """Whether some GPU serves more than one rank of a host (then NCCL refuses the ranks, and the
+    framework baseline runs over gloo), the same answer on every rank.  Ranks compare their GPUs'
+    UUIDs: counting the GPUs a rank sees would call ranks that each see one GPU of their own
+    (``CUDA_VISIBLE_DEVICES`` per rank) ranks sharing one."""
     from mpi4py import MPI
 
     host = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return host.size > torch.cuda.device_count()
+        ids = host.allgather(gpu_id(device))
     finally:
         host.Free()
+    return bool(comm.allreduce(len(set(ids)) < len(ids), op=MPI.LOR))
+
+
+def gpu_id(device: Any) -> str:
+    """The physical GPU behind ``device`` (its UUID; the PCI address where torch does not give one)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    return "pci:" + ":".join(str(getattr(props, f, "?")) for f in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
