@@ -405,7 +405,7 @@ def case_topology(comm: MPI.Comm) -> dict:
     for k in [None, *range(1, comm.size + 1)]:
         engine = Engine(comm, load_engine_config(ranks_per_node=k))
         t = engine.topology
-        out[str(k)] = [t.local_rank, t.local_size, t.cross_rank, t.cross_size, list(t.node_sizes)]
+        out[str(k)] = [t.local_rank, t.local_size, t.cross_rank, t.cross_size, list(t.node_sizes), t.host_rank]
         engine.close()
     return out
 

@@ -94,8 +94,9 @@ def test_a_dead_rank_ends_the_job_with_an_error():
 def test_topology_splits(n):
     results = run_ok("topology", n)
     for rank, res in enumerate(results):
-        for k_text, (lrank, lsize, crank, csize, sizes) in res.items():
+        for k_text, (lrank, lsize, crank, csize, sizes, host_rank) in res.items():
             k = n if k_text == "None" else int(k_text)
+            assert host_rank == rank  # one real host: emulated nodes do not renumber it (it picks the GPU)
             assert lsize == min(k, n - (rank // k) * k)
             assert lrank == rank % k
             assert crank == rank // k

@@ -45,6 +45,15 @@ class Topology:
         return self.local.rank
 
     @property
+    def host_rank(self) -> int:
+        """This rank's index among the ranks of its real host (``local_rank`` counts within an emulated
+        node): what picks a rank's GPU, since emulated nodes share the host's GPUs."""
+        if not self.host_of:
+            return self.local_rank
+        me = self.host_of[self.rank]
+        return sum(1 for r in range(self.rank) if self.host_of[r] == me)
+
+    @property
     def local_size(self) -> int:
         return self.local.size
 

@@ -177,7 +177,8 @@ def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
     from ..workloads.torch_models import build, synthetic_batch
 
     torch.set_num_threads(threads)
-    device = torch_device(p.get("device", "cpu"), rt.topology.local_rank)  # cuda: this rank's GPU
+    device = torch_device(p.get("device", "cpu"), rt.topology.host_rank)  # cuda: this rank's GPU (by its
+    # place on the real host, as bench train picks it: emulated nodes share the host's GPUs)
     kw = {"seq_len": p.get("seq_len", 128)} if p["model"] == "bert" else {"image_size": p["image_size"]}
     x, y = synthetic_batch(p["model"], p["batch_size"], seed=1 + rt.topology.rank, **kw)
     x, y = x.to(device), y.to(device)
