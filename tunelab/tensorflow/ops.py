@@ -54,13 +54,21 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
     flat = [a.reshape(1) if a.ndim == 0 else a for a in arrays]  # 0-d as [1]
     handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, group=group)
     outs = [h.wait().reshape(shape) for h, shape in zip(handles, shapes)]
+    if any(not isinstance(o, np.ndarray) for o in outs):
+        # GPU results: the call's kernels are queued on the engine's stream, and CuPy's current stream
+        # waits for them, but TF's streams do not (TF creates them non-blocking).  Wait here, before TF
+        # reads the results and frees the inputs (the engine's kernels read them until they finish).
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
     return [integer_average(o, rt.topology.size) for o in outs] if int_avg else outs
 
 
 def _to_engine(t: tf.Tensor) -> Any:
     """A GPU tensor as a CuPy array on the same memory (DLPack, no copy), so the engine reduces it
     on the device; anything else (and bfloat16, which CuPy cannot hold) as a numpy array."""
-    if "GPU" in (t.device or "").upper() and t.dtype != tf.bfloat16:
+    # backing_device: where the memory is (TF keeps int32 in host memory even for a GPU op's output)
+    if "GPU" in (getattr(t, "backing_device", None) or t.device or "").upper() and t.dtype != tf.bfloat16:
         import cupy
 
         return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))

@@ -1,0 +1,50 @@
+"""How tunelab.tensorflow hands tensors to the engine and results back, where GPUs are involved
+(tunelab/tensorflow/ops.py), with stand-ins for TF tensors, the runtime and CuPy: no GPU needed."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from tunelab.tensorflow import ops
+
+GPU, CPU = "/job:localhost/replica:0/task:0/device:GPU:0", "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def test_an_int32_result_of_a_gpu_op_is_read_from_host_memory() -> None:
+    """TF keeps int32 tensors in host memory even when the op ran on a GPU: its device says GPU, its
+    backing device says CPU.  Such a tensor goes to the engine as a numpy array, not through DLPack
+    as device memory (which CuPy refuses for a host capsule)."""
+    t = SimpleNamespace(device=GPU, backing_device=CPU, dtype=tf.int32, numpy=lambda: np.arange(3, dtype=np.int32))
+    got = ops._to_engine(t)
+    assert isinstance(got, np.ndarray) and got.tolist() == [0, 1, 2]
+
+
+def test_gpu_results_are_waited_for_before_tf_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's kernels for a call are queued on its own stream; TF's streams are not ordered after
+    CuPy's, so the results are waited for (CuPy's current stream, which waits on the call) before they
+    go back to TF.  Host results need no wait."""
+    waits: list[str] = []
+    stream = SimpleNamespace(synchronize=lambda: waits.append("current stream"))
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream)))
+
+    class DeviceResult:  # what a CuPy array is to this code: not numpy, reshaped
+        def reshape(self, shape):
+            return self
+
+    def runtime(result):
+        handle = SimpleNamespace(wait=lambda: result)
+        coordinator = SimpleNamespace(submit_group=lambda names, arrays, op, group=None: [handle])
+        return SimpleNamespace(coordinator=coordinator, topology=SimpleNamespace(size=2))
+
+    monkeypatch.setattr(ops._rt, "current", lambda: runtime(np.ones(3, np.float32)))
+    ops._reduce_numpy(["t"], [np.ones(3, np.float32)], "sum", None)
+    assert waits == []
+    monkeypatch.setattr(ops._rt, "current", lambda: runtime(DeviceResult()))
+    ops._reduce_numpy(["t"], [SimpleNamespace(dtype=np.float32, shape=(3,), ndim=1)], "sum", None)
+    assert waits == ["current stream"]
