@@ -110,7 +110,6 @@ class Exporter:
         self.new.append((key, handle))
         return key, addr - base
 
-
     def _same_buffer(self, base: int, buf: int) -> bool:
         """Whether the allocation exported at ``base`` is still the one there.  A base no longer mapped
         (freed; the address now inside another allocation) is not: asking the driver about it fails."""
