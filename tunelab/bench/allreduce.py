@@ -13,7 +13,10 @@ behind an emulated link, the link sets a higher bound that this row does not inc
 
 With ``--device cuda`` inputs and outputs live in device memory: ring and hierarchical run the
 engine's device path (CUDA-IPC staging within a node), and ``mpi`` is the path a script without
-one takes: copy to the host, ``MPI_Allreduce``, copy back.  gloo is host-only and is skipped.
+one takes: copy to the host, ``MPI_Allreduce``, copy back.  gloo is host-only and is skipped.  Every
+device row's time ends when its result is in device memory: the engine's calls return once their
+kernels are queued, so each timed call ends with a wait for the caller's stream (which waits on the
+call), as the copy of the ``bound`` row ends with one.
 """
 
 from __future__ import annotations
@@ -109,14 +112,17 @@ def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tup
     out = np.empty_like(src)
     out.view(np.uint8).fill(0xFF)
     if tools is not None:  # --device cuda: inputs and outputs in device memory
-        upload, download, store, copy = tools
+        upload, download, store, copy, wait = tools
         d_src, d_out = upload(src), upload(out)
         if algo == "bound":
             def op() -> None:
                 copy(d_out, d_src)
         elif algo in engines:
             def op() -> None:
+                # The device path returns once its kernels are queued (the caller's stream waits on
+                # them): a call's time ends when its result is there, as the copy's and MPI's do.
                 engines[algo].allreduce(d_src, out=d_out)
+                wait()
         else:
             def op() -> None:
                 comm.Allreduce(download(d_src), out, op=MPI.SUM)
@@ -153,7 +159,8 @@ def _hardware(comm, p: dict, engines: dict) -> dict:
 
 
 def _device_tools() -> tuple:
-    """(upload, download, store host into device) for the GPU back end the engine will use."""
+    """(upload, download, store host into device, device-to-device copy, wait until the caller's stream
+    is done) for the GPU back end the engine will use."""
     from ..engine.device import device_backend_name
     from ..errors import TunelabError
 
@@ -165,14 +172,15 @@ def _device_tools() -> tuple:
             dst[...] = src  # a device-to-device copy on CuPy's current stream, then a wait for it
             cupy.cuda.get_current_stream().synchronize()
 
-        return cupy.asarray, cupy.asnumpy, lambda d, h: d.set(h), copy
+        return (cupy.asarray, cupy.asnumpy, lambda d, h: d.set(h), copy,
+                lambda: cupy.cuda.get_current_stream().synchronize())
     if name == "numba-cuda":
         from numba import cuda
 
         def copy_numba(dst, src) -> None:
             dst.copy_to_device(src)  # device to device; synchronous on the default stream
 
-        return cuda.to_device, lambda a: a.copy_to_host(), lambda d, h: d.copy_to_device(h), copy_numba
+        return cuda.to_device, lambda a: a.copy_to_host(), lambda d, h: d.copy_to_device(h), copy_numba, cuda.synchronize
     raise TunelabError("--device cuda needs a CUDA device with CuPy or numba-cuda; none is available")
 
 
