@@ -168,12 +168,14 @@ def _device_tools() -> tuple:
     if name == "cupy":
         import cupy
 
-        def copy(dst, src) -> None:
-            dst[...] = src  # a device-to-device copy on CuPy's current stream, then a wait for it
+        def wait() -> None:
             cupy.cuda.get_current_stream().synchronize()
 
-        return (cupy.asarray, cupy.asnumpy, lambda d, h: d.set(h), copy,
-                lambda: cupy.cuda.get_current_stream().synchronize())
+        def copy(dst, src) -> None:
+            dst[...] = src  # a device-to-device copy on CuPy's current stream, then a wait for it
+            wait()
+
+        return cupy.asarray, cupy.asnumpy, lambda d, h: d.set(h), copy, wait
     if name == "numba-cuda":
         from numba import cuda
 
