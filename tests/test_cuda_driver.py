@@ -85,15 +85,97 @@ def test_an_address_in_a_new_allocation_over_a_freed_one_is_exported_anew() -> N
     exporter's old entry covers the address, but its base is no longer mapped.  The address is exported
     again (new key, offset from the new base) rather than refused for good, which would send every
     later call of that rank down the staged path."""
-    from tunelab.engine.device_share import Exporter
-
     fake = FakeAllocations()
-    exporter = Exporter.__new__(Exporter)
-    exporter._driver, exporter._allocs, exporter._next_key, exporter.new = fake, [], 1, []
+    exporter = _exporter(fake)
     fake.allocate(0x10000, 0x1000)
     assert exporter.resolve_all([0x10100]) == [(1, 0x100)]
     del fake.allocs[0x10000]
     fake.allocate(0x8000, 0x10000)  # covers the old range
     assert exporter.resolve_all([0x10100]) == [(2, 0x8100)]
-    assert [key for key, _ in exporter.new] == [1, 2]
+    assert [key for key, _ in exporter.new] == [2]  # (1 was freed before it was delivered: retired)
+    assert exporter.retired == [1]
     assert exporter.resolve_all([0x10100, 0x8000]) == [(2, 0x8100), (2, 0)]  # found, not exported again
+
+
+def _exporter(fake: FakeAllocations):
+    from tunelab.engine.device_share import Exporter
+
+    exporter = Exporter.__new__(Exporter)
+    exporter._driver, exporter._allocs, exporter._next_key, exporter.new, exporter.retired = fake, [], 1, [], []
+    return exporter
+
+
+class FakeClosingDriver:
+    """The leader's driver: ``open`` maps a handle at a fresh address, ``close`` unmaps it."""
+
+    def __init__(self) -> None:
+        self.mapped: dict[int, bytes] = {}
+        self._next = 0x7F0000000000
+
+    def open(self, handle: bytes) -> int:
+        self._next += 0x100000
+        self.mapped[self._next] = handle
+        return self._next
+
+    def close(self, ptr: int) -> None:
+        del self.mapped[ptr]
+
+
+def test_freed_allocations_are_retired_and_the_leader_closes_their_mappings() -> None:
+    """A peer's allocations freed while the leader holds them mapped: one reallocated at the same base
+    (found when the call touches it), one never touched again (found because the call exported
+    something new).  The peer tells the leader through its mailbox, and the leader's open mappings
+    come back to the ones in use: an open mapping keeps freed GPU memory alive, one segment per round
+    for a job whose allocator frees and allocates."""
+    from mpi4py import MPI
+
+    from tunelab.engine.device_share import _ENTRY, Importer, Mailbox
+
+    fake = FakeAllocations()
+    peer = _exporter(fake)
+    leader = Importer.__new__(Importer)
+    leader._driver, leader._opened = FakeClosingDriver(), {}
+    box = Mailbox(MPI.COMM_SELF)
+
+    def call(addrs: list[int]) -> list[tuple[int, int]]:
+        keys = peer.resolve_all(addrs)
+        box.publish(peer.new, [(*k, *k, 1) for k in keys], peer.retired)
+        new, retired, raw = box.read(0)  # (the leader reads the peer's box after the barrier)
+        assert [e[:2] for e in _ENTRY.iter_unpack(raw)] == keys  # the call's table comes through after them
+        for key in retired:
+            leader.retire(1, key)
+        for key, handle in new:
+            leader.add(1, key, handle)
+        peer.new.clear()
+        peer.retired.clear()
+        return keys
+
+    try:
+        fake.allocate(0x10000, 0x1000)
+        fake.allocate(0x20000, 0x1000)
+        assert call([0x10010, 0x20020]) == [(1, 0x10), (2, 0x20)]
+        assert leader.open_count == 2
+        # the first is freed and allocated again at the same base; the second is freed for good
+        del fake.allocs[0x10000], fake.allocs[0x20000]
+        fake.allocate(0x10000, 0x1000)
+        assert call([0x10010]) == [(3, 0x10)]
+        assert sorted(k for _, k in leader._opened) == [3]
+        assert list(leader._driver.mapped.values()) == [(0x10000).to_bytes(8, "little").ljust(HANDLE_BYTES, b"\0")]
+        # told again (after a call the leader failed), a retired key closes nothing twice
+        assert leader.retire(1, 1) is False
+    finally:
+        box.free()
+
+
+def test_a_handle_freed_before_it_reached_the_leader_is_not_sent() -> None:
+    """Exported in a call that failed (the handle not confirmed), then freed: the leader must not be
+    asked to open it (opening a freed allocation's handle fails); it is retired instead."""
+    fake = FakeAllocations()
+    peer = _exporter(fake)
+    fake.allocate(0x10000, 0x1000)
+    peer.resolve_all([0x10000])
+    del fake.allocs[0x10000]
+    fake.allocate(0x10000, 0x1000)
+    peer.resolve_all([0x10000])
+    assert [k for k, _ in peer.new] == [2]
+    assert peer.retired == [1]

@@ -14,9 +14,13 @@ once (``cuMemGetAddressRange`` + ``cuIpcGetMemHandle``); the leader's :class:`Im
 allocation once (``cuIpcOpenMemHandle``) and keeps it mapped.  Steady training steps reuse the same
 allocations, so a warm call exports and opens nothing and its kernel table is cached by content.
 An allocation is checked by its CUDA buffer id on every call, so memory freed and allocated again
-at the same address is exported anew rather than read through a stale mapping.  Memory that cannot
-be exported (e.g. from ``cudaMallocAsync`` pools) makes the whole call take the staged algorithms
-instead; ranks decide that together.
+at the same address is exported anew rather than read through a stale mapping.  A freed allocation
+is *retired*: the peer tells the leader, which closes its mapping (an open mapping would keep the
+freed memory from going back to the GPU: a job whose allocator frees and allocates, e.g. after
+``torch.cuda.empty_cache()``, would leak a segment per round).  Whenever a call exports something
+new, the peer checks its other exported allocations too, so one freed and never touched again is
+retired as well.  Memory that cannot be exported (e.g. from ``cudaMallocAsync`` pools) makes the
+whole call take the staged algorithms instead; ranks decide that together.
 
 Under Numba's CUDA simulator device memory is host memory: :func:`sim_device_array` makes
 "device" arrays in named shared memory, which the simulated exporter and importer share between
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,12 +87,29 @@ class Exporter:
         self._allocs: list[tuple[int, int, int, int]] = []  # (base, size, key, buffer id), by base
         self._next_key = 1
         self.new: list[tuple[int, bytes]] = []  # (key, handle) exported since the last publish
+        self.retired: list[int] = []  # keys of exported allocations since freed, not yet told the leader
 
     def resolve_all(self, addrs: list[int]) -> list[tuple[int, int]]:
         """(key, offset) of every address; NotShareable if some memory cannot be exported.  Each
-        allocation's buffer id is checked once per call."""
+        allocation's buffer id is checked once per call; when the call exported something new (memory
+        is moving), every other exported allocation is checked as well and the freed ones retired."""
         checked: set[int] = set()
-        return [self._resolve(addr, checked) for addr in addrs]
+        first = self._next_key
+        keys = [self._resolve(addr, checked) for addr in addrs]
+        if self._next_key > first and self._driver is not None:  # this call exported something
+            used = {key for key, _ in keys}
+            for entry in [a for a in self._allocs if a[2] not in used]:
+                if not self._same_buffer(entry[0], entry[3]):
+                    self._allocs.remove(entry)
+                    self._retire(entry[2])
+        return keys
+
+    def _retire(self, key: int) -> None:
+        """An exported allocation was freed: the leader is to close its mapping (it may have opened it
+        in a call that failed, so it is told even when its handle was never confirmed), and its handle,
+        if not yet delivered, is not sent: opening a freed allocation's handle would fail."""
+        self.new = [(k, h) for k, h in self.new if k != key]
+        self.retired.append(key)
 
     def _resolve(self, addr: int, checked: set[int]) -> tuple[int, int]:
         i = bisect.bisect_right(self._allocs, (addr, float("inf"))) - 1
@@ -97,6 +119,7 @@ class Exporter:
                 checked.add(i)
                 return key, addr - base
             del self._allocs[i]  # freed (and maybe allocated again around this address): export anew
+            self._retire(key)  # ... and the leader closes its mapping of the freed one
             checked.clear()
         if self._driver is None:
             base, size, handle, buf = _sim_range(addr)
@@ -141,6 +164,20 @@ class Importer:
     def base(self, rank: int, key: int) -> int:
         return self._opened[(rank, key)][0]
 
+    def retire(self, rank: int, key: int) -> bool:
+        """Close the mapping of a peer allocation the peer has freed (no launch may still read it);
+        False when it is not open (told again after a failed call, or never opened)."""
+        found = self._opened.pop((rank, key), None)
+        if found is None:
+            return False
+        if self._driver is not None:
+            self._driver.close(found[0])
+        return True  # (a simulated mapping goes with its last reference)
+
+    @property
+    def open_count(self) -> int:
+        return len(self._opened)
+
     def close(self) -> None:
         if self._driver is not None:
             for ptr, _ in self._opened.values():
@@ -158,14 +195,19 @@ class Mailbox:
         self.boxes = [np.frombuffer(self._win.Shared_query(q)[0], dtype=np.uint8) for q in range(local.size)]
         self.mine = self.boxes[local.rank]
 
-    def publish(self, new: list[tuple[int, bytes]], entries: list[tuple[int, int, int, int, int]]) -> None:
-        """Write the new handles and the call's entries into this rank's box (read after a barrier)."""
-        need = 16 + len(new) * (8 + _HANDLE_BYTES) + len(entries) * _ENTRY.size
+    def publish(self, new: list[tuple[int, bytes]], entries: list[tuple[int, int, int, int, int]],
+                retired: Sequence[int] = ()) -> None:
+        """Write the new handles, the retired keys and the call's entries into this rank's box (read
+        after a barrier)."""
+        need = 24 + len(new) * (8 + _HANDLE_BYTES) + 8 * len(retired) + len(entries) * _ENTRY.size
         if need > _MAILBOX_BYTES:
             raise NotShareable(f"one call names too many tensors to share ({len(entries)})")
         buf = memoryview(self.mine)
-        struct.pack_into("<qq", buf, 0, len(new), len(entries))
-        at = 16
+        struct.pack_into("<qqq", buf, 0, len(new), len(retired), len(entries))
+        at = 24
+        for key in retired:
+            struct.pack_into("<q", buf, at, key)
+            at += 8
         for key, handle in new:
             struct.pack_into("<q", buf, at, key)
             buf[at + 8:at + 8 + _HANDLE_BYTES] = handle
@@ -174,15 +216,16 @@ class Mailbox:
             _ENTRY.pack_into(buf, at, *entry)
             at += _ENTRY.size
 
-    def read(self, rank: int) -> tuple[list[tuple[int, bytes]], bytes]:
-        """(new handles, raw entries) of ``rank``'s box."""
+    def read(self, rank: int) -> tuple[list[tuple[int, bytes]], list[int], bytes]:
+        """(new handles, retired keys, raw entries) of ``rank``'s box."""
         buf = memoryview(self.boxes[rank])
-        n_new, n_entries = struct.unpack_from("<qq", buf, 0)
-        at, new = 16, []
+        n_new, n_retired, n_entries = struct.unpack_from("<qqq", buf, 0)
+        retired = list(struct.unpack_from(f"<{n_retired}q", buf, 24))
+        at, new = 24 + 8 * n_retired, []
         for _ in range(n_new):
             new.append((struct.unpack_from("<q", buf, at)[0], bytes(buf[at + 8:at + 8 + _HANDLE_BYTES])))
             at += 8 + _HANDLE_BYTES
-        return new, bytes(buf[at:at + n_entries * _ENTRY.size])
+        return new, retired, bytes(buf[at:at + n_entries * _ENTRY.size])
 
     def free(self) -> None:
         self.boxes, self.mine = [], None
@@ -209,7 +252,8 @@ class SharedGpu:
             try:
                 keys = self.exporter.resolve_all([b.addr for b in ins] + [b.addr for b in outs])
                 n = len(ins)
-                self.mailbox.publish(self.exporter.new, [(*keys[i], *keys[n + i], ins[i].size) for i in range(n)])
+                self.mailbox.publish(self.exporter.new, [(*keys[i], *keys[n + i], ins[i].size) for i in range(n)],
+                                     self.exporter.retired)
             except NotShareable:
                 ok = 0
             path.wait_producers()  # my producers wrote my inputs (no launch here)
@@ -230,6 +274,7 @@ class SharedGpu:
             raise failed
         if done[0]:  # type: ignore[index]
             self.exporter.new.clear()  # the leader has them (else they are published again next call)
+            self.exporter.retired.clear()
         else:
             raise TunelabError(f"{what}: local rank 0, which runs the device work of the ranks sharing this "
                                "GPU, failed (its own error says why); this rank's outputs were not written")
@@ -239,7 +284,10 @@ class SharedGpu:
         """The leader's kernel tables for this call, one per dtype (cached by what every rank sent)."""
         parts = [np.array([[b.addr for b in ins], [b.addr for b in outs]], dtype=np.int64).tobytes()]
         for q in range(1, self.local.size):
-            new, raw = self.mailbox.read(q)
+            new, retired, raw = self.mailbox.read(q)
+            # (every launch of the last call was waited for before its closing barrier: none reads these)
+            if sum(self.importer.retire(q, key) for key in retired):  # type: ignore[union-attr]
+                self._tables.clear()  # tables that named them go too (their keys never come back)
             for key, handle in new:
                 self.importer.add(q, key, handle)  # type: ignore[union-attr]
             parts.append(raw)
