@@ -96,6 +96,56 @@ def case_torch_training_cuda(comm, steps: int = 6) -> dict:
     return out
 
 
+def case_torch_optimizer_state(comm, device: str = "cpu") -> dict:
+    """Adam after a step on each rank's own data (so every rank's moments differ), then root 1's state
+    broadcast: every rank ends with root's moments and step counts, on its own parameters' device,
+    and what travels between ranks is in host memory."""
+    torch.set_num_threads(1)
+    tl.init(comm)
+    root = 1 % comm.size
+    model = tiny_model().to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = batches(0, comm.size, 1)[comm.rank][0]
+    torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+    opt.step()
+    opt.step()  # (two steps: the step counts differ from a fresh optimizer's too)
+    mine = [[t.detach().cpu().clone() for _, t in sorted(s.items())] for s in opt.state_dict()["state"].values()]
+    roots = comm.allgather(mine)[root]
+    sent = []
+    real = tl._rt.current().broadcast_object
+
+    def watched(obj, root_rank):
+        sent.append(obj)
+        return real(obj, root_rank)
+
+    tl._rt.current().broadcast_object = watched
+    try:
+        tl.broadcast_optimizer_state(opt, root_rank=root)
+    finally:
+        del tl._rt.current().broadcast_object
+    after = opt.state_dict()["state"]
+    out = {"equal_to_root": all(torch.equal(a.cpu(), b) for s, r in zip(after.values(), roots)
+                                for a, b in zip((t for _, t in sorted(s.items())), r)),
+           "differed_before": any(not torch.equal(a, b) for m, r in zip(mine, roots) for a, b in zip(m, r)),
+           "moments_on_param_device": all(str(s[k].device) == str(p.device)
+                                          for p, s in zip(model.parameters(), after.values())
+                                          for k in ("exp_avg", "exp_avg_sq")),
+           "sent_devices": sorted({str(t.device) for obj in sent for t in _tensors(obj)}),
+           "states": len(after)}
+    tl.shutdown()
+    return out
+
+
+def _tensors(obj) -> list:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
 def case_torch_collectives(comm) -> dict:
     torch.set_num_threads(1)
     tl.init(comm)

@@ -33,6 +33,23 @@ def test_cuda_training_matches_single_process_through_the_device_path(n):
     assert len({res["plain"]["digest"] for res in results}) == 1
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_optimizer_state_is_roots_on_every_rank_and_travels_through_the_host(device):
+    """Root's moments and step counts reach every rank (they differed before), on that rank's own
+    parameters' device; the payload between ranks holds host tensors only (pickled on a GPU, root's
+    CUDA tensors would be unpickled on root's device on every rank)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device and a CUDA build of torch")
+    results = run_ok("torch_optimizer_state", 2, limit_s=200, device=device)
+    for res in results:
+        assert res["states"] == 6 and res["equal_to_root"] and res["moments_on_param_device"], res
+    assert results[0]["differed_before"]  # (else the broadcast would have nothing to show)
+    assert results[1]["sent_devices"] == ["cpu"]  # root's payload
+    assert results[0]["sent_devices"] == []       # the others send nothing
+
+
 def test_collectives_match_numpy_semantics():
     n = 3
     results = run_ok("torch_collectives", n, limit_s=200)

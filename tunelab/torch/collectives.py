@@ -99,9 +99,26 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
-    """Make every rank's optimizer state (moments, step counts, hyper-parameters) equal to root's."""
-    state = _rt.current().broadcast_object(optimizer.state_dict(), root_rank)
-    optimizer.load_state_dict(state)
+    """Make every rank's optimizer state (moments, step counts, hyper-parameters) equal to root's.
+
+    Root's state travels in host memory, and each rank's ``load_state_dict`` puts it where that rank's
+    parameters are: a CUDA tensor pickled as it is would be unpickled on the device it had on root
+    (``cuda:0`` for every rank of a multi-GPU host), making a CUDA context and a copy of the state on
+    another rank's GPU first."""
+    rt = _rt.current()
+    mine = _on_host(optimizer.state_dict()) if rt.topology.rank == root_rank else None
+    optimizer.load_state_dict(rt.broadcast_object(mine, root_rank))
+
+
+def _on_host(obj: Any) -> Any:
+    """``obj`` (a state dict's nesting of dicts, lists and tuples) with every tensor copied to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_host(v) for v in obj)
+    return obj
 
 
 def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None) -> object:
