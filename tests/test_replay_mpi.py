@@ -79,3 +79,31 @@ def test_a_recorded_torch_profile_drives_the_replay_order():
     ranked = sorted(range(161), key=lambda i: offsets[i])
     assert coordinator.submitted == [replay.names[i] for i in ranked]
     assert all(np.array_equal(o, g) for o, g in zip(replay.outputs, replay.gradients))
+
+
+@pytest.mark.gpu
+def test_a_cuda_profile_times_the_device_not_the_queueing():
+    """On a GPU, the hooks fire when the backward's kernels are queued, long before they run: the
+    profile must follow the device.  A backward of a few large matmuls takes milliseconds on the device
+    and microseconds to queue; the last gradient's offset must be a good part of the device time that
+    CUDA events around the whole backward measure."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device and a CUDA build of torch")
+    from tunelab.workloads.replay import record_backward_profile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(6)]).cuda()
+    inputs = torch.randn(8192, 4096, device="cuda")
+    targets = torch.randint(0, 4096, (8192,), device="cuda")
+    offsets = record_backward_profile(model, inputs, targets)
+    loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    loss.backward()
+    end.record()
+    torch.cuda.synchronize()
+    device_ms = begin.elapsed_time(end)
+    assert len(offsets) == 12 and all(t >= 0 for t in offsets)
+    assert offsets[-1] >= 0.5 * device_ms, (offsets, device_ms)

@@ -159,33 +159,52 @@ def record_backward_profile(torch_model: Any, inputs: Any, targets: Any) -> list
     :func:`tunelab.workloads.shapes.gradient_shapes` for the built-in models).
 
     The loss is cross-entropy, as in the training workloads.  One unmeasured pass runs first
-    so that allocator warm-up does not distort the profile.
+    so that allocator warm-up does not distort the profile.  On a GPU the times are the device's
+    (a CUDA event recorded in each gradient's hook, on the stream that produced it): the host
+    queues a backward's kernels long before they run, so host clocks in the hooks would record
+    when the work was queued, not when each gradient was ready.
     """
     from .torch_models import _torch
 
     torch = _torch()
     params = [p for p in torch_model.parameters() if p.requires_grad]
-    ready = [math.nan] * len(params)
-    start = [0.0]
+    cuda = any(p.device.type == "cuda" for p in params)
+    ready: list[Any] = [None] * len(params)
+    start: list[Any] = [None]
+
+    def now() -> Any:
+        if cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()  # on the current stream: in a hook, the one that produced the gradient
+            return event
+        return time.perf_counter()
 
     def hook_for(index: int) -> Any:
         def hook(_param: Any) -> None:
-            ready[index] = (time.perf_counter() - start[0]) * 1000.0
+            ready[index] = now()
         return hook
 
     hooks = [p.register_post_accumulate_grad_hook(hook_for(i)) for i, p in enumerate(params)]
     try:
         for _ in range(2):
-            ready[:] = [math.nan] * len(params)
+            ready[:] = [None] * len(params)
             torch_model.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(torch_model(inputs), targets)
-            start[0] = time.perf_counter()
+            if cuda:
+                torch.cuda.synchronize()  # the forward's kernels are done: the clock starts with backward
+            start[0] = now()
             loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
     finally:
         for h in hooks:
             h.remove()
-    missing = [i for i, t in enumerate(ready) if math.isnan(t)]
+    missing = [i for i, t in enumerate(ready) if t is None]
     if missing:
         raise ValueError(f"{len(missing)} parameters received no gradient (first: index {missing[0]}); "
                          "a replay needs every parameter to take part in the loss")
+    if cuda:
+        ready = [float(start[0].elapsed_time(t)) for t in ready]
+    else:
+        ready = [(t - start[0]) * 1000.0 for t in ready]
     return ready[::-1]
