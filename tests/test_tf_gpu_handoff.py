@@ -48,3 +48,20 @@ def test_gpu_results_are_waited_for_before_tf_reads_them(monkeypatch: pytest.Mon
     monkeypatch.setattr(ops._rt, "current", lambda: runtime(DeviceResult()))
     ops._reduce_numpy(["t"], [SimpleNamespace(dtype=np.float32, shape=(3,), ndim=1)], "sum", None)
     assert waits == ["current stream"]
+
+
+@pytest.mark.parametrize("gpus", [[], ["GPU:0", "GPU:1"]])
+def test_the_keras_workloads_keep_tensorflow_off_the_gpus(monkeypatch, gpus) -> None:
+    """The Keras workloads (tune, bench train) train on the CPU: a TensorFlow that sees GPUs must be
+    told to use none (else every rank's ops go to the first GPU, each rank reserving nearly all its
+    memory), and one that sees none is left alone; thread counts as asked."""
+    from tunelab.workloads.keras_models import configure_runtime
+
+    calls = []
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: list(gpus) if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda devices, kind: calls.append(("visible", devices, kind)))
+    monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads", lambda n: calls.append(("intra", n)))
+    monkeypatch.setattr(tf.config.threading, "set_inter_op_parallelism_threads", lambda n: calls.append(("inter", n)))
+    configure_runtime(3)
+    assert ("intra", 3) in calls and ("inter", 1) in calls
+    assert [c for c in calls if c[0] == "visible"] == ([("visible", [], "GPU")] if gpus else [])

@@ -249,9 +249,9 @@ def _tf_bench(p: dict) -> dict:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    threads = _threads_per_rank(comm)
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from ..workloads.keras_models import configure_runtime
+
+    configure_runtime(_threads_per_rank(comm))
     systems, notes = list(p["systems"]), []
     strategy = _mwms_strategy(comm, systems, notes) if "mwms" in systems else None
     from ..workloads.keras_models import synthetic_batch

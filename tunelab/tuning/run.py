@@ -205,13 +205,12 @@ def _tf_workload(p: dict, rt: Any, threads: int) -> Workload:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO lines would bury the progress
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from ..workloads.keras_models import build, configure_runtime, synthetic_batch
+
+    configure_runtime(threads)
     import keras
 
     import tunelab.tensorflow as tl
-
-    from ..workloads.keras_models import build, synthetic_batch
 
     seq_len = p.get("seq_len", 128)
     x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + rt.topology.rank,

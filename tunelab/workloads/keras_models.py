@@ -26,6 +26,19 @@ if TYPE_CHECKING:
 DEFAULT_CLASSES = {"resnet50": 1000, "vgg16": 1000, "bert": 2}
 
 
+def configure_runtime(threads: int) -> None:
+    """Set TensorFlow up for one rank of a CPU run, before its runtime starts (it ignores later changes):
+    ``threads`` for its ops, one inter-op thread (ranks sharing a host must not oversubscribe its
+    cores), and no GPU.  The Keras workloads train on the CPU; a TensorFlow that sees GPUs would
+    otherwise place every rank's ops on the first one, each rank reserving nearly all its memory."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if tf.config.list_physical_devices("GPU"):
+        tf.config.set_visible_devices([], "GPU")
+
+
 def _keras() -> Any:
     """Import Keras on TensorFlow, or explain which extra installs it."""
     try:
