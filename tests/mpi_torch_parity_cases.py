@@ -45,7 +45,8 @@ def errors_then_success(r: int, n: int) -> dict:
         "gather": _err(lambda: tl.allgather(torch.ones(2, 2 + last))),
     }
     for key, call in (("broot", lambda: tl.broadcast(torch.ones(2), root_rank=n if last else 0)),
-                      ("splits", lambda: tl.alltoall(torch.ones(n), splits=[1] * (n + last)))):
+                      ("splits", lambda: tl.alltoall(torch.ones(n), splits=[1] * (n + last))),
+                      ("equal", lambda: tl.alltoall(torch.ones(n + last)))):  # no splits: n + 1 rows
         try:  # a bad argument on one rank fails the call on every rank (nobody is left waiting)
             call()
             out[key] = ""

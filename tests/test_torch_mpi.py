@@ -96,7 +96,10 @@ def test_horovod_parity(n):
         assert f"rank {n - 1}: root 1" in err["root"]
         assert err["gather"].startswith("RankMismatchError: allgather of") and f"rank {n - 1}: float32[*, 3]" in err["gather"]
         assert err["broot"].endswith(f": root_rank {n} on rank {n - 1} is not a rank (world size {n})")
-        assert err["splits"].startswith(f"alltoall splits must be {n} non-negative counts") and f"ranks [{n - 1}]" in err["splits"]
+        assert err["splits"].startswith("alltoall of ") and f"wrong on ranks [{n - 1}]: splits {[1] * (n + 1)}" in err["splits"]
+        assert f"they must be {n} non-negative counts" in err["splits"]
+        # without splits, a first dimension that does not divide fails on every rank (the others hung)
+        assert f"wrong on ranks [{n - 1}]: {n + 1} rows on rank {n - 1}, not divisible by {n}" in err["equal"], err["equal"]
         assert err["after"] == [float(n * (n - 1) / 2)] * 3  # the next collectives work
         assert err["after_bcast"] == [float(n - 1)] * 2
         ag = res["autograd"]

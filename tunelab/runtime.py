@@ -87,21 +87,29 @@ class Runtime:
     def barrier(self) -> None:
         self.sync_comm.Barrier()
 
-    def alltoall(self, array: np.ndarray, splits: list[int], what: str) -> tuple[np.ndarray, list[int]]:
-        """Send ``splits[i]`` rows of ``array`` (dim 0, in order) to rank i; returns the rows received,
-        in rank order, and how many came from each rank."""
+    def alltoall(self, array: np.ndarray, splits: list[int] | None, what: str) -> tuple[np.ndarray, list[int]]:
+        """Send ``splits[i]`` rows of ``array`` (dim 0, in order) to rank i (``None``: equal parts, the
+        first dimension divisible by the ranks); returns the rows received, in rank order, and how many
+        came from each rank.  A bad plan on any rank raises ValueError on every rank."""
         from mpi4py import MPI
 
         n = self.sync_comm.size
         rows = array.shape[0] if array.ndim else 1
-        bad = len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows
+        me = self.sync_comm.rank
+        if splits is None:
+            bad = f"{rows} rows on rank {me}, not divisible by {n} (no splits: equal parts)" if rows % n else ""
+            splits = [rows // n] * n
+        elif len(splits) != n or any(s < 0 for s in splits) or sum(splits) != rows:
+            bad = (f"splits {list(splits)} for {rows} rows on rank {me} (they must be {n} non-negative counts "
+                   "summing to the first dimension)")
+        else:
+            bad = ""
         # Every rank learns of a bad call (so none is left waiting in the exchange below).
         metas = self.sync_comm.allgather((array.dtype.name, tuple(array.shape[1:]), bad))
-        if any(m[2] for m in metas):
-            culprits = [r for r, m in enumerate(metas) if m[2]]
-            mine = f"; here {list(splits)} for {rows} rows" if bad else ""
-            raise ValueError(f"alltoall splits must be {n} non-negative counts summing to each rank's first "
-                             f"dimension: wrong on ranks {culprits}{mine}")
+        culprits = [r for r, m in enumerate(metas) if m[2]]
+        if culprits:
+            raise ValueError(f"alltoall of {what}: wrong on ranks {culprits}: "
+                             + "; ".join(metas[r][2] for r in culprits))
         if any(m[:2] != metas[0][:2] for m in metas):
             raise RankMismatchError(f"alltoall of {what} needs the same dtype and trailing shape: " + "; ".join(
                 f"rank {r}: {m[0]}[*, {', '.join(map(str, m[1]))}]" for r, m in enumerate(metas)))

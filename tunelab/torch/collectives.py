@@ -126,15 +126,13 @@ def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None) -
 
 
 # ---- alltoall -----------------------------------------------------------------------------------
-def _splits(splits: Any, rows: int, world: int) -> list[int]:
+def _splits(splits: Any) -> list[int] | None:
     if splits is None:
-        if rows % world:
-            raise ValueError(f"alltoall without splits needs a first dimension divisible by {world}, got {rows}")
-        return [rows // world] * world
+        return None  # equal parts, checked on every rank at once
     return [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
 
 
-def _alltoall(tensor: torch.Tensor, splits: list[int], name: str) -> tuple[torch.Tensor, list[int]]:
+def _alltoall(tensor: torch.Tensor, splits: list[int] | None, name: str) -> tuple[torch.Tensor, list[int]]:
     t = tensor.detach()
     out, received = _rt.current().alltoall(host_copy(t), splits, name)
     return from_numpy(out, t), received
@@ -160,8 +158,7 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None) 
     Returns the rows received, in rank order; with ``splits`` given, also a tensor of how many rows came
     from each rank (Horovod's return shape).  Differentiable."""
     rt = _rt.current()
-    rows = tensor.shape[0] if tensor.dim() else 1
-    plan = _splits(splits, rows, rt.topology.size)
+    plan = _splits(splits)
     name = name or rt.auto_name("alltoall")
     if torch.is_grad_enabled() and tensor.requires_grad:
         out, counts = _Alltoall.apply(tensor, plan, name)
