@@ -83,6 +83,65 @@ def gradients(r: int, n: int) -> dict:
     return out
 
 
+def alltoall_reducescatter(r: int, n: int) -> dict:
+    """alltoall and reducescatter against numpy from every rank's regenerated inputs: values, received
+    counts, gradients of sum_q <w_q, out_q> (eager and in tf.function), and bad plans."""
+    out = {}
+    # alltoall: rank q sends (q + j) % 3 rows to rank j
+    splits = [[(q + j) % 3 for j in range(n)] for q in range(n)]
+    xs = [np.random.default_rng((7, q)).standard_normal((sum(splits[q]), 2)) for q in range(n)]
+    def part(q: int, j: int) -> np.ndarray:  # rows rank q sends to rank j
+        return xs[q][sum(splits[q][:j]):sum(splits[q][:j + 1])]
+
+    want = np.concatenate([part(q, r) for q in range(n)])
+    ws = [np.random.default_rng((8, j)).standard_normal((sum(splits[q][j] for q in range(n)), 2)) for j in range(n)]
+    # d/dx_r: the weights of the rows rank r sent, from the rank that received them, where they landed
+    expected = np.concatenate([ws[j][sum(splits[q][j] for q in range(r)):][:splits[r][j]] for j in range(n)])
+    x = tf.Variable(xs[r])
+    for mode in ("eager", "function"):
+        def a2a(mode=mode):
+            with tf.GradientTape() as tape:
+                got, counts = tl.alltoall(x, splits=tf.constant(splits[r]), name=f"a2a.{mode}")
+                loss = tf.reduce_sum(ws[r] * got)
+            return got, counts, tape.gradient(loss, x)
+
+        got, counts, g = (tf.function(a2a) if mode == "function" else a2a)()
+        out[f"a2a_{mode}"] = [float(np.abs(got.numpy() - want).max()), counts.numpy().tolist() == [splits[q][r] for q in range(n)],
+                              float(np.abs(g.numpy() - expected).max())]
+    ints = tl.alltoall(tf.constant([10 * r + j for j in range(2 * n)]), name="a2a.int")  # equal parts, no counts
+    out["a2a_int"] = ints.numpy().tolist() == [10 * q + 2 * r + k for q in range(n) for k in range(2)]
+    # reducescatter of 2n + 1 rows (uneven: the first rank gets three), Sum and Average, grouped with a 1-d one
+    ys = [np.random.default_rng((9, q)).standard_normal((2 * n + 1, 3)) for q in range(n)]
+    zs = [np.random.default_rng((10, q)).standard_normal(n + 2) for q in range(n)]
+    def rows(total: int, j: int) -> tuple[int, int]:
+        base, extra = divmod(total, n)
+        return j * base + min(j, extra), base + (j < extra)
+
+    for op, fn in ((tl.Sum, np.sum), (tl.Average, np.mean)):
+        (ys0, yc), (zs0, zc) = rows(2 * n + 1, r), rows(n + 2, r)
+        want_y, want_z = fn(ys, axis=0)[ys0:ys0 + yc], fn(zs, axis=0)[zs0:zs0 + zc]
+        wy = [np.random.default_rng((11, j)).standard_normal((rows(2 * n + 1, j)[1], 3)) for j in range(n)]
+        scale = 1.0 if op == tl.Sum else 1.0 / n
+        y, z = tf.Variable(ys[r]), tf.Variable(zs[r])
+        for mode in ("eager", "function"):
+            def rs(op=op, mode=mode, y=y, z=z, wy=wy):
+                with tf.GradientTape() as tape:
+                    gy, gz = tl.grouped_reducescatter([y, z], op=op, name=f"rs.{op}.{mode}")
+                    loss = tf.reduce_sum(wy[r] * gy) + tf.reduce_sum(gz)
+                return gy, gz, tape.gradient(loss, [y, z])
+
+            gy, gz, (dy, dz) = (tf.function(rs) if mode == "function" else rs)()
+            out[f"rs_{op}_{mode}"] = [float(np.abs(gy.numpy() - want_y).max()), float(np.abs(gz.numpy() - want_z).max()),
+                                      float(np.abs(dy.numpy() - scale * np.concatenate(wy)).max()),
+                                      float(np.abs(dz.numpy() - scale).max())]
+    last = r == n - 1
+    out["a2a_bad"] = _err(lambda: tl.alltoall(tf.ones([n]), splits=[1] * (n + last), name="a2a.bad"))
+    out["a2a_bad_graph"] = _err(tf.function(lambda: tl.alltoall(tf.ones([n + last]), name="a2a.badg")))
+    out["rs_max"] = _err(lambda: tl.reducescatter(tf.ones([n]), op=tl.Max))
+    out["after"] = tl.alltoall(tf.fill([n], float(r)), name="a2a.after").numpy().tolist()
+    return out
+
+
 def integer_average(r: int, n: int) -> dict:
     base = np.array([-7, -6, -5, -4, -2, -1, 0, 1, 4, 5, 7, 11, -11])
     vals = [base * (q + 1) + (q == 0) for q in range(n)]
@@ -204,6 +263,7 @@ def case_tf_parity(comm) -> dict:
     hvd.init(comm)
     r, n = hvd.rank(), hvd.size()
     out = {"errors": errors(r, n), "gradients": gradients(r, n), "int_avg": integer_average(r, n),
+           "a2a_rs": alltoall_reducescatter(r, n),
            "bcast_opt": broadcast_optimizer_variables(r, n),
            "sparse": embedding_training(r, n, False), "sparse_as_dense": embedding_training(r, n, True),
            "bpps_avg": fit_accumulated(r, n, True), "bpps_sum": fit_accumulated(r, n, False),

@@ -107,6 +107,17 @@ def test_horovod_parity(n):
         assert err["scalar"] == [[], (n - 1) / 2]
         assert all(v < 1e-6 for v in res["gradients"].values()), res["gradients"]
         assert len(res["gradients"]) == 8
+        a2a = res["a2a_rs"]
+        for mode in ("eager", "function"):
+            values, counts, grad = a2a[f"a2a_{mode}"]
+            assert values < 1e-12 and counts and grad < 1e-12, (mode, a2a[f"a2a_{mode}"])
+            for op in ("sum", "average"):
+                assert max(a2a[f"rs_{op}_{mode}"]) < 1e-12, (op, mode, a2a[f"rs_{op}_{mode}"])
+        assert a2a["a2a_int"]
+        assert f"wrong on ranks [{n - 1}]: splits {[1] * (n + 1)}" in a2a["a2a_bad"], a2a["a2a_bad"]
+        assert f"wrong on ranks [{n - 1}]: {n + 1} rows on rank {n - 1}, not divisible" in a2a["a2a_bad_graph"]
+        assert "reducescatter supports Sum and Average" in a2a["rs_max"]
+        assert a2a["after"] == [float(q) for q in range(n)]  # the job goes on
         assert res["int_avg"]["int32"] == res["int_avg"]["expected"]
         assert res["bcast_opt"] == {"iterations": 5, "dtype": "int64", "others": [1.0] * len(res["bcast_opt"]["others"])}
         assert res["bcast_opt"]["others"]

@@ -50,7 +50,17 @@ from .callbacks import (
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
-from .ops import Compression, allgather, allreduce, broadcast, broadcast_variables, grouped_allreduce
+from .ops import (
+    Compression,
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    broadcast_variables,
+    grouped_allreduce,
+    grouped_reducescatter,
+    reducescatter,
+)
 from .training import DistributedGradientTape, DistributedOptimizer, model_signature, variables_signature
 
 
@@ -78,6 +88,7 @@ __all__ = [
     "allgather",
     "allgather_object",
     "allreduce",
+    "alltoall",
     "barrier",
     "broadcast",
     "broadcast_object",
@@ -86,6 +97,7 @@ __all__ = [
     "cross_size",
     "gloo_built",
     "grouped_allreduce",
+    "grouped_reducescatter",
     "init",
     "is_initialized",
     "local_rank",
@@ -95,6 +107,7 @@ __all__ = [
     "mpi_threads_supported",
     "nccl_built",
     "rank",
+    "reducescatter",
     "set_knobs",
     "shutdown",
     "size",

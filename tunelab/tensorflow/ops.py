@@ -1,8 +1,8 @@
 """``tunelab.tensorflow``'s collectives on ``tf.Tensor``s, eager or inside ``tf.function``.
 
 They run as ``tf.py_function`` ops (compile Keras models with ``jit_compile=False``).  Allreduces go
-through tunelab's engine and background coordinator; allgather and broadcast through MPI on the
-caller's thread.  ``allreduce``/``grouped_allreduce`` are differentiable with Horovod's gradient (the
+through tunelab's engine and background coordinator (reducescatter too: one grouped allreduce of which
+each rank keeps its rows); allgather, alltoall and broadcast through MPI on the caller's thread.  ``allreduce``/``grouped_allreduce`` are differentiable with Horovod's gradient (the
 same reduction of the incoming gradient).  A call the ranks disagree on raises on every rank (as a
 ``tf.errors`` error carrying tunelab's message) and later calls work.  Integer tensors are averaged as
 Horovod does: the sum times ``1.0 / size()`` in double precision, truncated toward zero.
@@ -170,6 +170,113 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
         return out, grad
 
     return gather(t)
+
+
+def _alltoall_rows(t: tf.Tensor, splits: tf.Tensor | None, what: str) -> tuple[tf.Tensor, tf.Tensor]:
+    """The rows received (in rank order) and how many came from each rank (int32)."""
+    def exchange(x: Any, *plan: Any) -> list[Any]:
+        sizes = [int(s) for s in np.asarray(plan[0]).reshape(-1)] if plan else None
+        out, received = _rt.current().alltoall(np.asarray(x.numpy()), sizes, what)
+        return [out, np.asarray(received, dtype=np.int32)]
+
+    args = [t] if splits is None else [t, splits]
+    if tf.executing_eagerly():
+        out, received = exchange(*args)
+        return tf.convert_to_tensor(out), tf.convert_to_tensor(received)
+    out, received = tf.py_function(exchange, args, [t.dtype, tf.int32])
+    out.set_shape([None, *t.shape[1:]])
+    received.set_shape([_rt.current().topology.size])
+    return out, received
+
+
+@tf.autograph.experimental.do_not_convert
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None) -> Any:
+    """Send ``splits[i]`` rows of ``tensor`` (dim 0, in order; equal parts without ``splits``) to rank i.
+    Returns the rows received, in rank order; with ``splits`` given, also an int32 tensor of how many
+    rows came from each rank (as ``tunelab.torch.alltoall``).  A plan that is wrong on any rank raises
+    on every rank.  Differentiable (floating dtypes): the gradient goes back the way the data came."""
+    t = tf.convert_to_tensor(tensor)
+    if t.shape.rank == 0:
+        t = tf.reshape(t, [1])
+    plan = None if splits is None else tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int64)
+    base = name or _rt.current().auto_name("tf.alltoall")
+    if not t.dtype.is_floating:
+        out, received = _alltoall_rows(t, plan, base)
+    else:
+        @tf.custom_gradient
+        def exchange(x: tf.Tensor) -> Any:
+            out, received = _alltoall_rows(x, plan, base)
+
+            def grad(dy: Any, _dcounts: Any = None) -> tf.Tensor:  # (the counts take no gradient)
+                dy = tf.zeros_like(out) if dy is None else tf.convert_to_tensor(dy)
+                back, _ = _alltoall_rows(dy, tf.cast(received, tf.int64), f"{base}.grad")
+                return tf.reshape(back, tf.shape(x))
+
+            return (out, received), grad
+
+        out, received = exchange(t)
+    return out if splits is None else (out, received)
+
+
+def _my_rows(total: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """This rank's (start, count) of ``total`` rows split as Horovod splits them: ``total // size()``
+    each, the first ``total % size()`` ranks one more (as ``tunelab.torch.reducescatter``)."""
+    topo = _rt.current().topology
+    base, extra = total // topo.size, total % topo.size
+    start = topo.rank * base + tf.minimum(tf.cast(topo.rank, total.dtype), extra)
+    return start, base + tf.cast(topo.rank < extra, total.dtype)
+
+
+@tf.autograph.experimental.do_not_convert
+def grouped_reducescatter(tensors: Sequence[Any], op: str | None = Average, name: str | None = None,
+                          compression: type = Compression.none) -> list[tf.Tensor]:
+    """Reduce each tensor over all ranks (Sum or Average) and keep this rank's rows of dim 0, split as
+    Horovod does; one grouped request.  Differentiable (floating dtypes): the gradient of a rank's rows
+    is every rank's incoming gradient gathered back in rank order (divided by ``size()`` for Average)."""
+    how = resolve_op(op)
+    if how not in ("sum", "average"):
+        raise ValueError(f"reducescatter supports Sum and Average, got {how!r}")
+    dense = [tf.convert_to_tensor(t) for t in tensors]
+    if any(t.shape.rank == 0 for t in dense):
+        raise ValueError("reducescatter needs tensors with at least one dimension")
+    if not dense:
+        return []
+    base = name or _rt.current().auto_name("tf.reducescatter")
+
+    def scatter(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        reduced = _grouped(xs, base, how, compression, grouped=True)
+        out = []
+        for r in reduced:
+            start, count = _my_rows(tf.shape(r, out_type=tf.int64)[0])
+            out.append(r[start:start + count])
+        return out
+
+    if not all(t.dtype.is_floating for t in dense):
+        return scatter(dense)
+
+    @tf.custom_gradient
+    def differentiable(*xs: tf.Tensor) -> Any:
+        def grad(*dys: Any) -> list[tf.Tensor]:
+            back = []
+            for i, (d, x) in enumerate(zip(dys, xs)):
+                d = tf.zeros_like(outs[i]) if d is None else tf.convert_to_tensor(d)
+                gathered = _allgather_rows(d, f"{base}.grad.{i}")[0]
+                if how == "average":
+                    gathered = gathered / tf.cast(_rt.current().topology.size, gathered.dtype)
+                back.append(tf.reshape(gathered, tf.shape(x)))
+            return back
+
+        outs = scatter(list(xs))
+        return outs, grad
+
+    return list(differentiable(*dense))
+
+
+@tf.autograph.experimental.do_not_convert
+def reducescatter(tensor: Any, op: str | None = Average, name: str | None = None,
+                  compression: type = Compression.none) -> tf.Tensor:
+    """:func:`grouped_reducescatter` of one tensor."""
+    return grouped_reducescatter([tensor], op, name or _rt.current().auto_name("tf.reducescatter"), compression)[0]
 
 
 def _broadcast(t: tf.Tensor, root_rank: int, what: str) -> tf.Tensor:
