@@ -174,10 +174,6 @@ class Importer:
             self._driver.close(found[0])
         return True  # (a simulated mapping goes with its last reference)
 
-    @property
-    def open_count(self) -> int:
-        return len(self._opened)
-
     def close(self) -> None:
         if self._driver is not None:
             for ptr, _ in self._opened.values():
@@ -286,7 +282,8 @@ class SharedGpu:
         for q in range(1, self.local.size):
             new, retired, raw = self.mailbox.read(q)
             # (every launch of the last call was waited for before its closing barrier: none reads these)
-            if sum(self.importer.retire(q, key) for key in retired):  # type: ignore[union-attr]
+            closed = [self.importer.retire(q, key) for key in retired]  # type: ignore[union-attr]
+            if any(closed):
                 self._tables.clear()  # tables that named them go too (their keys never come back)
             for key, handle in new:
                 self.importer.add(q, key, handle)  # type: ignore[union-attr]

@@ -1,9 +1,10 @@
 """``tunelab.tensorflow``'s collectives on ``tf.Tensor``s, eager or inside ``tf.function``.
 
 They run as ``tf.py_function`` ops (compile Keras models with ``jit_compile=False``).  Allreduces go
-through tunelab's engine and background coordinator (reducescatter too: one grouped allreduce of which
-each rank keeps its rows); allgather, alltoall and broadcast through MPI on the caller's thread.  ``allreduce``/``grouped_allreduce`` are differentiable with Horovod's gradient (the
-same reduction of the incoming gradient).  A call the ranks disagree on raises on every rank (as a
+through tunelab's engine and background coordinator (reducescatter too: one grouped allreduce of
+which each rank keeps its rows); allgather, alltoall and broadcast through MPI on the caller's
+thread.  ``allreduce``/``grouped_allreduce`` are differentiable with Horovod's gradient (the same
+reduction of the incoming gradient).  A call the ranks disagree on raises on every rank (as a
 ``tf.errors`` error carrying tunelab's message) and later calls work.  Integer tensors are averaged as
 Horovod does: the sum times ``1.0 / size()`` in double precision, truncated toward zero.
 """
