@@ -3,6 +3,8 @@ single-process TensorFlow/numpy computations from every rank's regenerated input
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import tensorflow as tf
 
@@ -233,6 +235,99 @@ def fit_accumulated(r: int, n: int, average: bool) -> float:
     return max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(model.weights, ref.weights))
 
 
+def _bn_model(layer: type) -> keras.Model:
+    keras.utils.set_random_seed(9)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(5), layer(momentum=0.8),
+                             keras.layers.Activation("tanh"), keras.layers.Dense(3)])
+
+
+def sync_batch_norm(comm, r: int, n: int) -> dict:
+    """hvd.SyncBatchNormalization against keras' BatchNormalization on the global batch in one process:
+    rank q holds 2 + q rows (shapes differ), with and without a Keras mask, eagerly and in a tf.function:
+    outputs, input gradients, the parameters' gradients summed over ranks (by MPI) and the moving
+    statistics; then model.fit with the DistributedOptimizer against one process on the global batches."""
+    rows = [2 + q for q in range(n)]
+    start = sum(rows[:r])
+    xs, ws = np.random.default_rng(31).standard_normal((2, sum(rows), 3, 4)).astype(np.float32)
+    masks = np.random.default_rng(32).random((sum(rows), 3)) > 0.3
+    out: dict = {}
+    for masked in (False, True):
+        for mode in ("eager", "function"):
+            def run(layer, x, w, m, mode=mode):
+                xv = tf.Variable(x)
+
+                def step():
+                    with tf.GradientTape() as tape:
+                        y = layer(xv, training=True, mask=None if m is None else tf.constant(m))
+                        loss = tf.reduce_sum(y * w)
+                    return [y, *tape.gradient(loss, [xv, *layer.trainable_variables])]
+
+                got = (tf.function(step) if mode == "function" else step)()
+                return [t.numpy() for t in got] + [v.numpy() for v in layer.non_trainable_variables]
+
+            mine, ref = hvd.SyncBatchNormalization(momentum=0.5), keras.layers.BatchNormalization(momentum=0.5)
+            mask = masks if masked else None
+            got = run(mine, xs[start:start + rows[r]], ws[start:start + rows[r]],
+                      None if mask is None else mask[start:start + rows[r]])
+            want = run(ref, xs, ws, mask)
+            y, dx, dgamma, dbeta, mean, var = got
+            dgamma, dbeta = (comm.allreduce(g.astype(np.float64)) for g in (dgamma, dbeta))  # MPI's sum
+            out[f"{'masked' if masked else 'plain'}_{mode}"] = [
+                float(np.abs(y - want[0][start:start + rows[r]]).max()),
+                float(np.abs(dx - want[1][start:start + rows[r]]).max()),
+                float(np.abs(dgamma - want[2]).max()), float(np.abs(dbeta - want[3]).max()),
+                float(np.abs(mean - want[4]).max()), float(np.abs(var - want[5]).max()),
+                float(np.abs(want[4]).max())]  # (the moving mean moved: the check is not of zeros)
+    x, y = _data(3, n)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model = _bn_model(hvd.SyncBatchNormalization)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), load_profile=False), loss=loss,
+                  jit_compile=False)
+    model.fit(_rank_rows(x, r, n, 1), _rank_rows(y, r, n, 1), batch_size=PER_RANK, epochs=2, shuffle=False,
+              verbose=0)
+    ref = _bn_model(keras.layers.BatchNormalization)
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, jit_compile=False)
+    ref.fit(x, y, batch_size=n * PER_RANK, epochs=2, shuffle=False, verbose=0)
+    out["fit"] = max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(model.weights, ref.weights))
+    out["inference"] = float(np.abs(model.predict(x, verbose=0) - ref.predict(x, verbose=0)).max())
+    return out
+
+
+def join_uneven(r: int, n: int) -> dict:
+    """Rank q has 2 + q batches (a tf.function step with DistributedGradientTape); ranks that ran out
+    join and contribute zeros; averages divide by n, as in Horovod.  Reference: one process."""
+    def batch(step: int, q: int):
+        g = np.random.default_rng((41, step, q))
+        return g.standard_normal((3, 4)).astype(np.float32), g.standard_normal((3, 2)).astype(np.float32)
+
+    def make():
+        return tf.Variable(np.random.default_rng(40).standard_normal((4, 2)).astype(np.float32))
+
+    w = make()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((x @ w - y) ** 2)
+        (g,) = tl.DistributedGradientTape(tape).gradient(loss, [w])
+        w.assign_sub(0.1 * g)
+
+    for s in range(2 + r):
+        step(*batch(s, r))
+    last = hvd.join()
+    after = hvd.allreduce(tf.ones(2), name="join.after", op=hvd.Sum).numpy().tolist()
+    ref = make()
+    for s in range(2 + r):  # this rank's steps (a rank that joined applies no later update)
+        with tf.GradientTape() as tape:
+            loss = sum(tf.reduce_mean((batch(s, q)[0] @ ref - batch(s, q)[1]) ** 2) for q in range(n) if s < 2 + q)
+        ref.assign_sub(0.1 * tape.gradient(loss, ref) / n)
+    if r == 0:
+        time.sleep(0.5)  # rank 0 joins last this time (join returns the rank that joined last)
+    graph_last = tf.function(tl.join)()  # in a graph (tunelab.tensorflow, the keras module above)
+    return {"last": last, "graph_last": int(graph_last), "after": after,
+            "diff": float(np.abs(w.numpy() - ref.numpy()).max())}
+
+
 class _LrRecorder(keras.callbacks.Callback):
     def __init__(self) -> None:
         super().__init__()
@@ -264,6 +359,7 @@ def case_tf_parity(comm) -> dict:
     r, n = hvd.rank(), hvd.size()
     out = {"errors": errors(r, n), "gradients": gradients(r, n), "int_avg": integer_average(r, n),
            "a2a_rs": alltoall_reducescatter(r, n),
+           "syncbn": sync_batch_norm(comm, r, n), "join": join_uneven(r, n),
            "bcast_opt": broadcast_optimizer_variables(r, n),
            "sparse": embedding_training(r, n, False), "sparse_as_dense": embedding_training(r, n, True),
            "bpps_avg": fit_accumulated(r, n, True), "bpps_sum": fit_accumulated(r, n, False),

@@ -96,7 +96,7 @@ def test_tune_trains_a_keras_model_and_stores_its_profile(tmp_path):
 def test_horovod_parity(n):
     """One launch (tests/mpi_tf_parity_cases.py): errors that leave the job usable, gradients through
     hvd.allreduce, integer average, broadcast_variables(opt.variables) in tf.function, IndexedSlices,
-    Keras backward_passes_per_step, learning-rate callbacks, through tunelab.tensorflow.keras."""
+    Keras backward_passes_per_step, learning-rate callbacks, SyncBatchNormalization, join, through tunelab.tensorflow.keras."""
     results = run_ok("tf_parity", n, limit_s=400)
     for res in results:
         err = res["errors"]
@@ -118,6 +118,14 @@ def test_horovod_parity(n):
         assert f"wrong on ranks [{n - 1}]: {n + 1} rows on rank {n - 1}, not divisible" in a2a["a2a_bad_graph"]
         assert "reducescatter supports Sum and Average" in a2a["rs_max"]
         assert a2a["after"] == [float(q) for q in range(n)]  # the job goes on
+        syncbn = res["syncbn"]
+        for key in ("plain_eager", "plain_function", "masked_eager", "masked_function"):
+            *diffs, moved = syncbn[key]
+            assert max(diffs) < 1e-5 and moved > 0.01, (key, syncbn[key])
+        assert syncbn["fit"] < 1e-5 and syncbn["inference"] < 1e-5, syncbn
+        join = res["join"]
+        assert join["last"] == n - 1 and join["graph_last"] == 0 and join["after"] == [float(n)] * 2, join
+        assert join["diff"] < 1e-6, join
         assert res["int_avg"]["int32"] == res["int_avg"]["expected"]
         assert res["bcast_opt"] == {"iterations": 5, "dtype": "int64", "others": [1.0] * len(res["bcast_opt"]["others"])}
         assert res["bcast_opt"]["others"]

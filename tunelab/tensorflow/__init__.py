@@ -59,8 +59,10 @@ from .ops import (
     broadcast_variables,
     grouped_allreduce,
     grouped_reducescatter,
+    join,
     reducescatter,
 )
+from .sync_batch_norm import SyncBatchNormalization
 from .training import DistributedGradientTape, DistributedOptimizer, model_signature, variables_signature
 
 
@@ -85,6 +87,7 @@ __all__ = [
     "MetricAverageCallback",
     "Min",
     "Sum",
+    "SyncBatchNormalization",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -100,6 +103,7 @@ __all__ = [
     "grouped_reducescatter",
     "init",
     "is_initialized",
+    "join",
     "local_rank",
     "local_size",
     "model_signature",

@@ -345,3 +345,20 @@ def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
         if isinstance(g, tf.IndexedSlices) and not sparse_as_dense:
             out[i] = allreduce_indexed_slices(g, f"{name}.sparse{i}", op)
     return out
+
+
+@tf.autograph.experimental.do_not_convert
+def join() -> Any:
+    """Declare that this rank has no more batches (uneven data, as in Horovod).  Until every rank has
+    joined, this rank contributes zeros to the allreduces the others still run (their averages still
+    divide by ``size()``), then it returns the rank that joined last: an ``int`` eagerly, an int32
+    scalar tensor inside a ``tf.function``.  Only the allreduce family runs while ranks are joined
+    (host tensors): call allgather, broadcast or barrier before joining or after ``join`` returns."""
+    def wait() -> Any:
+        return np.int32(_rt.current().coordinator.join())
+
+    if tf.executing_eagerly():
+        return int(wait())
+    last = tf.py_function(wait, [], tf.int32)
+    last.set_shape([])
+    return last

@@ -11,6 +11,7 @@ from .. import (
     Max,
     Min,
     Sum,
+    SyncBatchNormalization,
     allgather,
     allgather_object,
     allreduce,
@@ -24,6 +25,7 @@ from .. import (
     grouped_allreduce,
     init,
     is_initialized,
+    join,
     local_rank,
     local_size,
     mpi_built,
@@ -38,8 +40,8 @@ from .. import (
 )
 from . import callbacks
 
-__all__ = ["Average", "Compression", "DistributedOptimizer", "Max", "Min", "Sum", "allgather", "allgather_object",
+__all__ = ["Average", "Compression", "DistributedOptimizer", "Max", "Min", "Sum", "SyncBatchNormalization", "allgather", "allgather_object",
            "allreduce", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "callbacks", "cross_rank",
-           "cross_size", "gloo_built", "grouped_allreduce", "init", "is_initialized", "local_rank", "local_size",
+           "cross_size", "gloo_built", "grouped_allreduce", "init", "is_initialized", "join", "local_rank", "local_size",
            "mpi_built", "mpi_threads_supported", "nccl_built", "rank", "set_knobs", "shutdown", "size",
            "start_timeline", "stop_timeline"]
