@@ -410,6 +410,53 @@ def _hand_model() -> ScaleModel:
                        "link:1gbps.beta": 8e-9, "mpi.alpha": 1e-5, "mpi.beta": 1e-9, "mpi.gamma": 0.0})
 
 
+
+def test_the_lab_bucket_fills_again_before_every_hierarchical_piece(tmp_path: Path) -> None:
+    """On the hierarchical path a piece's shard rings start only after the host's ranks passed its
+    shared-memory phases, so the link idles before every piece and the bucket fills each time: a call
+    of p pieces hides up to p buckets, a flat ring one.  Planted so on lab files (pieces of 256 KiB,
+    each hiding its own bucket, summed piece by piece), the fit recovers the link's latency and
+    predicts every point, and a prediction hides exactly p buckets where every piece can."""
+    import dataclasses
+
+    from tunelab.lab.spec import bucket
+
+    burst_s = bucket(1.0)[0] * 8 / 1e9
+    seg = 256 << 10
+    planted = {**PLANTED, "shm.beta": 0.0, "gamma": 0.0}
+    wire_only = {k: (v if k == "link:1gbps.beta" else 0.0) for k, v in planted.items()}
+    no_call = {**planted, "call.alpha": 0.0}
+
+    def lab_time(algo: str, h: int, k: int, size: int) -> float:
+        if algo == "flat" or k == 1:  # one bucket before the call
+            total, wire = truth(algo, h, k, size, seg, p=planted), truth(algo, h, k, size, seg, p=wire_only)
+            return total - min(total - wire, wire, burst_s)
+        pieces = []  # each piece: its own time less what its own bucket hides
+        for start in range(0, size, seg):
+            m = min(seg, size - start)
+            total, wire = truth(algo, h, k, m, seg, p=no_call), truth(algo, h, k, m, seg, p=wire_only)
+            pieces.append(total - min(total - wire, wire, burst_s))
+        return planted["call.alpha"] + sum(pieces)
+
+    sizes = [64 << 10, 256 << 10, MiB, 4 * MiB, 16 * MiB]
+    obs = []
+    for h, k in ((2, 1), (2, 2), (4, 1), (4, 2), (3, 2)):
+        rows = [{"algorithm": name, "size": size, "time_us": 1e6 * lab_time(algo, h, k, size), "wrong": 0}
+                for size in sizes for name, algo in (("ring", "flat"), ("hierarchical", "hierarchical"))]
+        hw = {"world_size": h * k, "nodes": h, "ranks_per_node": [k] * h, "cpu_cores": 4096,
+              "knobs": {"segment_bytes": seg}, "lab": {"hosts": h, "ranks_per_host": k, "link_gbps": 1.0}}
+        path = tmp_path / f"lab-{h}x{k}.json"
+        path.write_text(json.dumps({"rows": rows, "hardware": hw}))
+        obs += load_bench(path)
+    model = fit_model(obs)
+    assert model.values["link.alpha"] == pytest.approx(planted["link.alpha"], rel=0.05)
+    assert max(abs(p["rel_error"]) for p in model.fit_points) < 0.02
+    topo, knobs = obs[-1].topo, Knobs(segment_bytes=seg)
+    bare = dataclasses.replace(topo, burst_s=0.0)
+    for algo, buckets in (("hierarchical", 64), ("flat", 1)):
+        hidden = model.time_s(algo, bare, 16 * MiB, knobs) - model.time_s(algo, topo, 16 * MiB, knobs)
+        assert hidden == pytest.approx(buckets * burst_s, rel=1e-9), algo
+
 def test_step_one_bucket_after_backward() -> None:
     """One gradient, ready when backward ends: negotiation, then one flat-ring allreduce, nothing overlaps."""
     size = MiB

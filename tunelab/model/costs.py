@@ -35,7 +35,8 @@ out.
 
 A link shaped by a token bucket (the lab's ``tc tbf``, ``Topology.burst_s``) hides part of each call
 among calls run back to back: the bucket fills while the call waits, so that much of its bytes leaves
-at memory speed (:func:`hidden_s`, subtracted from the sum of the terms).  Real links hide nothing.
+at memory speed (:func:`hidden_s`, subtracted from the sum of the terms).  On the hierarchical path it
+fills again before every piece (:func:`refills`).  Real links hide nothing.
 
 The engine's paths (:mod:`tunelab.engine.algorithms`, hosts ``N``, ranks per host ``K``, ``P = N K``,
 size ``S``, pieces of ``segment_bytes``):
@@ -208,12 +209,24 @@ def wire_s(coeffs: Coeffs, values: dict[str, float]) -> float:
     return sum(c * values[name] for name, c in coeffs.items() if is_wire(name))
 
 
+def refills(algorithm: str, topo: Topology, size: int, knobs: Knobs) -> int:
+    """How many times in one call a host's link idles long enough for a token bucket to fill: once,
+    before the call; on the hierarchical path before each of its pieces, since a piece's shard rings
+    start only when the host's ranks have passed its shared-memory phases (copy in, ordering point,
+    reduce), while none of them sends.  On the lab's 1 Gb/s links with ``segment_bytes`` 256 KiB
+    (64 pieces at 16 MiB) that is up to 64 buckets, 12.6 ms, of a call of 180-440 ms."""
+    if algorithm in ENGINE_ALGORITHMS and path_of(algorithm, topo, size, knobs) == "hierarchical":
+        return -(-size // max(1, knobs.segment_bytes))
+    return 1
+
+
 def hidden_s(total_s: float, wire: float, burst_s: float) -> float:
     """What a token-bucket link hides of one call among calls run back to back: while the call waits
     and computes (everything but its wire time) the bucket fills again, up to ``burst_s`` of the
     link's rate, and that much of its bytes then leaves at memory speed.  So the call takes
     ``max(wire, other, other + wire - burst_s)`` rather than ``other + wire``; this returns the
-    difference, ``min(other, wire, burst_s)`` (0 on a real link, ``burst_s`` = 0).  Measured in the lab
+    difference, ``min(other, wire, burst_s)`` (0 on a real link, ``burst_s`` = 0; ``burst_s`` is the
+    bucket times its :func:`refills` in the call).  Measured in the lab
     at 2 x 1, 1 Gb/s (a 196.6 us bucket): a 64 KiB ring takes 0.56-0.62 ms, its wire 0.52 ms, although
     its planning and latencies come to about 0.1 ms more."""
     if burst_s <= 0.0 or wire <= 0.0:

@@ -38,6 +38,7 @@ from .costs import (
     hidden_s,
     inflated,
     is_wire,
+    refills,
     seconds,
     wire_s,
 )
@@ -92,7 +93,7 @@ class ScaleModel:
             raise ModelError(f"the model has no fitted {missing[0]} (needed by {algorithm} on {topo.describe()}); "
                              f"fit it with bench runs of that kind (fitted links: {', '.join(self.links) or 'none'})")
         total = seconds(coeffs, self.values, family(algorithm, topo), topo.over)
-        return total - hidden_s(total, wire_s(coeffs, self.values), topo.burst_s)
+        return total - hidden_s(total, wire_s(coeffs, self.values), topo.burst_s * refills(algorithm, topo, size, knobs or Knobs()))
 
     def can_predict(self, algorithm: str, topo: Topology) -> bool:
         try:
@@ -282,12 +283,17 @@ def _form_of(row: dict[str, float], form: str, o: Observation) -> tuple[dict[str
         return {k: v for k, v in row.items() if is_wire(k)}, 0.0
     if form == "other":
         return {k: v for k, v in row.items() if not is_wire(k)}, 0.0
-    return row, (o.topo.burst_s if form == "bucket" else 0.0)
+    return row, (_burst_s(o) if form == "bucket" else 0.0)
+
+
+def _burst_s(o: Observation) -> float:
+    """What a token-bucket link can hide of the observed call: its bucket, once per refill."""
+    return o.topo.burst_s * refills(o.algorithm, o.topo, o.size, o.knobs)
 
 
 def _form_taken(row: dict[str, float], values: dict[str, float], fam: str, o: Observation) -> str:
     """Which form a call's predicted time takes under ``values`` (see :func:`costs.hidden_s`)."""
-    total, wire, burst = seconds(row, values, fam, o.topo.over), wire_s(row, values), o.topo.burst_s
+    total, wire, burst = seconds(row, values, fam, o.topo.over), wire_s(row, values), _burst_s(o)
     other = total - wire
     if burst <= 0.0 or wire <= 0.0 or other <= 0.0:
         return "sum"
