@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
 
 from tunelab.engine.cuda_driver import HANDLE_BYTES, CudaDriver
@@ -179,3 +180,29 @@ def test_a_handle_freed_before_it_reached_the_leader_is_not_sent() -> None:
     peer.resolve_all([0x10000])
     assert [k for k, _ in peer.new] == [2]
     assert peer.retired == [1]
+
+
+def test_the_leaders_kernel_tables_are_not_shared_between_dtypes() -> None:
+    """The leader caches its kernel tables by what every rank sent (addresses, offsets, counts).  A
+    float32 and an int32 tensor of one element at the same addresses (a loss, then a count, handed the
+    same block by the caching allocator) must not share a table: reduced with the float32 table, the
+    count would come back as garbage."""
+    from types import SimpleNamespace
+
+    from tunelab.engine.device import DeviceBuffer
+    from tunelab.engine.device_share import SharedGpu
+
+    shared = SharedGpu.__new__(SharedGpu)  # a leader alone on its GPU: no peers' mailboxes to read
+    shared.local, shared._tables = SimpleNamespace(size=1), {}
+    shared.path = SimpleNamespace(stream=None, synchronize=lambda: None,
+                                  kernels=SimpleNamespace(upload_table=lambda table, stream: table.copy()))
+
+    def launch(dtype: str):
+        ins = [DeviceBuffer(0x10000, 1, np.dtype(dtype), (1,), None)]
+        outs = [DeviceBuffer(0x20000, 1, np.dtype(dtype), (1,), None)]
+        return [(dt, count) for _, count, dt in shared._launch_tables(ins, outs)]
+
+    assert launch("float32") == [(np.dtype("float32"), 1)]
+    assert launch("int32") == [(np.dtype("int32"), 1)]
+    assert launch("float32") == [(np.dtype("float32"), 1)]  # and the first one's is still found
+    assert len(shared._tables) == 2

@@ -277,8 +277,11 @@ class SharedGpu:
         return True
 
     def _launch_tables(self, ins: list[Any], outs: list[Any]) -> list[tuple[Any, int, np.dtype]]:
-        """The leader's kernel tables for this call, one per dtype (cached by what every rank sent)."""
-        parts = [np.array([[b.addr for b in ins], [b.addr for b in outs]], dtype=np.int64).tobytes()]
+        """The leader's kernel tables for this call, one per dtype (cached by what every rank sent, and by
+        the dtypes: a float32 and an int32 tensor of one element each at the same addresses, e.g. a loss
+        and a count in turn from the caching allocator, need tables of their own)."""
+        parts = [np.array([[b.addr for b in ins], [b.addr for b in outs]], dtype=np.int64).tobytes()
+                 + ",".join(np.dtype(b.dtype).str for b in ins).encode()]
         for q in range(1, self.local.size):
             new, retired, raw = self.mailbox.read(q)
             # (every launch of the last call was waited for before its closing barrier: none reads these)
