@@ -48,6 +48,12 @@ def test_gpu_results_are_waited_for_before_tf_reads_them(monkeypatch: pytest.Mon
     monkeypatch.setattr(ops._rt, "current", lambda: runtime(DeviceResult()))
     ops._reduce_numpy(["t"], [SimpleNamespace(dtype=np.float32, shape=(3,), ndim=1)], "sum", None)
     assert waits == ["current stream"]
+    # an integer average is a sum scaled afterwards, by kernels on CuPy's current stream: they are queued
+    # before the wait, or TF would read the results while they still run
+    waits.clear()
+    monkeypatch.setattr(ops, "integer_average", lambda out, world: waits.append("integer average") or out)
+    ops._reduce_numpy(["t"], [SimpleNamespace(dtype=np.int64, shape=(3,), ndim=1)], "average", None)
+    assert waits == ["integer average", "current stream"]
 
 
 @pytest.mark.parametrize("gpus", [[], ["GPU:0", "GPU:1"]])

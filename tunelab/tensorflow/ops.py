@@ -55,6 +55,8 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
     flat = [a.reshape(1) if a.ndim == 0 else a for a in arrays]  # 0-d as [1]
     handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, group=group)
     outs = [h.wait().reshape(shape) for h, shape in zip(handles, shapes)]
+    if int_avg:  # (on a GPU these are CuPy kernels on CuPy's current stream: queued before the wait below)
+        outs = [integer_average(o, rt.topology.size) for o in outs]
     if any(not isinstance(o, np.ndarray) for o in outs):
         # GPU results: the call's kernels are queued on the engine's stream, and CuPy's current stream
         # waits for them, but TF's streams do not (TF creates them non-blocking).  Wait here, before TF
@@ -62,7 +64,7 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
-    return [integer_average(o, rt.topology.size) for o in outs] if int_avg else outs
+    return outs
 
 
 def _to_engine(t: tf.Tensor) -> Any:
