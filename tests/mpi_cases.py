@@ -779,6 +779,47 @@ def case_shared_gpu(comm: MPI.Comm, seed: int = 5) -> dict:
     return out
 
 
+def case_staging_setup_fails(comm: MPI.Comm) -> dict:
+    """Device staging segments (tunelab.engine.device_ipc) set up while one rank cannot allocate its
+    segment (out of device memory), then while one rank cannot map a peer's: every rank must raise,
+    naming the rank, none may wait for the others for good, each frees what it got, and the next setup
+    works.  The CUDA calls are stand-ins (no GPU); the collective protocol around them is the code's."""
+    from tunelab.engine.device_ipc import _Ipc
+
+    me = comm.rank
+    log: list[str] = []
+
+    class FakeIpc(_Ipc):
+        fail = ""
+
+        def allocate(self, nbytes):
+            if FakeIpc.fail == "allocate" and me == comm.size - 1:
+                raise MemoryError(f"out of memory allocating {nbytes} bytes (injected)")
+            log.append("allocate")
+            return 0x1000 * (me + 1), me
+
+        def open(self, handle):
+            if FakeIpc.fail == "open" and me == 0 and handle == comm.size - 1:
+                raise OSError("cannot open the handle (injected)")
+            log.append(f"open {handle}")
+            return 0x100000 + handle
+
+        def close(self, addr):
+            log.append(f"close {addr - 0x100000}")
+
+        def release(self):
+            log.append("release")
+
+    ipc, out = FakeIpc(), {}
+    for fail in ("allocate", "open", ""):
+        FakeIpc.fail = fail
+        log.clear()
+        try:
+            out[fail or "ok"] = {"addrs": ipc.map(comm, 4096), "log": list(log)}
+        except Exception as exc:  # noqa: BLE001 (what each rank was told is the result)
+            out[fail or "ok"] = {"error": f"{type(exc).__name__}: {exc}", "log": list(log)}
+    return out
+
 def case_shared_gpu_leader_fails(comm: MPI.Comm, seed: int = 5, fail_at: str = "launch") -> dict:
     """Ranks sharing one GPU (simulated), the first rank doing the device work: on the second call its
     launch fails (``fail_at="launch"``), or opening a peer's new allocation does (``"open"``; the second

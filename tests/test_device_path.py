@@ -10,7 +10,7 @@ numpy.  What the simulator cannot show (real IPC mappings, stream ordering, spee
 
 import numpy as np
 import pytest
-from mpi_harness import run_case
+from mpi_harness import run_case, run_ok
 
 from tunelab.engine.device import cuda_aware_mpi, device_buffer
 
@@ -218,3 +218,19 @@ def test_a_model_on_a_gpu_has_its_own_profile_signature():
     gpu = [SimpleNamespace(shape=t.shape, dtype=t.dtype, is_cuda=True) for t in cpu]
     assert parameters_signature(cpu).startswith("2p-")
     assert parameters_signature(gpu) == "cuda-" + parameters_signature(cpu)
+
+
+def test_a_staging_segment_that_one_rank_cannot_set_up_fails_on_every_rank():
+    """Out of device memory on one rank while the staging segments grow, or a peer's segment that
+    cannot be mapped: every rank raises at once, naming the rank (the others used to wait for it in an
+    allgather for good), each frees its own segment and closes what it mapped, and the next setup works
+    (tests/mpi_cases.py::case_staging_setup_fails)."""
+    results = run_ok("staging_setup_fails", 3, limit_s=60)
+    for r, res in enumerate(results):
+        assert "local rank 2: MemoryError: out of memory allocating 4096 bytes" in res["allocate"]["error"]
+        assert res["allocate"]["log"] == ([] if r == 2 else ["allocate", "release"])
+        assert "local rank 0: OSError: cannot open the handle" in res["open"]["error"]
+        opened = [f"open {q}" for q in range(3) if q != r]
+        want = ["allocate", "open 1", "close 1", "release"] if r == 0 else ["allocate", *opened, *[f"close {q}" for q in range(3) if q != r], "release"]
+        assert res["open"]["log"] == want, (r, res["open"]["log"])
+        assert res["ok"]["addrs"] == [0x1000 * (q + 1) if q == r else 0x100000 + q for q in range(3)]

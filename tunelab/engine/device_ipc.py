@@ -71,10 +71,38 @@ class DeviceArena:
 
 class _Ipc:
     def map(self, local: MPI.Comm, nbytes: int) -> list[int]:
-        """Allocate this rank's segment and map every peer's: addresses in local-rank order."""
-        mine, handle = self.allocate(nbytes)
-        handles = local.allgather(handle)
-        return [mine if peer == local.rank else self.open(h) for peer, h in enumerate(handles)]
+        """Allocate this rank's segment and map every peer's: addresses in local-rank order.  Collective,
+        failures included: when the allocation (e.g. out of device memory: the framework's caching
+        allocator may hold most of the GPU) or a mapping fails on any rank, every rank frees what it
+        got and raises, naming the ranks (a rank that raised alone would leave its peers waiting here
+        for good), and a later, smaller ``map`` starts afresh."""
+        mine, handle, failed = 0, None, None
+        try:
+            mine, handle = self.allocate(nbytes)
+        except Exception as exc:  # noqa: BLE001 (raised on every rank below)
+            failed = f"{type(exc).__name__}: {exc}"
+        got = local.allgather((handle, failed))
+        addrs: list[int] = []
+        if all(f is None for _, f in got):
+            try:
+                for peer, (h, _) in enumerate(got):
+                    addrs.append(mine if peer == local.rank else self.open(h))
+            except Exception as exc:  # noqa: BLE001
+                failed = f"{type(exc).__name__}: {exc}"
+            got = local.allgather((None, failed))
+        bad = [(r, f) for r, (_, f) in enumerate(got) if f is not None]
+        if not bad:
+            return addrs
+        for peer, addr in enumerate(addrs):  # the peers' segments this rank mapped before the failure
+            if peer != local.rank:
+                self.close(addr)
+        if handle is not None:
+            self.release()
+        from ..errors import TunelabError
+
+        raise TunelabError(f"device staging of {nbytes} bytes per rank could not be set up: "
+                           + "; ".join(f"local rank {r}: {f}" for r, f in bad)
+                           + " (less device memory for staging: a smaller fusion threshold or segment_bytes)")
 
     def allocate(self, nbytes: int) -> tuple[int, Any]:
         """Allocate this rank's segment: (its address, a handle peers can open)."""
