@@ -171,6 +171,8 @@ def integer_average(r: int, n: int) -> dict:
     t = torch.tensor(vals[r], dtype=torch.int64)
     tl.allreduce_(t, average=True, name="ia.64")
     out["int64_inplace"] = t.tolist()
+    h = tl.allreduce_async(torch.tensor(vals[r], dtype=torch.int32), name="ia.twice")
+    out["synchronized_twice"] = [tl.synchronize(h).tolist(), tl.synchronize(h).tolist()]  # divided once
     out["grouped"] = [x.tolist() for x in tl.grouped_allreduce(
         [torch.tensor(vals[r], dtype=torch.int32), torch.tensor(vals[r][:3], dtype=torch.int64)], name="ia.g")]
     return out

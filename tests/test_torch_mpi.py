@@ -113,6 +113,7 @@ def test_horovod_parity(n):
                 assert gc[f"{kind}_{p}"] < 1e-7 and gc[f"{kind}_{p}_nonzero"], (kind, p, gc)
         ia = res["int_avg"]
         assert ia["int32"] == ia["expected"] and ia["int64_inplace"] == ia["expected"]
+        assert ia["synchronized_twice"] == [ia["expected"]] * 2
         assert ia["grouped"] == [ia["expected"], ia["expected"][:3]]
         opt = res["optimizer"]
         for key in ("sparse", "sparse_as_dense", "predivide", "num_groups", "clip"):

@@ -21,20 +21,24 @@ from ._convert import Compression, engine_view
 
 
 class Handle:
-    """A collective in flight; ``synchronize(handle)`` returns its result."""
+    """A collective in flight; ``synchronize(handle)`` returns its result (the same result however
+    often it is asked: the finishing steps, an integer average's division or an in-place copy back,
+    run once)."""
 
     def __init__(self, inner: Sequence[Any], results: list[torch.Tensor],
                  finish: Callable[[list[torch.Tensor]], list[torch.Tensor]], single: bool) -> None:
         self._inner, self._results, self._finish, self._single = inner, results, finish, single
+        self._out: list[torch.Tensor] | None = None
 
     def poll(self) -> bool:
         return all(h.done() for h in self._inner)
 
     def wait(self) -> torch.Tensor | list[torch.Tensor]:
-        for h in self._inner:
-            h.wait()
-        out = self._finish(self._results)
-        return out[0] if self._single else out
+        if self._out is None:
+            for h in self._inner:
+                h.wait()
+            self._out = self._finish(self._results)
+        return self._out[0] if self._single else self._out
 
 
 def _integer_average(t: torch.Tensor, world: int) -> torch.Tensor:
