@@ -35,6 +35,7 @@ class LazyStreams:
         self._queues: dict[int, list[tuple[int, Any]]] = {}  # per stream: (position, work)
         self._queued: Counter = Counter()    # launches queued on each stream so far
         self._streams: dict[int, Any] = {}
+        self._external: dict[int, Any] = {}  # handle -> stream, for external_stream
         self._keep: list[Any] = []
         self.deferred = 0  # launches that were queued behind the host's back at some point (0: lazy did nothing)
         self._lock = threading.RLock()  # threads queue and run launches (the coordinator's, the caller's)
@@ -76,6 +77,16 @@ class LazyStreams:
         stream = self._inner.new_stream()
         self._key(stream)
         return stream
+
+    def external_stream(self, handle: int) -> Any:
+        """Another library's stream: the legacy default for 0, else a stream of its own per handle (the
+        simulator's back end would give 0 for every handle)."""
+        if not handle:
+            return 0
+        with self._lock:
+            if handle not in self._external:
+                self._external[handle] = self.new_stream()
+            return self._external[handle]
 
     def new_event(self, *args: Any, **kwargs: Any) -> _Event:
         return _Event()

@@ -590,6 +590,46 @@ def case_device_marks(comm: MPI.Comm, seed: int = 17) -> dict:
     return {"failures": failures, "later_not_run": not_run}
 
 
+def case_device_side_stream(comm: MPI.Comm, seed: int = 23) -> dict:
+    """The framework works on a side stream (``with torch.cuda.stream(s):``): gradients are written there
+    and submitted from the main thread, whose current stream is that side stream, while the
+    coordinator's thread sees the default stream.  The first call is submitted before the device path
+    exists (so unmarked), the second is marked.  Each call must wait for the side stream's write and
+    order the side stream after its results: the framework then synchronises only its side stream and
+    reads.  Launches run as late as a GPU may (tests/lazy_streams.py)."""
+    import threading
+
+    from lazy_streams import LazyStreams
+    from numba import cuda
+    from tunelab.kernels import get_backend, register_backend
+
+    from tunelab.engine import device as device_module
+    from tunelab.engine.coordinator import Coordinator
+    from tunelab.engine.device import device_buffer
+
+    streams = LazyStreams(get_backend("numba-cuda"))
+    register_backend("numba-cuda", streams)
+    handle, main = 0x5EED, threading.main_thread()
+    device_module.producer_stream_handle = lambda owner: handle if threading.current_thread() is main else 0
+    side = streams.external_stream(handle)
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096))
+    coord = Coordinator(engine)
+    failures = []
+    for call in range(2):
+        x = exact_inputs(700 + call, np.dtype(np.float32), comm.size, seed + call)
+        values = cuda.to_device(x[comm.rank])
+        grad = cuda.to_device(np.zeros_like(x[comm.rank]))
+        table = np.array([[device_buffer(values).addr, device_buffer(grad).addr, values.nbytes]], np.int64)
+        streams.copy_table(table, stream=side)  # backward writes the gradient on the side stream
+        coord.submit(f"side.{call}", grad, "sum", out=grad).wait(timeout=120)
+        streams.stream_sync(side)  # the framework's next reads: after its side stream only
+        wrong = bit_mismatches(grad.copy_to_host(), reference(x, "sum"))
+        if wrong:
+            failures.append(f"call {call}: {wrong} wrong")
+    coord.shutdown()
+    engine.close()
+    return {"failures": failures}
+
 def case_device_back_to_back(comm: MPI.Comm, calls: int = 6) -> dict:
     """Direct one-shot device allreduces back to back, nothing read on the host between them, with
     launches run as late as a GPU may (tests/lazy_streams.py) and rank 1's GPU behind the others (its

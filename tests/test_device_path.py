@@ -97,6 +97,18 @@ def test_a_submitted_gradient_waits_for_its_producer_and_no_later_work():
 
 
 @pytest.mark.mpi
+def test_a_framework_on_a_side_stream_gets_its_gradients_reduced_and_ordered():
+    """Training under ``torch.cuda.stream(s)``: the call waits for the side stream's gradients and the
+    side stream waits for the results, on the first call (before the device path exists, when nothing
+    is marked) as on later ones (tests/mpi_cases.py::case_device_side_stream)."""
+    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
+    run = run_case("device_side_stream", 2, 300, env=env)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
+@pytest.mark.mpi
 def test_back_to_back_one_shots_do_not_refill_a_slot_a_peer_still_reads():
     """Six direct one-shot calls with nothing read between them, one rank's GPU running behind
     (tests/mpi_cases.py::case_device_back_to_back): every result is numpy's sum."""

@@ -93,6 +93,22 @@ def _dlpack_buffer(obj: Any) -> DeviceBuffer | None:
     return _interface_buffer(cupy.from_dlpack(obj))
 
 
+def producer_stream_handle(owner: Any) -> int:
+    """The raw ``cudaStream_t`` a tensor's producer queues its work on: the calling thread's current
+    stream of the tensor's library (torch's, of the tensor's device; CuPy's), 0 (the legacy default
+    stream) for others.  Current streams are per thread: read it in the thread that submits the tensor."""
+    module = type(owner).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return int(torch.cuda.current_stream(owner.device).cuda_stream)
+    if module == "cupy":
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
 def device_index(owner: Any) -> int | None:
     """The CUDA device a tensor lives on, where its library says (torch, CuPy); None otherwise."""
     module = type(owner).__module__.split(".")[0]

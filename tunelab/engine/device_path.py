@@ -7,7 +7,8 @@ Everything is ordered on the engine's **own CUDA stream**, never by waiting for 
   kernels that wrote its inputs without the host waiting for them.  A tensor submitted through the
   coordinator carries its own event, recorded where it was submitted (:meth:`DevicePath.mark_ready`:
   the work queued after that, the rest of backward, is not waited for); others get one recorded
-  when the call starts;
+  when the call starts, on their producer's stream as the submitting thread saw it (a side stream
+  under ``torch.cuda.stream(s)`` included), and that stream is ordered after the results too;
 * kernels launch on the engine stream.  Their address tables are uploaded once and cached by
   content (:class:`TableCache`): a warmed-up call moves no table from the host and allocates
   nothing;
@@ -43,6 +44,7 @@ import numpy as np
 from ..errors import TunelabError
 from ..kernels import ReduceOp, get_backend
 from ..kernels.base import DeviceTable
+from . import device as _device
 from .device import cuda_aware_mpi, device_backend_name, simulated
 from .device_ipc import DeviceArena, PinnedStaging
 from .device_share import SharedGpu
@@ -221,10 +223,11 @@ class DevicePath:
         self.staging = PinnedStaging()
         self._buffers: dict[str, tuple[Any, int]] = {}
         self._ready, self._done = kernels.new_event(), kernels.new_event()
+        self._ready_more: list[Any] = []  # for unmarked inputs of more producers' streams than one
         self._producers: dict[int, Any] = {}
         self._consumers: list[Any] = []  # the producers' streams of the call under way
         self._marked: list[Any] = []     # the marks it waits on
-        self._waited: list[Any] = []     # ... and _ready, when some input had none
+        self._waited: list[Any] = []     # ... and _ready (and _ready_more), when some input had none
         self._free_marks: list[Any] = []
         self._marks_lock = threading.Lock()
         device_ids = topology.local.allgather(kernels.device_id())
@@ -246,9 +249,9 @@ class DevicePath:
         backward pass).  Called where tensors are submitted, from any thread: it takes an event the
         engine's thread made (:meth:`begin` keeps a stock), and leaves ``buf`` unmarked when none is left."""
         with self._marks_lock:
-            if not self._free_marks:
-                return buf
-            event = self._free_marks.pop()
+            event = self._free_marks.pop() if self._free_marks else None
+        if event is None:  # no mark left: the call records one on this producer's stream when it starts
+            return dataclasses.replace(buf, ready=(None, _device.producer_stream_handle(buf.owner)))
         stream = self._producer_stream(buf.owner)
         try:
             self.kernels.record(event, stream)
@@ -274,20 +277,27 @@ class DevicePath:
     # ---- a collective's bounds -------------------------------------------------------------------
     def begin(self, inputs: list[Any]) -> None:
         """Order the engine stream after the producers of ``inputs``: the events marked where they were
-        submitted (:meth:`mark_ready`), and for inputs without one, an event recorded now on the first
-        input's owner's current stream (this thread's: the caller's, or the coordinator's)."""
+        submitted (:meth:`mark_ready`), and for inputs without one, an event recorded now on each of
+        their producers' streams: the stream the submitting thread named (``ready=(None, handle)``:
+        submitted before the device path existed, or when the marks ran out), else the owner's current
+        stream in this thread (the caller's, or the coordinator's)."""
         if self.index is not None:
             self.kernels.use_device(self.index)  # this thread's current device (threads differ)
-        marks = [b.ready for b in inputs if b.ready is not None]
+        marks = [b.ready for b in inputs if b.ready is not None and b.ready[0] is not None]
         here = self._producer_stream(inputs[0].owner)
+        unmarked = {id(s): s for s in (self._stream_of(b.ready[1]) if b.ready is not None
+                                       else self._producer_stream(b.owner)
+                                       for b in inputs if b.ready is None or b.ready[0] is None)}
         self._marked = list({id(e): e for e, _ in marks}.values())
         self._waited = list(self._marked)
-        if len(marks) < len(inputs):
-            self.kernels.record(self._ready, here)
-            self._waited.append(self._ready)
-        # the results are ordered before the marks' streams and this thread's current one (where a
+        while len(self._ready_more) < len(unmarked) - 1:
+            self._ready_more.append(self.kernels.new_event())
+        for event, stream in zip([self._ready, *self._ready_more], unmarked.values()):
+            self.kernels.record(event, stream)
+            self._waited.append(event)
+        # the results are ordered before the producers' streams and this thread's current one (where a
         # framework that synchronised a side stream into its own goes on)
-        self._consumers = list({id(s): s for s in [*(s for _, s in marks), here]}.values())
+        self._consumers = list({id(s): s for s in [*(s for _, s in marks), *unmarked.values(), here]}.values())
         for event in self._waited:
             self.kernels.wait_event(self.stream, event)
         with self._marks_lock:  # a stock of marks for the submitting threads, made in this one
@@ -311,16 +321,9 @@ class DevicePath:
         self.kernels.stream_sync(self.stream)
 
     def _producer_stream(self, owner: Any) -> Any:
-        handle = 0
-        module = type(owner).__module__.split(".")[0]
-        if module == "torch":
-            import torch
+        return self._stream_of(_device.producer_stream_handle(owner))
 
-            handle = int(torch.cuda.current_stream(owner.device).cuda_stream)
-        elif module == "cupy":
-            import cupy
-
-            handle = int(cupy.cuda.get_current_stream().ptr)
+    def _stream_of(self, handle: int) -> Any:
         stream = self._producers.get(handle)
         if stream is None:
             stream = self._producers[handle] = self.kernels.external_stream(handle)

@@ -22,6 +22,7 @@ every rank before any result is written).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -254,13 +255,21 @@ class Engine:
     def mark_ready(self, buf: Any) -> Any:
         """A device buffer marked ready on its producer's stream where it is submitted (the coordinator's
         callers: gradient hooks), so its call waits for no later work of the framework
-        (:meth:`DevicePath.mark_ready`).  Unmarked before the first device call has made the device path
-        (that takes every rank), or when this thread cannot record on that stream: its call then
-        records an event when it starts, which is also correct, only later.  Marks come from a stock the
+        (:meth:`DevicePath.mark_ready`).  Before the first device call has made the device path (that
+        takes every rank), or when this thread cannot record on that stream, it carries its producer's
+        stream instead: its call records an event there when it starts, which is also correct, only
+        later.  Marks come from a stock the
         engine's thread makes (no event is created, nor a device switched, in the caller's thread)."""
         path = self._device
         if path is None or not self._marking:
-            return buf
+            # its call records an event on this producer's stream when it starts (current streams are
+            # per thread: the coordinator's would be the default stream, not a side stream of this one)
+            try:
+                from .device import producer_stream_handle
+
+                return dataclasses.replace(buf, ready=(None, producer_stream_handle(buf.owner)))
+            except Exception:  # noqa: BLE001 - left unmarked: its call records on the coordinator's stream
+                return buf
         try:
             return path.mark_ready(buf)
         except Exception as exc:  # noqa: BLE001 - a back end's CUDA error of any kind: fall back, once said
