@@ -71,3 +71,30 @@ def test_the_keras_workloads_keep_tensorflow_off_the_gpus(monkeypatch, gpus) -> 
     configure_runtime(3)
     assert ("intra", 3) in calls and ("inter", 1) in calls
     assert [c for c in calls if c[0] == "visible"] == ([("visible", [], "GPU")] if gpus else [])
+
+
+@pytest.mark.parametrize(("visible", "virtual", "where", "refused"), [
+    ([0, 1], {}, "GPU:1", False),          # every GPU visible: logical GPU:1 is CUDA device 1
+    ([1], {}, "GPU:0", True),              # Horovod's set_visible_devices(gpus[local_rank]) on rank 1
+    ([0], {}, "GPU:0", False),             # ... on rank 0: the same numbering
+    ([0], {0: 2}, "GPU:1", True),          # GPU 0 split in two logical devices: GPU:1 is on device 0
+])
+def test_a_gpu_tensor_is_refused_where_tensorflows_gpu_numbering_is_not_cudas(monkeypatch, visible, virtual,
+                                                                             where, refused) -> None:
+    """TF's DLPack names TF's logical GPU; CuPy reads it as a CUDA ordinal.  Where the two differ the
+    hand-over is refused with what to do instead (CUDA_VISIBLE_DEVICES), not run on the wrong GPU."""
+    from tunelab.errors import TunelabError
+
+    devices = [SimpleNamespace(name=f"/physical_device:GPU:{i}") for i in visible]
+    monkeypatch.setattr(ops.tf.config, "get_visible_devices", lambda kind="GPU": devices)
+    monkeypatch.setattr(ops.tf.config, "get_logical_device_configuration",
+                        lambda d: [None] * virtual[int(d.name[-1])] if int(d.name[-1]) in virtual else None)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(from_dlpack=lambda capsule: ("cupy", capsule)))
+    monkeypatch.setattr(ops.tf.experimental.dlpack, "to_dlpack", lambda t: "capsule")
+    t = SimpleNamespace(device=f"/job:localhost/replica:0/task:0/device:{where}", backing_device=None,
+                        dtype=tf.float32)
+    if refused:
+        with pytest.raises(TunelabError, match="CUDA_VISIBLE_DEVICES"):
+            ops._to_engine(t)
+    else:
+        assert ops._to_engine(t) == ("cupy", "capsule")

@@ -71,11 +71,45 @@ def _to_engine(t: tf.Tensor) -> Any:
     """A GPU tensor as a CuPy array on the same memory (DLPack, no copy), so the engine reduces it
     on the device; anything else (and bfloat16, which CuPy cannot hold) as a numpy array."""
     # backing_device: where the memory is (TF keeps int32 in host memory even for a GPU op's output)
-    if "GPU" in (getattr(t, "backing_device", None) or t.device or "").upper() and t.dtype != tf.bfloat16:
+    where = getattr(t, "backing_device", None) or t.device or ""
+    if "GPU" in where.upper() and t.dtype != tf.bfloat16:
         import cupy
 
+        _check_dlpack_device(where)
         return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
     return np.asarray(t.numpy())  # 0-d tensors give numpy scalars: make them arrays
+
+
+def _physical_gpus() -> list[int]:
+    """The CUDA device of each of TF's logical GPUs, in TF's order: the visible physical GPUs, each as
+    many times as it has logical (virtual) devices."""
+    out = []
+    for device in tf.config.get_visible_devices("GPU"):
+        virtual = tf.config.get_logical_device_configuration(device)
+        out += [int(device.name.rsplit(":", 1)[1])] * max(1, len(virtual or []))
+    return out
+
+
+def _check_dlpack_device(where: str) -> None:
+    """TF's DLPack names a GPU by TF's *logical* index, and reads one back the same way, while CuPy and
+    CUDA use the device's ordinal: they agree only when TF's logical GPU L is CUDA device L.  With
+    ``tf.config.set_visible_devices(gpus[local_rank], "GPU")`` they do not (rank 1's tensors on CUDA
+    device 1 would be labelled device 0): refuse that with what to do instead, rather than reduce
+    another GPU's memory."""
+    try:
+        logical = int(where.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return
+    physical = _physical_gpus()
+    if logical < len(physical) and physical[logical] != logical:
+        from ..errors import TunelabError
+
+        raise TunelabError(
+            f"TensorFlow's GPU:{logical} is CUDA device {physical[logical]}: tunelab hands GPU tensors over "
+            "by DLPack, which names TensorFlow's logical device, so it cannot reduce them when TensorFlow's "
+            "visible GPUs are restricted (tf.config.set_visible_devices) or split into virtual devices; "
+            "give each rank its GPU with CUDA_VISIBLE_DEVICES=<local rank> instead (TensorFlow then sees it "
+            "as GPU:0)")
 
 
 def _from_engine(a: Any) -> Any:
