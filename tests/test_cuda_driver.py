@@ -182,6 +182,25 @@ def test_a_handle_freed_before_it_reached_the_leader_is_not_sent() -> None:
     assert peer.retired == [1]
 
 
+def test_an_undelivered_handle_freed_while_nothing_new_is_exported_is_not_sent() -> None:
+    """A handle exported in a call that took the staged path (another rank's memory was not shareable),
+    so never delivered; its allocation freed (``torch.cuda.empty_cache()``); the next calls use only
+    allocations the leader already has, so nothing new is exported.  The stale handle must not be sent
+    (the leader's open would fail, and with it every call until something new was exported): it is
+    retired."""
+    fake = FakeAllocations()
+    peer = _exporter(fake)
+    fake.allocate(0x10000, 0x1000)
+    fake.allocate(0x20000, 0x1000)
+    peer.resolve_all([0x10000])
+    peer.new.clear()  # delivered
+    peer.resolve_all([0x20000])  # its call fell back: not delivered
+    assert [k for k, _ in peer.new] == [2]
+    del fake.allocs[0x20000]
+    assert peer.resolve_all([0x10000]) == [(1, 0)]
+    assert peer.new == [] and peer.retired == [2]
+
+
 def test_the_leaders_kernel_tables_are_not_shared_between_dtypes() -> None:
     """The leader caches its kernel tables by what every rank sent (addresses, offsets, counts).  A
     float32 and an int32 tensor of one element at the same addresses (a loss, then a count, handed the

@@ -92,12 +92,16 @@ class Exporter:
     def resolve_all(self, addrs: list[int]) -> list[tuple[int, int]]:
         """(key, offset) of every address; NotShareable if some memory cannot be exported.  Each
         allocation's buffer id is checked once per call; when the call exported something new (memory
-        is moving), every other exported allocation is checked as well and the freed ones retired."""
+        is moving), or a handle exported earlier has not reached the leader yet (its call took the
+        staged path, or failed) and is not used here, every other exported allocation is checked as
+        well and the freed ones retired: a freed allocation's handle is not sent (the leader could not
+        open it, and every call would fail until something new was exported)."""
         checked: set[int] = set()
         first = self._next_key
         keys = [self._resolve(addr, checked) for addr in addrs]
-        if self._next_key > first and self._driver is not None:  # this call exported something
-            used = {key for key, _ in keys}
+        used = {key for key, _ in keys}
+        pending = any(key not in used for key, _ in self.new)
+        if (self._next_key > first or pending) and self._driver is not None:
             for entry in [a for a in self._allocs if a[2] not in used]:
                 if not self._same_buffer(entry[0], entry[3]):
                     self._allocs.remove(entry)
