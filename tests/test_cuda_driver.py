@@ -225,3 +225,32 @@ def test_the_leaders_kernel_tables_are_not_shared_between_dtypes() -> None:
     assert launch("int32") == [(np.dtype("int32"), 1)]
     assert launch("float32") == [(np.dtype("float32"), 1)]  # and the first one's is still found
     assert len(shared._tables) == 2
+
+
+def test_a_leader_whose_launch_fails_lets_its_earlier_launches_end_before_the_peers_go_on() -> None:
+    """The leader queues one launch per dtype; when a later one fails, the earlier ones still read and
+    write the peers' memory.  The leader waits for its stream before it tells the peers at the closing
+    barrier (they would reuse or free that memory), then raises."""
+    from types import SimpleNamespace
+
+    from tunelab.engine.device import DeviceBuffer
+    from tunelab.engine.device_share import SharedGpu
+
+    log: list[str] = []
+
+    def reduce_bcast(table, *args, **kwargs):
+        if "launch" in log:  # the second launch
+            raise RuntimeError("launch failed (injected)")
+        log.append("launch")
+
+    kernels = SimpleNamespace(upload_table=lambda table, stream: table, reduce_bcast=reduce_bcast)
+    barrier = SimpleNamespace(wait=lambda flag, what: log.append(f"barrier {flag}") or [flag])
+    shared = SharedGpu.__new__(SharedGpu)
+    shared.leader, shared.local, shared._tables = True, SimpleNamespace(size=1), {}
+    shared.path = SimpleNamespace(stream=None, barrier=barrier, kernels=kernels,
+                                  synchronize=lambda: log.append("synchronize"))
+    ins = [DeviceBuffer(0x1000 * (i + 1), 4, np.dtype(d), (4,), None) for i, d in enumerate(("float32", "int32"))]
+    outs = [DeviceBuffer(0x9000 * (i + 1), 4, np.dtype(d), (4,), None) for i, d in enumerate(("float32", "int32"))]
+    with pytest.raises(RuntimeError, match="injected"):
+        shared.allreduce(ins, outs, "sum", 1.0, "test")
+    assert log == ["barrier 1", "launch", "synchronize", "barrier 0"]

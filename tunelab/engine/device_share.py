@@ -269,6 +269,10 @@ class SharedGpu:
                 path.synchronize()  # every rank's outputs are written before anyone goes on
             except Exception as exc:  # noqa: BLE001 (re-raised below, once the peers know)
                 failed = exc
+                try:  # launches queued before the failure read and write the peers' memory: let them end
+                    path.synchronize()  # before the peers go on (and reuse or free it)
+                except Exception:  # noqa: BLE001, S110 - the device's own error; the first failure is raised
+                    pass
         done = path.barrier.wait(0 if failed else 1, what)  # the peers learn the leader's verdict here
         if failed is not None:
             raise failed
