@@ -246,3 +246,29 @@ def test_a_staging_segment_that_one_rank_cannot_set_up_fails_on_every_rank():
         want = ["allocate", "open 1", "close 1", "release"] if r == 0 else ["allocate", *opened, *[f"close {q}" for q in range(3) if q != r], "release"]
         assert res["open"]["log"] == want, (r, res["open"]["log"])
         assert res["ok"]["addrs"] == [0x1000 * (q + 1) if q == r else 0x100000 + q for q in range(3)]
+
+
+def test_a_tensor_on_another_gpu_than_the_ranks_others_is_refused_where_it_is_submitted():
+    """One rank reduces on one GPU: a tensor on another (a model split over two GPUs in one rank) is
+    refused with a clear error when it is submitted, before the device path exists and after, instead
+    of being read through the wrong device's stream."""
+    from types import SimpleNamespace
+
+    from tunelab.engine.engine import Engine
+
+    class TorchLike:  # what tunelab.engine.device.device_index reads of a torch tensor
+        __module__ = "torch"
+
+        def __init__(self, index: int) -> None:
+            self.device = SimpleNamespace(index=index)
+
+    engine = Engine.__new__(Engine)
+    engine._device, engine._gpu_seen = None, None
+    engine.check_gpu(SimpleNamespace(owner=TorchLike(1)))
+    engine.check_gpu(SimpleNamespace(owner=TorchLike(1)))
+    engine.check_gpu(SimpleNamespace(owner=object()))  # a library that does not say: not checked
+    with pytest.raises(ValueError, match="on GPU 0, but this rank reduces on GPU 1"):
+        engine.check_gpu(SimpleNamespace(owner=TorchLike(0)))
+    engine._device = SimpleNamespace(index=2)  # the device path, once made, decides
+    with pytest.raises(ValueError, match="on GPU 1, but this rank reduces on GPU 2"):
+        engine.check_gpu(SimpleNamespace(owner=TorchLike(1)))

@@ -109,6 +109,7 @@ class Engine:
         self._host = HostPath(self.topology.local, self.kernels, self.barrier)
         self._device: Any = None
         self._marking = True  # device tensors marked ready where they are submitted (mark_ready)
+        self._gpu_seen: int | None = None  # the GPU of this rank's device tensors, before the device path
         self.link = self._emulated_link()
         self._ring_world = self._ring_over(self.topology.world)
         self._ring_cross = self._ring_over(self.topology.cross)
@@ -245,7 +246,7 @@ class Engine:
         rank, so a host array there would be refused as a rank mismatch)."""
         from .device import device_backend_name, zeros
 
-        index = self._device.index if self._device is not None else None
+        index = self._device.index if self._device is not None else self._gpu_seen
         return zeros(shape, dtype, device_backend_name(self.config.backend), index)
 
     def is_device_tensor(self, tensor: object) -> bool:
@@ -259,7 +260,9 @@ class Engine:
         takes every rank), or when this thread cannot record on that stream, it carries its producer's
         stream instead: its call records an event there when it starts, which is also correct, only
         later.  Marks come from a stock the
-        engine's thread makes (no event is created, nor a device switched, in the caller's thread)."""
+        engine's thread makes (no event is created, nor a device switched, in the caller's thread).
+        ValueError for a tensor on another GPU than this rank's others."""
+        self.check_gpu(buf)
         path = self._device
         if path is None or not self._marking:
             # its call records an event on this producer's stream when it starts (current streams are
@@ -278,6 +281,22 @@ class Engine:
                           f"submitted ({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
             return buf
 
+    def check_gpu(self, buf: Any) -> None:
+        """ValueError unless ``buf`` is on this rank's GPU (where its device path works, or where its
+        first device tensor was): one rank reduces on one GPU, and a tensor on another would be read
+        through the wrong device's stream (a CUDA error at best)."""
+        from .device import device_index
+
+        index = device_index(buf.owner)
+        mine = self._device.index if self._device is not None else self._gpu_seen
+        if index is None or mine is None:
+            self._gpu_seen = index if mine is None else mine
+            return
+        if index != mine:
+            raise ValueError(f"a device tensor on GPU {index}, but this rank reduces on GPU {mine}: tunelab "
+                             "reduces one GPU's tensors per rank (keep the tensors a rank reduces on one "
+                             "device, e.g. after torch.cuda.set_device(local_rank))")
+
     def _inputs(self, tensors: Sequence[Any], outs: Sequence[Any] | None,
                 on_device: list[bool]) -> tuple[list[Any], list[Any]]:
         """Host tensors as numpy arrays, device tensors as zero-copy device buffers, and an output
@@ -289,6 +308,7 @@ class Engine:
                 from .device import device_buffer, empty_like
 
                 a = device_buffer(t)
+                self.check_gpu(a)
                 o = device_buffer(outs[i] if outs is not None else empty_like(a))
                 if o.shape != a.shape or o.dtype != a.dtype:
                     raise ValueError(f"output {i} must be a device array of shape {a.shape} and dtype {a.dtype}")
