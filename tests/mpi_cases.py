@@ -105,8 +105,13 @@ def case_engine_sweep(comm: MPI.Comm, seed: int = 0) -> dict:
     return {"checks": checks, "failures": failures[:20]}
 
 
-def case_random_batches(comm: MPI.Comm, seed: int = 1, rounds: int = 25) -> dict:
-    """Random batches (shapes, dtypes, groups) under random knobs and layouts."""
+def case_random_batches(comm: MPI.Comm, seed: int = 1, rounds: int = 25, fenced: bool = False) -> dict:
+    """Random batches (shapes, dtypes, groups) under random knobs and layouts; ``fenced``: the node
+    barrier puts memory barriers around its flags as it does on CPUs without x86's store order."""
+    if fenced:
+        import platform
+
+        platform.machine = lambda: "aarch64"
     n = comm.size
     failures: list[str] = []
     checks = 0
@@ -119,6 +124,8 @@ def case_random_batches(comm: MPI.Comm, seed: int = 1, rounds: int = 25) -> dict
                  "doubling_max_bytes": int(rng.choice([0, 256, 1 << 16])),
                  "group_fusion": bool(rng.integers(2))}
         engine = Engine(comm, load_engine_config(**lay, **knobs))
+        if fenced and not engine.barrier.fenced:
+            failures.append("the node barrier is not fenced")
         ntensors = int(rng.integers(1, 12))
         names = [str(rng.choice(supported_names())) for _ in range(ntensors)]
         shapes = [tuple(int(d) for d in rng.integers(0, 40, rng.integers(0, 3))) for _ in range(ntensors)]

@@ -73,15 +73,22 @@ class NodeBarrier:
     where MPI's busy-polling barrier burns whole time slices — and fails with
     CollectiveTimeoutError after ``timeout_s`` instead of hanging.
 
-    Ordering relies on x86-64's total store order (data stores become visible before
-    the flag store that follows them), as the shared-memory transport does.
+    Ordering: on x86-64 its total store order makes data stores visible before the flag store
+    that follows them, and a load after seeing a flag reads what was stored before it.  Other CPUs
+    (aarch64: Grace) may reorder both, so there each wait puts a full memory barrier
+    (``MPI_Win_sync`` on the barrier's window, in a passive epoch) before its flag store and after
+    the peers' flags are seen: everything a rank wrote before a wait (shared-memory data, the
+    shared-GPU mailbox) is visible to every peer after it.  ``fence`` forces either way.
     """
 
     _SLOT_INT64 = 16  # 128 bytes per rank: epoch, two payloads, padding against false sharing
 
-    def __init__(self, local: MPI.Comm, timeout_s: float, spin: int = 64) -> None:
+    def __init__(self, local: MPI.Comm, timeout_s: float, spin: int = 64, fence: bool | None = None) -> None:
+        import platform
+
         from mpi4py import MPI
 
+        self.fenced = platform.machine().lower() not in ("x86_64", "amd64") if fence is None else bool(fence)
         self.local = local
         self.timeout_s = timeout_s
         self.spin = max(0, int(spin))  # polls before the first yield (0: yield at once)
@@ -93,6 +100,8 @@ class NodeBarrier:
             self._slots.append(np.frombuffer(buf, dtype=np.int64)[:self._SLOT_INT64])
         self._slots[local.rank][:] = 0
         self._peers = [s for q, s in enumerate(self._slots) if q != local.rank]
+        if self.fenced:
+            self._win.Lock_all(MPI.MODE_NOCHECK)  # the passive epoch Win_sync needs, for good
         local.Barrier()  # every slot is zeroed before anyone waits on it
 
     def next_parity(self) -> int:
@@ -106,10 +115,14 @@ class NodeBarrier:
         mine = self._slots[self.local.rank]
         if payload is not None:
             mine[1 + epoch % 2] = payload
+        if self.fenced:
+            self._win.Sync()  # this rank's stores before its flag
         mine[0] = epoch
         for slot in self._peers:
             if slot[0] < epoch:
                 self._await(slot, epoch, what)
+        if self.fenced:
+            self._win.Sync()  # the peers' stores, seen after their flags
         if payload is None:
             return None
         return [int(slot[1 + epoch % 2]) for slot in self._slots]
@@ -122,13 +135,15 @@ class NodeBarrier:
         k = 1 + epoch % 2
         mine = self._slots[self.local.rank]
         mine[k] = payload
+        if self.fenced:
+            self._win.Sync()
         mine[0] = epoch
-        same = True
         for slot in self._peers:
             if slot[0] < epoch:
                 self._await(slot, epoch, what)
-            same = same and slot[k] == payload
-        return same
+        if self.fenced:
+            self._win.Sync()
+        return all(slot[k] == payload for slot in self._peers)
 
     def _await(self, slot: np.ndarray, epoch: int, what: str | Callable[[], str]) -> None:
         """Poll ``slot`` until it reaches ``epoch``: spin, then yield the core, then sleep; fail after
@@ -160,4 +175,6 @@ class NodeBarrier:
     def free(self) -> None:
         self._slots = []
         self._peers = []
+        if self.fenced:
+            self._win.Unlock_all()
         self._win.Free()
