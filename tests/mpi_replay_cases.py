@@ -50,3 +50,35 @@ def case_replay_steps(comm: MPI.Comm, model: str = "resnet50", forward_ms: float
             "profiled_ms": profiled_ms, "profiled_wrong": profiled_wrong[:10],
             "profiled_first": profiled.names[profiled.order[0]],
             "units_per_ms": replay.compute.units_per_ms}
+
+
+def case_replay_build_fails(comm: MPI.Comm) -> dict:
+    """``tune``'s rank side (run_with_workload) when the workload cannot be built on the last rank only
+    (no GPU for it, out of memory): every rank must raise at once, that rank its own error and the
+    others one naming it, instead of the others waiting in the run's first collective while the failed
+    rank waits for them in the runtime's shutdown.  Then a run that builds everywhere works."""
+    from tunelab.scenarios import load_scenario
+    from tunelab.tuning import run
+    from tunelab.workloads import replay
+
+    p = load_scenario("replay-resnet50").as_params()
+    real = replay.GradientReplay
+
+    def failing(*args, **kwargs):
+        if comm.rank == comm.size - 1:
+            raise MemoryError("out of memory building the model (injected)")
+        return real(*args, **kwargs)
+
+    def body(p, rt, workload, pinned):
+        return {"gathered": rt.sync_comm.allgather(comm.rank)}  # the run's first collective
+
+    out = {}
+    for name, cls in (("fails", failing), ("works", real)):
+        replay.GradientReplay = cls
+        t0 = time.monotonic()
+        try:
+            out[name] = run.run_with_workload(p, body)
+        except Exception as exc:  # noqa: BLE001 (what each rank was told is the result)
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        out[name]["seconds"] = time.monotonic() - t0
+    return out

@@ -280,3 +280,52 @@ def test_a_lock_after_a_retune_is_stored_as_retuned():
     assert outcome(decision(1, True, True, "converged (x)")) == "retuned: converged"
     assert outcome(decision(2, False, False, "budget of 8 exploration blocks spent")) == \
         "retuned: budget exhausted, default kept"
+
+
+def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_the_host_model(monkeypatch, tmp_path):
+    """On a GPU the search covers ``oneshot_max_bytes`` too: the printed and locked lines show it where
+    it left its default, a job that auto-loads a GPU profile (signature ``cuda-...``) and re-opens its
+    search with the retune setting searches it again (rather than putting it back to its default), and
+    a GPU tune takes no first proposals from the scale model, which is fitted on the host path."""
+    from types import SimpleNamespace
+
+    from tunelab import runtime
+    from tunelab.knobs import Knobs
+    from tunelab.tuning import run, watch
+
+    assert "oneshot=64KiB" in run.describe(Knobs(oneshot_max_bytes=64 << 10), exact=True)
+    assert "oneshot" not in run.describe(Knobs())
+
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(watch, "ProfileWatch", lambda coordinator, space, loaded, stored, writer=None: space)
+    key = SimpleNamespace()  # the store has no profile under it: nothing to warm-start from
+    rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs()),
+                         topology=SimpleNamespace(num_nodes=1), coordinator=None,
+                         profile_key=lambda signature, framework: key)
+    monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: None)
+    spaces = {sig: runtime.Runtime._watch_profile(rt, Knobs(), sig, "torch") for sig in ("cuda-161p-x", "161p-x")}
+    assert "oneshot_max_bytes" in spaces["cuda-161p-x"].names
+    assert "oneshot_max_bytes" not in spaces["161p-x"].names
+
+    monkeypatch.setattr(run._Recorder, "create", lambda *a, **k: SimpleNamespace(warm_start_observations=list))
+    monkeypatch.setattr(run, "_model_proposals", lambda p, rt, space: [Knobs(cycle_time_ms=9.0)])
+    comm = SimpleNamespace(rank=0, bcast=lambda value, root=0: value)
+    first = {device: run._prepare_on_rank0({"device": device}, None, None, None, comm)[2] for device in ("cuda", "cpu")}
+    assert first == {"cuda": [], "cpu": [Knobs(cycle_time_ms=9.0)]}
+
+
+
+def test_a_workload_that_one_rank_cannot_build_fails_on_every_rank_at_once():
+    """tune's ranks when the last one cannot build its workload (no GPU for it, out of memory): every
+    rank raises at once, the others naming it (they used to wait in the run's first collective while
+    it waited for them in the runtime's shutdown, for good), and the next run works
+    (tests/mpi_replay_cases.py::case_replay_build_fails)."""
+    results = run_ok("replay_build_fails", 3, limit_s=120)
+    for r, res in enumerate(results):
+        fails, works = res["fails"], res["works"]
+        if r == 2:
+            assert fails["error"] == "MemoryError: out of memory building the model (injected)", fails
+        else:
+            assert fails["error"] == ("TunelabError: the workload could not be built on rank 2: out of memory "
+                                      "building the model (injected)"), fails
+        assert fails["seconds"] < 30 and works["gathered"] == [0, 1, 2], res

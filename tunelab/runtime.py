@@ -192,7 +192,10 @@ class Runtime:
         from .tuning.watch import ProfileWatch, StoreWriter
 
         pinned = {k: getattr(self.engine.knobs, k) for k in self.config.pinned}
-        space = search_space(pinned, self.topology.num_nodes, base=self.config.knobs)
+        # a GPU model's profile (its signature says so) was tuned over the device path's knobs too: a
+        # search re-opened here searches them as well, rather than putting them back to their defaults
+        space = search_space(pinned, self.topology.num_nodes, base=self.config.knobs,
+                             device=signature.startswith("cuda-"))
         store = ProfileStore()
         best = store.best(self.profile_key(signature, framework))
         stored = stored_observations(store.trials(best.profile_id), Plan().warm_start_noise) if best else []

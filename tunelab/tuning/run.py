@@ -102,7 +102,8 @@ def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any, comm: An
         try:
             recorder = _Recorder.create(p, rt, workload, write=p.get("store", True))
             stored = recorder.warm_start_observations()
-            first = _model_proposals(p, rt, space) if not stored else []
+            # (the scale model is fitted on the host path: no first proposals for a GPU job)
+            first = _model_proposals(p, rt, space) if not stored and p.get("device") != "cuda" else []
         except Exception as exc:  # noqa: BLE001 - raised again below, on every rank
             failure = exc
     said = comm.bcast(None if failure is None else str(failure).splitlines()[0] if str(failure) else
@@ -151,13 +152,34 @@ def make_workload(p: dict, rt: Any, comm: Any) -> Workload:
     return _make_workload(p, rt, _threads_per_rank(comm))
 
 
+def built_everywhere(comm: Any, build: Callable[[], Any]) -> Any:
+    """``build()`` (this rank's own work: no collective in it), then whether every rank's worked.  A
+    rank whose build failed (no GPU for it, out of memory, a model that does not build) raises its own
+    error and the others an error naming it, all at once; else the others would wait in the collective
+    that follows (the parameters' broadcast, the tuning run) while the failed rank waited for them in
+    the runtime's shutdown, for good."""
+    result, failure = None, None
+    try:
+        result = build()
+    except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows
+        failure = exc
+    said = comm.allgather(None if failure is None else (str(failure).splitlines() or [type(failure).__name__])[0])
+    if failure is not None:
+        raise failure
+    bad = [(r, line) for r, line in enumerate(said) if line is not None]
+    if bad:
+        raise TunelabError("the workload could not be built on " + "; ".join(f"rank {r}: {line}" for r, line in bad))
+    return result
+
+
 def _make_workload(p: dict, rt: Any, threads: int) -> Workload:
     if p["workload"] == "replay":
         from ..workloads.replay import GradientReplay
 
         dtype = p.get("replay_dtype", "float32")
-        replay = GradientReplay(p["model"], forward_ms=p["replay_forward_ms"], backward_ms=p["replay_backward_ms"],
-                                dtype=dtype, seed=rt.topology.rank)
+        replay = built_everywhere(rt.sync_comm, lambda: GradientReplay(
+            p["model"], forward_ms=p["replay_forward_ms"], backward_ms=p["replay_backward_ms"], dtype=dtype,
+            seed=rt.topology.rank))
         suffix = "" if dtype == "float32" else f":{dtype}"
         return Workload(lambda: replay.step(rt.coordinator), p["batch_size"] * rt.topology.size,
                         f"replay:{p['model']}{suffix}", p["model"] + suffix)
@@ -177,13 +199,16 @@ def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
     from ..workloads.torch_models import build, synthetic_batch
 
     torch.set_num_threads(threads)
-    device = torch_device(p.get("device", "cpu"), rt.topology.host_rank)  # cuda: this rank's GPU (by its
-    # place on the real host, as bench train picks it: emulated nodes share the host's GPUs)
-    kw = {"seq_len": p.get("seq_len", 128)} if p["model"] == "bert" else {"image_size": p["image_size"]}
-    x, y = synthetic_batch(p["model"], p["batch_size"], seed=1 + rt.topology.rank, **kw)
-    x, y = x.to(device), y.to(device)
-    torch.manual_seed(0)
-    model = build(p["model"]).to(device)
+
+    def local() -> tuple[Any, Any, Any, Any]:
+        device = torch_device(p.get("device", "cpu"), rt.topology.host_rank)  # cuda: this rank's GPU (by
+        # its place on the real host, as bench train picks it: emulated nodes share the host's GPUs)
+        kw = {"seq_len": p.get("seq_len", 128)} if p["model"] == "bert" else {"image_size": p["image_size"]}
+        x, y = synthetic_batch(p["model"], p["batch_size"], seed=1 + rt.topology.rank, **kw)
+        torch.manual_seed(0)
+        return device, x.to(device), y.to(device), build(p["model"]).to(device)
+
+    device, x, y, model = built_everywhere(rt.sync_comm, local)
     tl.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                                   named_parameters=model.named_parameters(), load_profile=False)
@@ -213,11 +238,14 @@ def _tf_workload(p: dict, rt: Any, threads: int) -> Workload:
     import tunelab.tensorflow as tl
 
     seq_len = p.get("seq_len", 128)
-    x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + rt.topology.rank,
-                           seq_len=seq_len)
-    x, y = tf.constant(x), tf.constant(y)
-    keras.utils.set_random_seed(0)
-    model = build(p["model"], image_size=p["image_size"], seq_len=seq_len)
+
+    def local() -> tuple[Any, Any, Any]:
+        x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + rt.topology.rank,
+                               seq_len=seq_len)
+        keras.utils.set_random_seed(0)
+        return tf.constant(x), tf.constant(y), build(p["model"], image_size=p["image_size"], seq_len=seq_len)
+
+    x, y, model = built_everywhere(rt.sync_comm, local)
     tl.broadcast_variables(model.weights, root_rank=0)
     opt = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
     opt.build(model.trainable_variables)  # its variables exist before the step is traced
@@ -252,8 +280,11 @@ def describe(knobs: Knobs, exact: bool = False) -> str:
     def text(name: str) -> str:
         return knob_text(name, getattr(knobs, name), exact)
 
-    return (f"fusion={text('fusion_threshold_bytes')} cycle={text('cycle_time_ms')}ms "
+    line = (f"fusion={text('fusion_threshold_bytes')} cycle={text('cycle_time_ms')}ms "
             f"segment={text('segment_bytes')} hier={text('hierarchical')}")
+    if knobs.oneshot_max_bytes != Knobs().oneshot_max_bytes:  # searched on GPUs: shown where it moved
+        line += f" oneshot={text('oneshot_max_bytes')}"
+    return line
 
 
 def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
