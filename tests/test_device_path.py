@@ -272,3 +272,17 @@ def test_a_tensor_on_another_gpu_than_the_ranks_others_is_refused_where_it_is_su
     engine._device = SimpleNamespace(index=2)  # the device path, once made, decides
     with pytest.raises(ValueError, match="on GPU 1, but this rank reduces on GPU 2"):
         engine.check_gpu(SimpleNamespace(owner=TorchLike(1)))
+
+
+def test_the_table_cache_tells_tables_of_the_same_bytes_but_other_shapes_apart():
+    """Kernel tables are cached by content: a reduce's list of source addresses and a copy table of one
+    row can hold the same numbers, and must not share an upload (the copy would be skipped, or the
+    reduce would read one source)."""
+    from types import SimpleNamespace
+
+    from tunelab.engine.device_path import TableCache
+
+    cache = TableCache(SimpleNamespace(upload_table=lambda table, stream: table.copy()), None)
+    flat, row = cache.get(np.array([4096, 8192, 64])), cache.get(np.array([[4096, 8192, 64]]))
+    assert flat.shape == (3,) and row.shape == (1, 3) and len(cache) == 2
+    assert cache.get(np.array([4096, 8192, 64])) is flat  # found again by content

@@ -71,7 +71,8 @@ class TableCache:
 
     def get(self, table: np.ndarray) -> DeviceTable:
         table = np.ascontiguousarray(table, dtype=np.int64)
-        key = table.shape[-1].to_bytes(2, "little") + table.tobytes()
+        # (the whole shape: a list of 3 source addresses and one copy row of 3 numbers can hold the same bytes)
+        key = np.asarray(table.shape, np.int64).tobytes() + b"|" + table.tobytes()
         found = self._tables.get(key)
         if found is None:
             if len(self._tables) >= _TABLE_CACHE_SIZE:
