@@ -129,7 +129,9 @@ def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
     for rank, res in enumerate(run.results):
         assert res["failures"] == [], f"rank {rank}: {res['failures']}"
-        assert res["joined_last"] == 1  # ranks 0 and 1 joined last, at the same cycle: the higher one
+    # ranks 0 and 1 joined last, rank 2 rounds before them: join names one of the two, the same on every
+    # rank (rank 1 when both joined at the same cycle; which cycle each one's join falls in is timing)
+    assert len({r["joined_last"] for r in run.results}) == 1 and run.results[0]["joined_last"] in (0, 1)
     assert [r["checks"] for r in run.results] == [6, 6, 2]
 
 
