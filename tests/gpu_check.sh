@@ -7,7 +7,8 @@
 #
 # DIR (default: $OUT, else ./gpu-check) receives each step's log and JSON; STEPs (default: all, in this
 # order): tests kernels allreduce train tune.  The summary at the end names each step's exit status
-# and seconds (124: it ran out of time).
+# and seconds (124: it ran out of time); the script exits 1 when any step failed.  A step's log and
+# JSON from an earlier run in DIR are removed before it runs.
 set -u
 DIR=${1:-${OUT:-gpu-check}}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -15,16 +16,19 @@ STEPS=${*:-tests kernels allreduce train tune}
 mkdir -p "$DIR"
 export TUNELAB_HOME="$DIR/home"   # a fresh profile store: tune starts from nothing
 SUMMARY=()
+FAILED=0
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2 t0 rc
     shift 2
     echo "## $name: $*"
     t0=$(date +%s)
-    timeout --kill-after=10 "$limit" "$@" >>"$DIR/$name.log" 2>&1
+    rm -f "$DIR/$name.log" "$DIR/$name.json"  # nothing of an earlier run is read as this one's
+    timeout --kill-after=10 "$limit" "$@" >"$DIR/$name.log" 2>&1
     rc=$?
+    [ "$rc" -eq 0 ] || FAILED=1
     SUMMARY+=("$name rc=$rc $(( $(date +%s) - t0 ))s")
-    tail -n 25 "$DIR/$name.log"  # (the whole log stays in DIR)
+    tail -n 40 "$DIR/$name.log"  # (the whole log stays in DIR)
 }
 
 for s in $STEPS; do
@@ -53,3 +57,4 @@ for s in $STEPS; do
 done
 echo "## summary"
 printf '%s\n' "${SUMMARY[@]}" | tee "$DIR/summary.txt"
+exit "$FAILED"

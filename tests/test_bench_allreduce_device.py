@@ -31,3 +31,33 @@ def test_the_bound_row_is_one_copy_that_waits_for_itself() -> None:
     op, _, _ = _operation("bound", None, np.ones(4, np.float32), {}, None, _tools(log))
     op()
     assert log == ["copy and wait"]
+
+
+def test_on_a_shared_gpu_the_bound_is_one_launch_copying_every_ranks_bytes() -> None:
+    """Ranks sharing one GPU share its memory system: the bound is the node's first rank copying all
+    of their bytes in one launch (N processes copying at once would add the GPU's switching between
+    them, which the engine's shared-GPU path does not pay); the others time nothing."""
+    log: list[str] = []
+    copies: list[int] = []
+    tools = (lambda a: a.copy(), lambda a: np.asarray(a), lambda d, h: None,
+             lambda dst, src: copies.append(src.size), lambda: log.append("wait"))
+    op, _, _ = _operation("bound", None, np.ones(4, np.float32), {}, None, tools, sharing=3, leader=True)
+    op()
+    assert copies == [12]
+    op, _, _ = _operation("bound", None, np.ones(4, np.float32), {}, None, tools, sharing=3, leader=False)
+    op()
+    assert copies == [12] and log == []
+
+
+def test_the_mpi_row_on_the_device_ends_when_its_result_is_back_in_device_memory() -> None:
+    log: list[str] = []
+    tools = (lambda a: a.copy(), lambda a: np.asarray(a), lambda d, h: log.append("upload queued"),
+             lambda dst, src: None, lambda: log.append("wait"))
+
+    class Comm:
+        def Allreduce(self, src, out, op=None):
+            log.append("allreduce")
+
+    op, _, _ = _operation("mpi", Comm(), np.ones(4, np.float32), {}, None, tools)
+    op()
+    assert log == ["allreduce", "upload queued", "wait"]

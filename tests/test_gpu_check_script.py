@@ -30,7 +30,11 @@ def test_an_unknown_step_is_a_usage_error(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the step would run in full")
 def test_a_failing_step_is_summarised_and_the_next_one_runs(tmp_path: Path) -> None:
+    stale = tmp_path / "out" / "kernels-cupy.json"
+    stale.parent.mkdir()
+    stale.write_text("{}")  # an earlier run's: not to be read as this one's
     run = _run(tmp_path, "kernels")
+    assert run.returncode == 1 and not stale.exists(), run.stdout  # a failed step fails the script
     summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
     assert [line.split()[0] for line in summary] == ["kernels-cupy", "kernels-numba"], run.stdout
     assert all(line.split()[1] not in ("rc=0", "rc=124") for line in summary), summary  # failed, not timed out

@@ -7,7 +7,8 @@ bit for bit with a numpy reference: ``wrong`` counts mismatched elements.
 
 The ``bound`` row is the physical limit of any allreduce on these ranks: every rank reads its
 input and writes its output at the same time, as a plain copy (host memory, or device memory with
-``--device cuda``), measured like the others in the same run.  An allreduce moves at least those
+``--device cuda``), measured like the others in the same run.  Ranks sharing one GPU share its
+memory system: there one rank copies all of their bytes in one launch.  An allreduce moves at least those
 bytes, so its time over ``bound`` says how far it is from the memory system.  (Between hosts, or
 behind an emulated link, the link sets a higher bound that this row does not include.)
 
@@ -49,13 +50,19 @@ def run_rank(p: dict) -> dict:
         else:
             algorithms.remove("gloo")
             notes.append("gloo: skipped, torch is not installed (pip install 'tunelab[torch]')")
+    sharing, leader = _gpu_sharing(comm, engines) if on_device else (1, True)
+    if sharing > 1 and "bound" in algorithms:
+        notes.append(f"bound: {sharing} ranks share one GPU: one rank copies all their bytes in one launch")
+    if sharing > 1 and engines:
+        notes.append("ring/hierarchical on a shared GPU: the node's first rank reduces for every rank in one "
+                     "launch (the shared-GPU path)")
     rows = []
     for size in p["sizes"]:
         count = max(1, size // dtype.itemsize)
         src = exact_input(count, comm.rank, comm.size, dtype)
         expected = exact_sum(count, comm.size, dtype)
         for algo in algorithms:
-            op, reset, result = _operation(algo, comm, src, engines, gloo, tools)
+            op, reset, result = _operation(algo, comm, src, engines, gloo, tools, sharing, leader)
             times = timed_iterations(comm, op, p["iters"], p["warmup"], reset)
             wrong = None if algo == "bound" else comm.allreduce(count_wrong(result(), expected), op=MPI.SUM)
             rows.append(_row(algo, count, dtype, times, wrong, comm.size))
@@ -103,16 +110,26 @@ def _engines(comm, p: dict, algorithms: list[str]) -> dict:
     return engines
 
 
-def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tuple | None) -> tuple:
+def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tuple | None,
+               sharing: int = 1, leader: bool = True) -> tuple:
     """(op, reset, result) for one algorithm at one size: ``op`` is what is timed, ``reset`` (or None)
     restores its input before each iteration, ``result()`` is its output as a host array.  The output
-    is poisoned first, so an allreduce that writes nothing is caught."""
+    is poisoned first, so an allreduce that writes nothing is caught.  ``sharing``: how many ranks share
+    this rank's GPU (the bound is then one copy of all their bytes, by the ``leader``, the node's first)."""
     from mpi4py import MPI
 
     out = np.empty_like(src)
     out.view(np.uint8).fill(0xFF)
     if tools is not None:  # --device cuda: inputs and outputs in device memory
         upload, download, store, copy, wait = tools
+        if algo == "bound" and sharing > 1:
+            # Ranks sharing one GPU: its memory system is the limit for all of them together, reached by
+            # one launch moving every rank's bytes (N processes copying at once would add the GPU's
+            # switching between their contexts, which the engine's shared-GPU path does not pay).
+            if not leader:
+                return (lambda: None), None, lambda: out
+            d_all, d_all_out = upload(np.concatenate([src] * sharing)), upload(np.concatenate([out] * sharing))
+            return (lambda: copy(d_all_out, d_all)), None, lambda: out
         d_src, d_out = upload(src), upload(out)
         if algo == "bound":
             def op() -> None:
@@ -127,6 +144,7 @@ def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tup
             def op() -> None:
                 comm.Allreduce(download(d_src), out, op=MPI.SUM)
                 store(d_out, out)
+                wait()  # (CuPy's upload is queued on its stream: the row ends when the result is there)
         return op, None, lambda: download(d_out)
     reset = None
     if algo == "bound":
@@ -145,6 +163,23 @@ def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tup
         def op() -> None:
             gloo.allreduce_(out)
     return op, reset, lambda: out
+
+
+def _gpu_sharing(comm, engines: dict) -> tuple[int, bool]:
+    """(how many ranks of this node use this rank's GPU, whether this rank is the first of them)."""
+    from mpi4py import MPI
+
+    from ..engine.device import device_backend_name
+    from ..kernels import get_backend
+
+    backend = next(iter(engines.values())).config.backend if engines else load_engine_config().backend
+    mine = get_backend(device_backend_name(backend)).device_id()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    ids = local.allgather(mine)
+    rank = local.rank
+    local.Free()
+    same = [r for r, i in enumerate(ids) if i == mine]
+    return len(same), rank == same[0]
 
 
 def _hardware(comm, p: dict, engines: dict) -> dict:
@@ -180,7 +215,8 @@ def _device_tools() -> tuple:
         from numba import cuda
 
         def copy_numba(dst, src) -> None:
-            dst.copy_to_device(src)  # device to device; synchronous on the default stream
+            dst.copy_to_device(src)  # device to device: queued (cuMemcpyDtoD does not wait for itself) ...
+            cuda.synchronize()  # ... so wait for it, as the engine rows wait for their calls
 
         return cuda.to_device, lambda a: a.copy_to_host(), lambda d, h: d.copy_to_device(h), copy_numba, cuda.synchronize
     raise TunelabError("--device cuda needs a CUDA device with CuPy or numba-cuda; none is available")
