@@ -432,10 +432,10 @@ class CupyBackend(DeviceArrayOps):
         head = (table.array, np.int32(table.rows), np.int32(nsrc), np.int32(ndst))
         scaled = np.int32(factor is not None)
         if kind:
-            args = (*head, np.int32(kind), np.int32(op), np.float32(factor or 1.0), scaled)
+            args = (*head, np.int32(kind), np.int32(op), np.float32(1.0 if factor is None else factor), scaled)
             self._launch("reduce_bcast_half", self._row_grid(table.rows, max_count, 1), args, stream)
         else:
-            args = (*head, np.int32(op), np.dtype(dtype).type(factor or 1), scaled)
+            args = (*head, np.int32(op), np.dtype(dtype).type(1 if factor is None else factor), scaled)
             self._launch(f"reduce_bcast_{name}", self._row_grid(table.rows, max_count, 1), args, stream)
 
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:

@@ -441,11 +441,11 @@ class NumbaCudaBackend(DeviceArrayOps):
         kind, scaled = half_kind(dtype), factor is not None
         if kind:
             self._k.reduce_bcast_half[grid, self._block, stream](table.array, nsrc, ndst, kind, int(op),
-                                                                 np.float32(factor or 1.0), scaled)
+                                                                 np.float32(1.0 if factor is None else factor), scaled)
         else:
             like = np.dtype(dtype).type(0)
             self._k.reduce_bcast[grid, self._block, stream](table.array, nsrc, ndst, like, int(op),
-                                                            np.dtype(dtype).type(factor or 1), scaled)
+                                                            np.dtype(dtype).type(1 if factor is None else factor), scaled)
 
     def cast_addr(self, src_addr: int, dst_addr: int, count: int, src_dtype: Any, dst_dtype: Any) -> None:
         """Pointer-level :meth:`cast` of ``count`` elements."""

@@ -209,13 +209,13 @@ def scale_copy_table_and_scale_match_cpu() -> None:
 @check
 def reduce_bcast_writes_the_reduction_to_every_destination_like_the_cpu_path() -> None:
     """The shared-GPU kernel: each row's sources combined in order, scaled like unpacking (the sum
-    rounded to the dtype first), written to every destination; the reference is the CPU reduce
+    rounded to the dtype first; a factor of 0 too), written to every destination; the reference is the CPU reduce
     followed by the CPU scale-copy, i.e. the staged path's own steps."""
     gpu, cpu = _backends()
     for name in supported_names():
         dt = dtype_from_name(name)
         for op in ReduceOp:
-            for factor in (None, 1 / 3) if name not in ("int32", "int64") and op == ReduceOp.SUM else (None,):
+            for factor in (None, 1 / 3, 0.0) if name not in ("int32", "int64") and op == ReduceOp.SUM else (None,):
                 rng = np.random.default_rng(len(name) + int(op))
                 counts = (5, 390, 0, 1)
                 srcs = [[rng.integers(-9, 10, c).astype(dt) for _ in range(3)] for c in counts]
