@@ -681,6 +681,9 @@ def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
     from tunelab.engine.coordinator import Coordinator
 
     engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096))
+    made = []
+    real_zeros = engine.device_zeros
+    engine.device_zeros = lambda shape, dtype: made.append(shape) or real_zeros(shape, dtype)
     coord = Coordinator(engine)
     last = comm.size - 1
     counts = (7, 3000)  # a one-shot bucket and a two-shot one
@@ -702,7 +705,7 @@ def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
     joined_last = coord.join()
     coord.shutdown()
     engine.close()
-    return {"failures": failures, "checks": checks, "joined_last": joined_last}
+    return {"failures": failures, "checks": checks, "joined_last": joined_last, "zeros_made": len(made)}
 
 
 class CountingBackend:

@@ -123,7 +123,8 @@ def test_back_to_back_one_shots_do_not_refill_a_slot_a_peer_still_reads():
 @pytest.mark.mpi
 def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     """A rank that joined contributes zeros to the others' allreduces; with device tensors those zeros
-    must be device memory, or the call is refused as a rank mismatch (tests/mpi_cases.py::case_device_join)."""
+    must be device memory, or the call is refused as a rank mismatch, and are made once per tensor
+    (tests/mpi_cases.py::case_device_join)."""
     env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
     run = run_case("device_join", 3, 300, env=env)
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
@@ -133,6 +134,8 @@ def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     # rank (rank 1 when both joined at the same cycle; which cycle each one's join falls in is timing)
     assert len({r["joined_last"] for r in run.results}) == 1 and run.results[0]["joined_last"] in (0, 1)
     assert [r["checks"] for r in run.results] == [6, 6, 2]
+    # the joined rank's zeros are made once per tensor (two), not per call (four): its share is reused
+    assert [r["zeros_made"] for r in run.results] == [0, 0, 2]
 
 
 def _gpu_backend_or_skip(name: str) -> None:

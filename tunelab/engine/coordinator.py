@@ -107,6 +107,7 @@ class Coordinator:
         self._rejected: dict[str, BaseException] = {}  # calls ranks disagreed on, this cycle
         self._timeline_swap: tuple[Timeline | None, threading.Event] | None = None
         self._metas: list[tuple] = []  # per cached name: what a joined rank contributes zeros of
+        self._device_zeros: dict[int, tuple[Any, Any]] = {}  # per cached name, while joined: (zeros, out)
         self._joined, self._join_cycle, self._join_last = False, -1, -1
         self._join_done = threading.Event()
         self._wake = threading.Event()
@@ -188,6 +189,7 @@ class Coordinator:
         cycles = self.comm.allgather(self._join_cycle)
         self._join_last = max(range(self.size), key=lambda r: (cycles[r], r))
         self._joined, self._join_cycle = False, -1
+        self._device_zeros.clear()  # (the engine's stream orders their last use before any reuse)
         self._join_done.set()
 
     def replace_timeline(self, path: str | None) -> None:
@@ -365,8 +367,13 @@ class Coordinator:
         if on_device:
             from .device import device_buffer, empty_like
 
-            src = device_buffer(self.engine.device_zeros(tuple(shape), dtype_from_name(dtype)))
-            out = empty_like(src)
+            # made once per tensor while this rank is joined, not every cycle: the zeros are only read,
+            # and the output is written by calls that run one after another on the engine's stream
+            found = self._device_zeros.get(i)
+            if found is None:
+                src = device_buffer(self.engine.device_zeros(tuple(shape), dtype_from_name(dtype)))
+                found = self._device_zeros[i] = (src, empty_like(src))
+            src, out = found
             return _Request(self._names[i], src, Handle(self._names[i], out), op, group, device_buffer(out))
         zeros = np.zeros(shape, dtype_from_name(dtype))
         return _Request(self._names[i], zeros, Handle(self._names[i], np.empty_like(zeros)), op, group)
