@@ -189,3 +189,23 @@ def test_keras_bert_trains_on_a_tiny_batch(keras):
     assert model.predict(inputs, verbose=0).shape == (2, 2)
     changed = [not np.array_equal(b, w.numpy()) for b, w in zip(before, model.trainable_weights)]
     assert sum(changed) > len(changed) // 2  # the step reached most weights, not just the head
+
+
+def test_in_the_lab_ranks_take_gpus_by_their_place_on_the_machine(monkeypatch) -> None:
+    """The lab's hosts are network namespaces of one machine, each with its own local ranks: a rank's GPU
+    is picked by its world rank there (by its local rank, every lab host's first rank took GPU 0), and
+    ranks on different lab hosts that end up on one GPU count as sharing it."""
+    from types import SimpleNamespace
+
+    from tunelab.lab import launch
+    from tunelab.workloads import torch_device
+
+    monkeypatch.setattr(launch, "current_lab", lambda: None)
+    assert torch_device.gpu_slot(5, 1) == 1
+    monkeypatch.setattr(launch, "current_lab", lambda: object())
+    assert torch_device.gpu_slot(5, 1) == 5
+    monkeypatch.setattr(torch_device, "gpu_id", lambda device: device)
+    world = SimpleNamespace(allgather=lambda mine: ["gpu0", "gpu1", "gpu0"])  # 3 lab hosts, 2 GPUs
+    assert torch_device.ranks_share_a_gpu(world, "gpu0") is True
+    world = SimpleNamespace(allgather=lambda mine: ["gpu0", "gpu1"])
+    assert torch_device.ranks_share_a_gpu(world, "gpu0") is False

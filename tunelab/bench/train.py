@@ -78,13 +78,13 @@ def _torch_bench(p: dict) -> dict:
     import torch
     from mpi4py import MPI
 
-    from ..workloads.torch_device import ranks_share_a_gpu, torch_device
+    from ..workloads.torch_device import gpu_slot, ranks_share_a_gpu, torch_device
     from ..workloads.torch_models import build, synthetic_batch
 
     comm = MPI.COMM_WORLD
     torch.set_num_threads(_threads_per_rank(comm))
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    device = torch_device(p.get("device", "cpu"), local.rank)
+    device = torch_device(p.get("device", "cpu"), gpu_slot(comm.rank, local.rank))
     local.Free()
     x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + comm.rank)
     x, y = x.to(device), y.to(device)

@@ -195,14 +195,14 @@ def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
 
     import tunelab.torch as tl
 
-    from ..workloads.torch_device import finish, torch_device
+    from ..workloads.torch_device import finish, gpu_slot, torch_device
     from ..workloads.torch_models import build, synthetic_batch
 
     torch.set_num_threads(threads)
 
     def local() -> tuple[Any, Any, Any, Any]:
-        device = torch_device(p.get("device", "cpu"), rt.topology.host_rank)  # cuda: this rank's GPU (by
-        # its place on the real host, as bench train picks it: emulated nodes share the host's GPUs)
+        # cuda: this rank's GPU, by its place on the machine, as bench train picks it
+        device = torch_device(p.get("device", "cpu"), gpu_slot(rt.topology.rank, rt.topology.host_rank))
         kw = {"seq_len": p.get("seq_len", 128)} if p["model"] == "bert" else {"image_size": p["image_size"]}
         x, y = synthetic_batch(p["model"], p["batch_size"], seed=1 + rt.topology.rank, **kw)
         torch.manual_seed(0)

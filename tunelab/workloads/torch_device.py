@@ -37,6 +37,16 @@ def finish(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
+def gpu_slot(world_rank: int, host_rank: int) -> int:
+    """Which of the machine's GPUs a rank takes (modulo their count): its place among the ranks of its
+    machine.  That is ``host_rank`` (emulated nodes share their host's GPUs), but in the lab, whose
+    hosts are network namespaces of this one machine (each with its own local ranks), every rank of the
+    job is on this machine: its world rank, or every lab host's first rank would take GPU 0."""
+    from ..lab.launch import current_lab
+
+    return world_rank if current_lab() is not None else host_rank
+
+
 def ranks_share_a_gpu(comm: Any, device: Any) -> bool:
     """Whether some GPU serves more than one rank of a host (then NCCL refuses the ranks, and the
     framework baseline runs over gloo), the same answer on every rank.  Ranks compare their GPUs'
@@ -44,6 +54,11 @@ def ranks_share_a_gpu(comm: Any, device: Any) -> bool:
     (``CUDA_VISIBLE_DEVICES`` per rank) ranks sharing one."""
     from mpi4py import MPI
 
+    from ..lab.launch import current_lab
+
+    if current_lab() is not None:  # the lab's hosts are one machine: its GPUs are shared by all of them
+        ids = comm.allgather(gpu_id(device))
+        return len(set(ids)) < len(ids)
     host = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         ids = host.allgather(gpu_id(device))
