@@ -291,3 +291,36 @@ def test_the_table_cache_tells_tables_of_the_same_bytes_but_other_shapes_apart()
     flat, row = cache.get(np.array([4096, 8192, 64])), cache.get(np.array([[4096, 8192, 64]]))
     assert flat.shape == (3,) and row.shape == (1, 3) and len(cache) == 2
     assert cache.get(np.array([4096, 8192, 64])) is flat  # found again by content
+
+
+def test_an_output_made_for_a_cupy_tensor_is_on_that_tensors_gpu(monkeypatch):
+    """A call without outputs gets new ones like its inputs: for a CuPy array on GPU 1 the new array is
+    made on GPU 1, whatever the calling thread's current GPU (the coordinator's thread: GPU 0)."""
+    import sys
+    from types import SimpleNamespace
+
+    from tunelab.engine.device import DeviceBuffer, empty_like
+
+    current = [0]
+
+    class Device:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def __enter__(self) -> None:
+            self.before, current[0] = current[0], self.index
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.before
+
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=Device),
+                           empty=lambda shape, dtype: ("made on GPU", current[0], shape))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+    class CupyLike:
+        __module__ = "cupy"
+        device = SimpleNamespace(id=1)
+        dtype = np.dtype(np.float32)
+
+    got = empty_like(DeviceBuffer(0x1000, 6, np.dtype(np.float32), (2, 3), CupyLike()))
+    assert got == ("made on GPU", 1, (2, 3)) and current == [0]

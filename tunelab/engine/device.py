@@ -186,7 +186,8 @@ def empty_like(buf: DeviceBuffer) -> Any:
     if module == "cupy":
         import cupy
 
-        return cupy.empty(buf.shape, dtype=owner.dtype)
+        with cupy.cuda.Device(owner.device.id):  # the owner's GPU, not this thread's current one
+            return cupy.empty(buf.shape, dtype=owner.dtype)
     if module == "numba":  # real or simulated device array
         from numba import cuda
 

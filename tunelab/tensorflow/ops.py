@@ -63,7 +63,9 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
         # reads the results and frees the inputs (the engine's kernels read them until they finish).
         import cupy
 
-        cupy.cuda.get_current_stream().synchronize()
+        for device in sorted({o.device.id for o in outs if not isinstance(o, np.ndarray)}):
+            with cupy.cuda.Device(device):  # the results' GPU's stream, not this thread's current GPU's
+                cupy.cuda.get_current_stream().synchronize()
     return outs
 
 
