@@ -381,6 +381,8 @@ class DevicePath:
             self.slots.ensure(max(oneshot_max_bytes, 1))
 
     def free(self) -> None:
+        if self.index is not None:
+            self.kernels.use_device(self.index)  # mappings and memory are closed in their own GPU's context
         self.synchronize()
         if self.shared is not None:
             self.shared.free()
