@@ -299,22 +299,13 @@ def test_an_output_made_for_a_cupy_tensor_is_on_that_tensors_gpu(monkeypatch):
     import sys
     from types import SimpleNamespace
 
+    from fake_cuda_device import CurrentDevice
+
     from tunelab.engine.device import DeviceBuffer, empty_like
 
-    current = [0]
-
-    class Device:
-        def __init__(self, index: int) -> None:
-            self.index = index
-
-        def __enter__(self) -> None:
-            self.before, current[0] = current[0], self.index
-
-        def __exit__(self, *exc: object) -> None:
-            current[0] = self.before
-
-    fake = SimpleNamespace(cuda=SimpleNamespace(Device=Device),
-                           empty=lambda shape, dtype: ("made on GPU", current[0], shape))
+    current = CurrentDevice(0)
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=current.device),
+                           empty=lambda shape, dtype: ("made on GPU", current.index, shape))
     monkeypatch.setitem(sys.modules, "cupy", fake)
 
     class CupyLike:
@@ -323,4 +314,4 @@ def test_an_output_made_for_a_cupy_tensor_is_on_that_tensors_gpu(monkeypatch):
         dtype = np.dtype(np.float32)
 
     got = empty_like(DeviceBuffer(0x1000, 6, np.dtype(np.float32), (2, 3), CupyLike()))
-    assert got == ("made on GPU", 1, (2, 3)) and current == [0]
+    assert got == ("made on GPU", 1, (2, 3)) and current.index == 0

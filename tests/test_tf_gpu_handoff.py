@@ -29,22 +29,13 @@ def test_gpu_results_are_waited_for_before_tf_reads_them(monkeypatch: pytest.Mon
     """The engine's kernels for a call are queued on its own stream; TF's streams are not ordered after
     CuPy's, so the results are waited for (CuPy's current stream of the results' GPU, which waits on the
     call; not of this thread's current GPU) before they go back to TF.  Host results need no wait."""
+    from fake_cuda_device import CurrentDevice
+
     waits: list[str] = []
-    current = [0]  # this thread's current GPU: 0, while the results are on GPU 1
-
-    class Device:
-        def __init__(self, index: int) -> None:
-            self.index = index
-
-        def __enter__(self) -> None:
-            self.before, current[0] = current[0], self.index
-
-        def __exit__(self, *exc: object) -> None:
-            current[0] = self.before
-
-    stream = SimpleNamespace(synchronize=lambda: waits.append("current stream" if current[0] == 1 else "GPU 0's"))
+    current = CurrentDevice(0)  # this thread's current GPU: 0, while the results are on GPU 1
+    stream = SimpleNamespace(synchronize=lambda: waits.append("current stream" if current.index == 1 else "GPU 0's"))
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream,
-                                                                                  Device=Device)))
+                                                                                  Device=current.device)))
 
     class DeviceResult:  # what a CuPy array is to this code: not numpy, reshaped, on GPU 1
         device = SimpleNamespace(id=1)
