@@ -249,6 +249,10 @@ def test_grid_helpers():
     with pytest.raises(ValueError, match="pinned"):
         grid_space({"cycle_time_ms": [1.0]}, {"cycle_time_ms": 2.0}, num_nodes=1)
     assert grid_space(grid, {}, num_nodes=2).names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes")
+    # the device path's one-shot size is searched for GPU jobs, and so may be recorded for them only
+    assert grid_space({"oneshot_max_bytes": [0, 1 << 20]}, {}, num_nodes=1, device=True).names == ("oneshot_max_bytes",)
+    with pytest.raises(ValueError, match="GPU jobs only"):
+        grid_space({"oneshot_max_bytes": [0, 1 << 20]}, {}, num_nodes=1)
 
 
 def test_cli_on_a_shipped_landscape(tmp_path):

@@ -24,7 +24,7 @@ from ..knobs import Knobs, parse_bool
 from ..units import format_size
 
 ALIASES = {"fusion": "fusion_threshold_bytes", "cycle": "cycle_time_ms", "segment": "segment_bytes",
-           "hier": "hierarchical", "hierarchical": "hierarchical"}
+           "hier": "hierarchical", "hierarchical": "hierarchical", "oneshot": "oneshot_max_bytes"}
 DEFAULT_GRID = ("fusion=0,1MiB,8MiB,64MiB", "cycle=0.5,2,8,32", "segment=256KiB,4MiB")
 
 
@@ -37,7 +37,7 @@ def parse_grid_entry(text: str) -> tuple[str, list[Any]]:
     knob = ALIASES.get(name.strip(), name.strip())
     if not sep or knob not in SCALES:
         raise ValueError(f"expected NAME=V1,V2,... with NAME a searched knob ({', '.join(SCALES)}) or one of "
-                         f"fusion, cycle, segment, hier, got {text!r}")
+                         f"fusion, cycle, segment, hier, oneshot, got {text!r}")
     out: list[Any] = []
     for item in (v.strip() for v in values.split(",") if v.strip()):
         value: Any = parse_bool(knob, item) if SPECS[knob].kind is bool else item
@@ -74,17 +74,20 @@ def visit_order(points: int, repeats: int, seed: int) -> list[int]:
     return order
 
 
-def grid_space(grid: dict[str, list[Any]], pinned: dict[str, Any], num_nodes: int) -> Any:
+def grid_space(grid: dict[str, list[Any]], pinned: dict[str, Any], num_nodes: int, device: bool = False) -> Any:
     """The tuner's search space restricted to the grid's knobs, so a replay searches what was measured.
-    A grid knob the tuner would not search here (pinned, or hierarchical on one node) is refused."""
+    A grid knob the tuner would not search here (pinned, hierarchical on one node, the device path's
+    knobs for a job that is not on GPUs) is refused.  ``device``: the scenario trains on GPUs."""
     from ..tuning.space import SearchSpace, search_space
 
-    full = search_space(pinned, num_nodes, base=Knobs(**pinned))
+    full = search_space(pinned, num_nodes, base=Knobs(**pinned), device=device)
     for name in grid:
         if name not in full.names:
             why = "it is pinned by the scenario" if name in pinned else "the tuner does not search it here"
             if name == "hierarchical" and name not in pinned:
                 why += " (one node: use --ranks-per-node to emulate several)"
+            if name == "oneshot_max_bytes" and name not in pinned:
+                why += " (it is searched for GPU jobs only: a scenario with device = \"cuda\")"
             raise ValueError(f"grid knob {name} cannot be recorded: {why}")
     return SearchSpace(tuple(n for n in full.names if n in grid), full.base)
 
@@ -101,7 +104,7 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
     import numpy as np
 
     comm = rt.sync_comm
-    space = grid_space(p["grid"], pinned, rt.topology.num_nodes)
+    space = grid_space(p["grid"], pinned, rt.topology.num_nodes, device=p.get("device") == "cuda")
     points = grid_points(p["grid"], space.base)
     order = visit_order(len(points), p["repeats"], p.get("seed", 0))
     scores: list[list[float]] = [[] for _ in points]
