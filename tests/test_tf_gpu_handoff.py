@@ -85,8 +85,8 @@ def test_the_keras_workloads_keep_tensorflow_off_the_gpus(monkeypatch, gpus) -> 
     ([0], {}, "GPU:0", False),             # ... on rank 0: the same numbering
     ([0], {0: 2}, "GPU:1", True),          # GPU 0 split in two logical devices: GPU:1 is on device 0
 ])
-def test_a_gpu_tensor_is_refused_where_tensorflows_gpu_numbering_is_not_cudas(monkeypatch, visible, virtual,
-                                                                             where, refused) -> None:
+def test_a_gpu_tensor_is_refused_where_tensorflows_gpu_numbering_is_not_cudas(monkeypatch, request, visible,
+                                                                             virtual, where, refused) -> None:
     """TF's DLPack names TF's logical GPU; CuPy reads it as a CUDA ordinal.  Where the two differ the
     hand-over is refused with what to do instead (CUDA_VISIBLE_DEVICES), not run on the wrong GPU."""
     from tunelab.errors import TunelabError
@@ -95,6 +95,8 @@ def test_a_gpu_tensor_is_refused_where_tensorflows_gpu_numbering_is_not_cudas(mo
     monkeypatch.setattr(ops.tf.config, "get_visible_devices", lambda kind="GPU": devices)
     monkeypatch.setattr(ops.tf.config, "get_logical_device_configuration",
                         lambda d: [None] * virtual[int(d.name[-1])] if int(d.name[-1]) in virtual else None)
+    ops._physical_gpus.cache_clear()  # (read once per process: each case is another process's layout,
+    request.addfinalizer(ops._physical_gpus.cache_clear)  # not to be left for the tests after it)
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(from_dlpack=lambda capsule: ("cupy", capsule)))
     monkeypatch.setattr(ops.tf.experimental.dlpack, "to_dlpack", lambda t: "capsule")
     t = SimpleNamespace(device=f"/job:localhost/replica:0/task:0/device:{where}", backing_device=None,

@@ -11,6 +11,7 @@ Horovod does: the sum times ``1.0 / size()`` in double precision, truncated towa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,14 +83,16 @@ def _to_engine(t: tf.Tensor) -> Any:
     return np.asarray(t.numpy())  # 0-d tensors give numpy scalars: make them arrays
 
 
-def _physical_gpus() -> list[int]:
+@functools.lru_cache(maxsize=1)
+def _physical_gpus() -> tuple[int, ...]:
     """The CUDA device of each of TF's logical GPUs, in TF's order: the visible physical GPUs, each as
-    many times as it has logical (virtual) devices."""
-    out = []
+    many times as it has logical (virtual) devices.  Read once (TF fixes them when its runtime starts,
+    before any GPU tensor exists)."""
+    out: list[int] = []
     for device in tf.config.get_visible_devices("GPU"):
         virtual = tf.config.get_logical_device_configuration(device)
         out += [int(device.name.rsplit(":", 1)[1])] * max(1, len(virtual or []))
-    return out
+    return tuple(out)
 
 
 def _check_dlpack_device(where: str) -> None:
