@@ -53,9 +53,6 @@ def run_rank(p: dict) -> dict:
     sharing, leader = _gpu_sharing(comm, engines) if on_device else (1, True)
     if sharing > 1 and "bound" in algorithms:
         notes.append(f"bound: {sharing} ranks share one GPU: one rank copies all their bytes in one launch")
-    if sharing > 1 and engines:
-        notes.append("ring/hierarchical on a shared GPU: the node's first rank reduces for every rank in one "
-                     "launch (the shared-GPU path)")
     rows = []
     for size in p["sizes"]:
         count = max(1, size // dtype.itemsize)
@@ -66,6 +63,9 @@ def run_rank(p: dict) -> dict:
             times = timed_iterations(comm, op, p["iters"], p["warmup"], reset)
             wrong = None if algo == "bound" else comm.allreduce(count_wrong(result(), expected), op=MPI.SUM)
             rows.append(_row(algo, count, dtype, times, wrong, comm.size))
+    if any(e.shared_gpu for e in engines.values()):  # what the engine did, not what it might have
+        notes.append("ring/hierarchical on a shared GPU: the node's first rank reduces for every rank in one "
+                     "launch (the shared-GPU path)")
     if on_device and engines:
         from ..engine.device import device_backend_name, simulated
 

@@ -240,6 +240,12 @@ class Engine:
         """Whether device data crosses nodes without host staging (a CUDA-aware MPI, several nodes)."""
         return self._device is not None and self._device.direct
 
+    @property
+    def shared_gpu(self) -> bool:
+        """Whether this node's ranks share one GPU and its first rank does their device work (the
+        shared-GPU path; known once a device call has set the device path up)."""
+        return self._device is not None and self._device.shared is not None
+
     def device_zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """Zeros in device memory, on the device and through the kernel library this engine's device path
         uses: a joined rank's share of its peers' device allreduces (they take the device path on every
@@ -259,9 +265,9 @@ class Engine:
         (:meth:`DevicePath.mark_ready`).  Before the first device call has made the device path (that
         takes every rank), or when this thread cannot record on that stream, it carries its producer's
         stream instead: its call records an event there when it starts, which is also correct, only
-        later.  Marks come from a stock the
-        engine's thread makes (no event is created, nor a device switched, in the caller's thread).
-        ValueError for a tensor on another GPU than this rank's others."""
+        later.  Marks come from a stock the engine's thread makes (no event is created, nor a device
+        switched, in the caller's thread).  ValueError for a tensor on another GPU than this rank's
+        others."""
         self.check_gpu(buf)
         path = self._device
         if path is None or not self._marking:
