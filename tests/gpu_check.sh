@@ -21,9 +21,10 @@ FAILED=0
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2 t0 rc
     shift 2
-    echo "## $name: $*"
+    local cmd="$*"
+    echo "## $name: ${cmd:0:160}"
     t0=$(date +%s)
-    rm -f "$DIR/$name.log" "$DIR/$name.json"  # nothing of an earlier run is read as this one's
+    rm -f "$DIR/$name.log" "$DIR/$name.json" "$DIR/$name"-*.log  # nothing of an earlier run is read as this one's
     timeout --kill-after=10 "$limit" "$@" >"$DIR/$name.log" 2>&1
     rc=$?
     [ "$rc" -eq 0 ] || FAILED=1
@@ -34,7 +35,18 @@ step() {  # step NAME LIMIT_S COMMAND...
 for s in $STEPS; do
     case $s in
         tests)
-            step tests 420 python3 -m pytest -m gpu --require-gpu -q -rs -o addopts="" -p no:cacheprovider ;;
+            # three shards at once (the GPU is not timed here; most of the time is compiling kernels
+            # and starting ranks), each with its own log: tests-kernels, tests-device, tests-rest
+            step tests 300 bash -c '
+                d=$1; pids=(); rc=0
+                args=(-m gpu --require-gpu -v -rfEs --durations=5 -o addopts="" -p no:cacheprovider)
+                python3 -m pytest "${args[@]}" tests/test_kernels_gpu.py >"$d/tests-kernels.log" 2>&1 & pids+=($!)
+                python3 -m pytest "${args[@]}" tests/test_device_path.py >"$d/tests-device.log" 2>&1 & pids+=($!)
+                python3 -m pytest "${args[@]}" tests --ignore=tests/test_kernels_gpu.py \
+                    --ignore=tests/test_device_path.py >"$d/tests-rest.log" 2>&1 & pids+=($!)
+                for p in "${pids[@]}"; do wait "$p" || rc=1; done
+                for f in kernels device rest; do echo "# tests-$f"; tail -n 12 "$d/tests-$f.log"; done
+                exit $rc' _ "$DIR" ;;
         kernels)
             step kernels-cupy 120 tunelab bench kernels --backend cupy --json "$DIR/kernels-cupy.json" --no-report
             step kernels-numba 120 tunelab bench kernels --backend numba-cuda --json "$DIR/kernels-numba.json" \
