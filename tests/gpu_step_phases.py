@@ -1,0 +1,79 @@
+"""Where a training step's host time goes, plain torch against tunelab's DistributedOptimizer
+(a diagnostic for GPU machines, not a test).
+
+    python tests/gpu_step_phases.py plain|tunelab [--switch-us US] [--steps N] [--batch B] [--image S]
+
+One rank, ResNet-50 on the GPU.  Each step is timed on the host in phases: zero_grad, the first
+layer's forward, the rest of the forward, backward, the optimizer step, and the wait for the device at
+the end; the medians are printed (ms).  ``--switch-us`` sets Python's GIL switch interval first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> int:
+    import torch
+
+    from tunelab.workloads.torch_models import resnet50
+
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=("plain", "tunelab"))
+    p.add_argument("--switch-us", type=float, default=None)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--image", type=int, default=224)
+    p.add_argument("--device", default="cuda")
+    a = p.parse_args()
+    if a.switch_us is not None:
+        sys.setswitchinterval(a.switch_us * 1e-6)
+    dev = torch.device(a.device, 0) if a.device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    model = resnet50().to(dev)
+    x = torch.randn(a.batch, 3, a.image, a.image, device=dev)
+    y = torch.randint(0, 1000, (a.batch,), device=dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if a.mode == "tunelab":
+        import tunelab.torch as tl
+
+        tl.init()
+        opt = tl.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    first, rest = model[0], model[1:]
+
+    def step() -> list[float]:
+        t = [time.perf_counter()]
+        opt.zero_grad()
+        t.append(time.perf_counter())
+        h = first(x)
+        t.append(time.perf_counter())
+        loss = torch.nn.functional.cross_entropy(rest(h), y)
+        t.append(time.perf_counter())
+        loss.backward()
+        t.append(time.perf_counter())
+        opt.step()
+        t.append(time.perf_counter())
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t.append(time.perf_counter())
+        return list(np.diff(t) * 1e3)
+
+    for _ in range(5):
+        step()
+    phases = np.array([step() for _ in range(a.steps)])
+    med = np.median(phases, axis=0)
+    names = ("zero_grad", "first_layer", "forward_rest", "backward", "opt_step", "device_wait")
+    print(f"{a.mode:8s} switch={sys.getswitchinterval() * 1e6:.0f}us  total {np.median(phases.sum(1)):6.1f} ms  "
+          + "  ".join(f"{n} {v:5.1f}" for n, v in zip(names, med)))
+    if a.mode == "tunelab":
+        tl.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""How tunelab.torch hands CUDA tensors to the engine: the buffer read from the tensor itself must say
+what torch's own ``__cuda_array_interface__`` says (address, element count, type, shape)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+def _cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device and a CUDA build of torch")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (3, 5), (2, 3, 4)])
+def test_engine_view_says_what_the_interface_says(dtype, shape):
+    _cuda()
+    from tunelab.dtypes import bfloat16
+    from tunelab.torch._convert import engine_view
+
+    t = torch.zeros(shape, dtype=getattr(torch, dtype), device="cuda")
+    # the interface cannot describe bfloat16: its int16 view has the same memory
+    iface = (t.view(torch.int16) if dtype == "bfloat16" else t).__cuda_array_interface__
+    buf = engine_view(t)
+    assert buf.addr == iface["data"][0]
+    assert buf.size == int(np.prod(iface["shape"], dtype=np.int64))
+    assert buf.shape == tuple(iface["shape"])
+    assert buf.dtype == (bfloat16() if dtype == "bfloat16" else np.dtype(iface["typestr"]))
+    assert buf.owner is not None and buf.owner.data_ptr() == t.data_ptr()
+
+
+def test_engine_view_of_a_slice_points_at_the_slice_and_refuses_strided_views():
+    _cuda()
+    from tunelab.torch._convert import engine_view
+
+    base = torch.arange(24, dtype=torch.float32, device="cuda").reshape(4, 6)
+    row = base[2]
+    assert engine_view(row).addr == base.data_ptr() + 2 * 6 * 4
+    with pytest.raises(ValueError, match="C-contiguous"):
+        engine_view(base[:, 1])
