@@ -597,6 +597,54 @@ def case_device_marks(comm: MPI.Comm, seed: int = 17) -> dict:
     return {"failures": failures, "later_not_run": not_run}
 
 
+def case_device_mark_waits(comm: MPI.Comm, seed: int = 19) -> dict:
+    """Five gradients written one after another, four on the default stream and one on a side stream,
+    each marked where it is submitted, then reduced in one fused call: the engine's stream waits on
+    the last mark of each producer stream only (events on one stream complete in recording order), so
+    the call makes four stream waits (two in begin, one per producer stream, and two in end, ordering
+    both streams after the results) instead of one per gradient, and every result is numpy's with
+    launches run as late as a GPU may (the last mark covers the writes before the earlier ones)."""
+    from lazy_streams import LazyStreams
+    from numba import cuda
+    from tunelab.kernels import get_backend, register_backend
+
+    from tunelab.engine import device as device_module
+    from tunelab.engine.device import device_buffer
+
+    streams = LazyStreams(get_backend("numba-cuda"))
+    counting = CountingBackend(streams)
+    register_backend("numba-cuda", counting)
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096, oneshot_max_bytes=1 << 18))
+    engine.allreduce(cuda.to_device(np.ones(4, np.float32)), "sum")  # the first device call makes the path
+    streams.stream_sync(0)
+    current = {"handle": 0}
+    device_module.producer_stream_handle = lambda owner: current["handle"]
+    side = streams.external_stream(0x51DE)
+    inputs = [exact_inputs(c, np.dtype(np.float32), comm.size, seed + c) for c in (5, 60, 300, 7, 1000)]
+    grads, bufs = [], []
+    for i, x in enumerate(inputs):
+        on_side = i == 2
+        current["handle"] = 0x51DE if on_side else 0
+        values = cuda.to_device(x[comm.rank])
+        grad = cuda.to_device(np.zeros_like(x[comm.rank]))
+        table = np.array([[device_buffer(values).addr, device_buffer(grad).addr, values.nbytes]], np.int64)
+        streams.copy_table(table, stream=side if on_side else 0)  # backward writes the gradient
+        bufs.append(engine.mark_ready(device_buffer(grad)))
+        grads.append((grad, values))
+    current["handle"] = 0
+    counting.counts.clear()
+    engine.allreduce_batch(bufs, "sum", outs=bufs)
+    waits = counting.counts["wait_event"]
+    streams.stream_sync(0)
+    streams.stream_sync(side)
+    failures = [f"grad.{i}: {bit_mismatches(g.copy_to_host(), reference(x, 'sum'))} wrong"
+                for i, ((g, _), x) in enumerate(zip(grads, inputs))
+                if bit_mismatches(g.copy_to_host(), reference(x, "sum"))]
+    engine.close()
+    return {"failures": failures, "waits": waits, "marked": sum(b.ready is not None and b.ready[0] is not None
+                                                                for b in bufs)}
+
+
 def case_device_side_stream(comm: MPI.Comm, seed: int = 23) -> dict:
     """The framework works on a side stream (``with torch.cuda.stream(s):``): gradients are written there
     and submitted from the main thread, whose current stream is that side stream, while the

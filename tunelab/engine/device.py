@@ -50,6 +50,12 @@ class DeviceBuffer:
         return self.size * self.dtype.itemsize
 
 
+def with_ready(buf: DeviceBuffer, ready: Any) -> DeviceBuffer:
+    """``buf`` with ``ready`` set (as ``dataclasses.replace`` would, without its introspection: this
+    runs for every gradient a hook submits)."""
+    return DeviceBuffer(buf.addr, buf.size, buf.dtype, buf.shape, buf.owner, ready)
+
+
 def device_buffer(obj: Any) -> DeviceBuffer:
     """``obj`` as a :class:`DeviceBuffer`, without copying; TypeError for host memory.
 

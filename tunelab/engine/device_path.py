@@ -34,7 +34,6 @@ protocol (and its counts of records and waits) testable without a GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -230,6 +229,7 @@ class DevicePath:
         self._marked: list[Any] = []     # the marks it waits on
         self._waited: list[Any] = []     # ... and _ready (and _ready_more), when some input had none
         self._free_marks: list[Any] = []
+        self._mark_count = 0  # marks recorded so far (numbers them in recording order)
         self._marks_lock = threading.Lock()
         device_ids = topology.local.allgather(kernels.device_id())
         leader = _vote(topology.local, _leader_mode, device_ids, topology)
@@ -248,19 +248,24 @@ class DevicePath:
         stream: a gradient hook's), so the call that reduces it waits for the work queued before this
         point, not for what the framework queues while the call waits its turn (the rest of the
         backward pass).  Called where tensors are submitted, from any thread: it takes an event the
-        engine's thread made (:meth:`begin` keeps a stock), and leaves ``buf`` unmarked when none is left."""
+        engine's thread made (:meth:`begin` keeps a stock), and leaves ``buf`` unmarked when none is left.
+        Marks are numbered in the order they are recorded (under the lock that hands them out), so a
+        call can tell which of its marks on one stream came last."""
+        handle = _device.producer_stream_handle(buf.owner)
+        stream = self._stream_of(handle)
         with self._marks_lock:
             event = self._free_marks.pop() if self._free_marks else None
+            if event is not None:
+                try:
+                    self.kernels.record(event, stream)
+                except BaseException:
+                    self._free_marks.append(event)
+                    raise
+                self._mark_count += 1
+                order = self._mark_count
         if event is None:  # no mark left: the call records one on this producer's stream when it starts
-            return dataclasses.replace(buf, ready=(None, _device.producer_stream_handle(buf.owner)))
-        stream = self._producer_stream(buf.owner)
-        try:
-            self.kernels.record(event, stream)
-        except BaseException:
-            with self._marks_lock:
-                self._free_marks.append(event)
-            raise
-        return dataclasses.replace(buf, ready=(event, stream))
+            return _device.with_ready(buf, (None, handle))
+        return _device.with_ready(buf, (event, stream, order))
 
     def wait_producers(self) -> None:
         """Wait on the host for what the producers of this call's inputs queued before them."""
@@ -289,8 +294,15 @@ class DevicePath:
         unmarked = {id(s): s for s in (self._stream_of(b.ready[1]) if b.ready is not None
                                        else self._producer_stream(b.owner)
                                        for b in inputs if b.ready is None or b.ready[0] is None)}
-        self._marked = list({id(e): e for e, _ in marks}.values())
-        self._waited = list(self._marked)
+        self._marked = list({id(m[0]): m[0] for m in marks}.values())  # all go back to the stock at end
+        # Events recorded on one stream complete in the order they were recorded: the last mark of each
+        # producer stream covers that stream's earlier ones (a call fusing a model's gradients waits
+        # on one event, not on one per gradient).
+        last: dict[int, tuple] = {}
+        for m in marks:
+            if id(m[1]) not in last or m[2] > last[id(m[1])][2]:
+                last[id(m[1])] = m
+        self._waited = [m[0] for m in last.values()]
         while len(self._ready_more) < len(unmarked) - 1:
             self._ready_more.append(self.kernels.new_event())
         for event, stream in zip([self._ready, *self._ready_more], unmarked.values()):
@@ -298,7 +310,7 @@ class DevicePath:
             self._waited.append(event)
         # the results are ordered before the producers' streams and this thread's current one (where a
         # framework that synchronised a side stream into its own goes on)
-        self._consumers = list({id(s): s for s in [*(s for _, s in marks), *unmarked.values(), here]}.values())
+        self._consumers = list({id(s): s for s in [*(m[1] for m in marks), *unmarked.values(), here]}.values())
         for event in self._waited:
             self.kernels.wait_event(self.stream, event)
         with self._marks_lock:  # a stock of marks for the submitting threads, made in this one

@@ -22,7 +22,6 @@ every rank before any result is written).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -274,9 +273,9 @@ class Engine:
             # its call records an event on this producer's stream when it starts (current streams are
             # per thread: the coordinator's would be the default stream, not a side stream of this one)
             try:
-                from .device import producer_stream_handle
+                from .device import producer_stream_handle, with_ready
 
-                return dataclasses.replace(buf, ready=(None, producer_stream_handle(buf.owner)))
+                return with_ready(buf, (None, producer_stream_handle(buf.owner)))
             except Exception:  # noqa: BLE001 - left unmarked: its call records on the coordinator's stream
                 return buf
         try:
