@@ -16,7 +16,8 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor (no copy)."""
     if t.device.type != "cpu":
         raise TunelabError(f"tensor on {t.device}: expected a CPU tensor here")
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_np_bfloat16())
     return t.numpy()
@@ -44,7 +45,8 @@ def engine_view(t: torch.Tensor) -> Any:
         raise TunelabError(f"tensor on {t.device}: tunelab reduces CPU and CUDA tensors")
     from ..engine.device import DeviceBuffer, device_buffer
 
-    t = t.detach()
+    if t.requires_grad:  # (a tensor that requires no gradient is its own detached view)
+        t = t.detach()
     dtype = _device_dtypes().get(t.dtype)
     if dtype is not None and t.is_contiguous():
         # what the interface would say, read from the tensor itself: torch builds the interface in

@@ -48,17 +48,19 @@ def _integer_average(t: torch.Tensor, world: int) -> torch.Tensor:
 def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compression: type,
             inplace: bool, group: str | None) -> Handle:
     rt = _rt.current()
-    packed = [compression.compress(t.detach()) for t in tensors]
+    packed = [compression.compress(t.detach() if t.requires_grad else t) for t in tensors]  # (gradients need none)
     srcs = [c.contiguous().reshape(1) if c.dim() == 0 else c.contiguous() for c, _ in packed]  # 0-d as [1]
     # The engine averages floating dtypes only; integer averages are sums scaled afterwards.
-    int_avg = [is_integer_average(op, str(s.dtype).removeprefix("torch.")) for s in srcs]
+    int_avg = [op == Average and is_integer_average(op, str(s.dtype).removeprefix("torch.")) for s in srcs]
     if any(int_avg) and not all(int_avg):
         raise TypeError("a grouped integer average cannot mix integer and floating tensors")
     engine_op = "sum" if any(int_avg) else op
     direct = [inplace and c.data_ptr() == t.data_ptr() and t.is_contiguous() for (c, _), t in zip(packed, tensors)]
     results = [s if d else torch.empty_like(s) for s, d in zip(srcs, direct)]
-    inner = rt.coordinator.submit_group(names, [engine_view(s) for s in srcs], engine_op,
-                                        [engine_view(r) for r in results], group=group)
+    views = [engine_view(s) for s in srcs]
+    inner = rt.coordinator.submit_group(names, views, engine_op,
+                                        [v if d else engine_view(r) for v, r, d in zip(views, results, direct)],
+                                        group=group)
 
     def finish(res: list[torch.Tensor]) -> list[torch.Tensor]:
         if any(int_avg):
