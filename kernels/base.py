@@ -9,6 +9,7 @@ peers' mapped memory.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,19 +86,35 @@ def as_sources(src_addrs: Any, dtype: Any = np.int64) -> np.ndarray:
 def cuda_array_address(array: Any, backend: str) -> tuple[int, np.dtype, int] | None:
     """(address, element type, count) of a C-contiguous ``__cuda_array_interface__`` exporter (CuPy,
     numba, PyTorch), or None for other objects.  uint16 arrays hold bfloat16 bits (CuPy has no bfloat16)."""
+    found = cuda_array_layout(array, backend)
+    return None if found is None else found[:3]
+
+
+def cuda_array_layout(array: Any, backend: str) -> tuple[int, np.dtype, int, tuple[int, ...]] | None:
+    """:func:`cuda_array_address` and the shape, from one read of the interface (libraries build it
+    in Python on every read)."""
     iface = getattr(array, "__cuda_array_interface__", None)
     if iface is None:
         return None
     shape, dtype = tuple(iface["shape"]), np.dtype(iface["typestr"])
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     strides = iface.get("strides")
-    if strides is not None and count > 1 and strides != np.empty(shape, dtype).strides:
+    if strides is not None and count > 1 and tuple(strides) != _c_strides(shape, dtype.itemsize):
         raise ValueError(f"{backend} kernels need C-contiguous arrays")
     if dtype == np.uint16:
         import ml_dtypes
 
         dtype = np.dtype(ml_dtypes.bfloat16)
-    return int(iface["data"][0]), dtype, count
+    return int(iface["data"][0]), dtype, count, shape
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The byte strides of a C-contiguous array of ``shape`` (as numpy gives them)."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ def test_cuda_array_interface_is_taken_without_copying():
     assert device_buffer(FakeCudaArray((5,), "<u2")).dtype.name == "bfloat16"  # CuPy has no bfloat16
     with pytest.raises(ValueError, match="C-contiguous"):
         device_buffer(FakeCudaArray((3, 4), "<f4", strides=(4, 12)))
+    # explicit C strides (CuPy gives them), a dimension of one included, are contiguous
+    assert device_buffer(FakeCudaArray((2, 1, 3), "<f8", strides=(24, 24, 8))).shape == (2, 1, 3)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        device_buffer(FakeCudaArray((2, 3), "<f8", strides=(32, 8)))  # a row of a wider array
 
 
 def test_host_memory_is_refused_with_a_clear_error():

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.base import cuda_array_address
+from ..kernels.base import cuda_array_layout
 
 ENV_CUDA_AWARE = "TUNELAB_CUDA_AWARE_MPI"
 
@@ -79,11 +79,10 @@ def device_buffer(obj: Any) -> DeviceBuffer:
 
 
 def _interface_buffer(obj: Any) -> DeviceBuffer | None:
-    found = cuda_array_address(obj, "tunelab")
+    found = cuda_array_layout(obj, "tunelab")
     if found is None:
         return None
-    addr, dtype, count = found
-    shape = tuple(obj.__cuda_array_interface__["shape"])
+    addr, dtype, count, shape = found
     return DeviceBuffer(addr, count, dtype, shape, obj)
 
 
