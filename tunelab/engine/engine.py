@@ -38,6 +38,7 @@ from ..kernels.base import half_kind
 from ..knobs import Knobs
 from . import algorithms
 from .consensus import DEVICE_ROW, agree, describe_mismatch, signature_hash
+from .device import device_buffer, device_index, empty_like
 from .fusion import Bucket, Entry, Layout, plan_buckets
 from .link import EmulatedLink
 from .mpi_ring import RingAllreduce
@@ -290,8 +291,6 @@ class Engine:
         """ValueError unless ``buf`` is on this rank's GPU (where its device path works, or where its
         first device tensor was): one rank reduces on one GPU, and a tensor on another would be read
         through the wrong device's stream (a CUDA error at best)."""
-        from .device import device_index
-
         index = device_index(buf.owner)
         mine = self._device.index if self._device is not None else self._gpu_seen
         if index is None or mine is None:
@@ -310,8 +309,6 @@ class Engine:
         results: list[Any] = []
         for i, (t, device) in enumerate(zip(tensors, on_device)):
             if device:
-                from .device import device_buffer, empty_like
-
                 a = device_buffer(t)
                 self.check_gpu(a)
                 o = device_buffer(outs[i] if outs is not None else empty_like(a))
@@ -326,7 +323,6 @@ class Engine:
 
     def _device_path(self, owner: Any) -> Any:
         if self._device is None:
-            from .device import device_index
             from .device_path import DevicePath
 
             self._device = DevicePath(self.topology, self.config, self.barrier, device_index(owner))
