@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import RankMismatchError, StallError, TunelabError
 from ..knobs import Knobs
 from .consensus import wait_or_timeout
+from .device import device_buffer, empty_like
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -135,8 +136,6 @@ class Coordinator:
         reqs = []
         for i, (name, a) in enumerate(zip(names, arrays)):
             if self.engine.is_device_tensor(a):  # zero-copy views of device tensors; results land in ``out``
-                from .device import device_buffer, empty_like
-
                 src = self.engine.mark_ready(device_buffer(a))  # here, in the submitting thread
                 out = outs[i] if outs is not None else empty_like(src)
                 view = device_buffer(out)
@@ -365,8 +364,6 @@ class Coordinator:
 
         dtype, shape, op, group, on_device = self._metas[i]
         if on_device:
-            from .device import device_buffer, empty_like
-
             # made once per tensor while this rank is joined, not every cycle: the zeros are only read,
             # and the output is written by calls that run one after another on the engine's stream
             found = self._device_zeros.get(i)
