@@ -8,7 +8,9 @@
 # DIR (default: $OUT, else ./gpu-check) receives each step's log and JSON; STEPs (default: all, in this
 # order): tests kernels allreduce train tune.  The summary at the end names each step's exit status
 # and seconds (124: it ran out of time); the script exits 1 when any step failed.  A step's log and
-# JSON from an earlier run in DIR are removed before it runs.
+# JSON from an earlier run in DIR are removed before it runs.  More steps, run only when named: train1
+# (bench train at one rank, where DDP uses NCCL), phases (tests/gpu_step_phases.py: a training step's
+# host time by phase, plain against tunelab), profile (tests/gpu_call_profile.py at 1 and 2 ranks).
 set -u
 DIR=${1:-${OUT:-gpu-check}}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -59,11 +61,20 @@ for s in $STEPS; do
         train)
             step train 300 tunelab bench train --device cuda --np 2 --image-size 224 --batch-size 32 --iters 20 \
                 --rounds 3 --json "$DIR/train.json" --no-report ;;
+        train1)  # one rank: NCCL runs there, so DDP's baseline is NCCL's
+            step train1 180 tunelab bench train --device cuda --np 1 --image-size 224 --batch-size 32 --iters 20 \
+                --rounds 3 --json "$DIR/train1.json" --no-report ;;
+        phases)  # a training step's host time by phase, plain torch against the DistributedOptimizer
+            step phases 180 bash -c 'python3 tests/gpu_step_phases.py plain && python3 tests/gpu_step_phases.py tunelab' ;;
+        profile)  # one engine call's time and where its host time goes, at 1 and 2 ranks
+            step profile 180 bash -c 'M=$(dirname "$(python3 -c "import sys; print(sys.executable)")")/mpiexec
+                python3 tests/gpu_call_profile.py --out "$1" --top 14 &&
+                "$M" -n 2 python3 tests/gpu_call_profile.py --out "$1" --top 14' _ "$DIR" ;;
         tune)
             step tune 420 tunelab tune --model resnet50 --device cuda --image-size 224 --batch-size 32 \
                 --json "$DIR/tune.json" --no-report ;;
         *)
-            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce train tune)" >&2
+            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce train tune train1 phases profile)" >&2
             exit 2 ;;
     esac
 done

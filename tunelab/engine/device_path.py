@@ -226,8 +226,9 @@ class DevicePath:
         self._ready_more: list[Any] = []  # for unmarked inputs of more producers' streams than one
         self._producers: dict[int, Any] = {}
         self._consumers: list[Any] = []  # the producers' streams of the call under way
-        self._marked: list[Any] = []     # the marks it waits on
-        self._waited: list[Any] = []     # ... and _ready (and _ready_more), when some input had none
+        self._marked: list[Any] = []     # its inputs' marks (back to the stock when it ends)
+        self._waited: list[Any] = []     # what its stream waits on: each producer stream's last mark,
+        #                                  and _ready (and _ready_more) for inputs that had none
         self._free_marks: list[Any] = []
         self._mark_count = 0  # marks recorded so far (numbers them in recording order)
         self._marks_lock = threading.Lock()
