@@ -278,14 +278,18 @@ class Coordinator:
         if joined and self._join_cycle < 0:
             self._join_cycle = self.cycles
         flags |= _ALL_JOINED if joined else _NOT_JOINED
-        words = np.zeros(1 + (len(self._names) + 63) // 64, dtype=np.uint64)
+        nwords = (len(self._names) + 63) // 64
+        words = np.empty(1 + nwords, dtype=np.uint64)
+        words[0] = flags
         if joined:  # ready for anything: the others' bits decide
             words[1:] = ~np.uint64(0)
-        words[0] = flags
-        for r in pending:
-            i = self._ids.get(r.name)
-            if i is not None:
-                words[1 + i // 64] |= np.uint64(1 << (i % 64))
+        else:  # bit i of the set is tensor id i (a Python int: numpy scalar updates cost ~1 us each)
+            mask = 0
+            for r in pending:
+                i = self._ids.get(r.name)
+                if i is not None:
+                    mask |= 1 << i
+            words[1:] = np.frombuffer(mask.to_bytes(8 * nwords, "little"), dtype="<u8")
         agreed = np.empty_like(words)
         req = self.comm.Iallreduce(words, agreed, op=MPI.BAND)
         wait_or_timeout(req, self.engine.config.timeout_s, f"negotiation cycle {self.cycles}", self.rank)
