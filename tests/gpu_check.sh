@@ -6,15 +6,16 @@
 #   bash tests/gpu_check.sh [DIR] [STEP ...]
 #
 # DIR (default: $OUT, else ./gpu-check) receives each step's log and JSON; STEPs (default: all, in this
-# order): tests kernels allreduce train tune.  The summary at the end names each step's exit status
-# and seconds (124: it ran out of time); the script exits 1 when any step failed.  A step's log and
-# JSON from an earlier run in DIR are removed before it runs.  More steps, run only when named: train1
+# order): tests kernels allreduce tune train (tune first: bench train then also times the profile it
+# stored).  The summary at the end names each step's exit status and seconds (124: it ran out of
+# time); the script exits 1 when any step failed.  A step's log and JSON from an earlier run in DIR
+# are removed before it runs.  More steps, run only when named: train1
 # (bench train at one rank, where DDP uses NCCL), phases (tests/gpu_step_phases.py: a training step's
 # host time by phase, plain against tunelab), profile (tests/gpu_call_profile.py at 1 and 2 ranks).
 set -u
 DIR=${1:-${OUT:-gpu-check}}
 shift $(( $# > 0 ? 1 : 0 ))
-STEPS=${*:-tests kernels allreduce train tune}
+STEPS=${*:-tests kernels allreduce tune train}
 mkdir -p "$DIR"
 export TUNELAB_HOME="$DIR/home"   # a fresh profile store: tune starts from nothing
 SUMMARY=()
@@ -74,7 +75,7 @@ for s in $STEPS; do
             step tune 420 tunelab tune --model resnet50 --device cuda --image-size 224 --batch-size 32 \
                 --json "$DIR/tune.json" --no-report ;;
         *)
-            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce train tune train1 phases profile)" >&2
+            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile)" >&2
             exit 2 ;;
     esac
 done
