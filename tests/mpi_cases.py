@@ -598,12 +598,14 @@ def case_device_marks(comm: MPI.Comm, seed: int = 17) -> dict:
 
 
 def case_device_mark_waits(comm: MPI.Comm, seed: int = 19) -> dict:
-    """Five gradients written one after another, four on the default stream and one on a side stream,
-    each marked where it is submitted, then reduced in one fused call: the engine's stream waits on
-    the last mark of each producer stream only (events on one stream complete in recording order), so
-    the call makes four stream waits (two in begin, one per producer stream, and two in end, ordering
-    both streams after the results) instead of one per gradient, and every result is numpy's with
-    launches run as late as a GPU may (the last mark covers the writes before the earlier ones)."""
+    """Six gradients written one after another, four on the default stream and one on a side stream
+    from this thread, one on the default stream from another thread, each marked where it is
+    submitted, then reduced in one fused call: the engine's stream waits on the last mark of each
+    producer stream of each thread only (events on one stream complete in recording order; a
+    default-stream handle may name a per-thread stream), so the call makes five stream waits (three in
+    begin, two in end ordering both streams after the results) instead of one per gradient, and
+    every result is numpy's with launches run as late as a GPU may (the last mark covers the writes
+    before the earlier ones)."""
     from lazy_streams import LazyStreams
     from numba import cuda
     from tunelab.kernels import get_backend, register_backend
@@ -631,6 +633,23 @@ def case_device_mark_waits(comm: MPI.Comm, seed: int = 19) -> dict:
         streams.copy_table(table, stream=side if on_side else 0)  # backward writes the gradient
         bufs.append(engine.mark_ready(device_buffer(grad)))
         grads.append((grad, values))
+    # a sixth, marked from another thread on the same handle: a default-stream handle may name that
+    # thread's own stream (per-thread default streams), so its mark is waited on too
+    import threading
+
+    x = exact_inputs(40, np.dtype(np.float32), comm.size, seed + 40)
+    values, grad = cuda.to_device(x[comm.rank]), cuda.to_device(np.zeros_like(x[comm.rank]))
+    table = np.array([[device_buffer(values).addr, device_buffer(grad).addr, values.nbytes]], np.int64)
+
+    def submit_elsewhere() -> None:
+        streams.copy_table(table, stream=0)
+        bufs.append(engine.mark_ready(device_buffer(grad)))
+
+    worker = threading.Thread(target=submit_elsewhere)
+    worker.start()
+    worker.join()
+    inputs.append(x)
+    grads.append((grad, values))
     current["handle"] = 0
     counting.counts.clear()
     engine.allreduce_batch(bufs, "sum", outs=bufs)

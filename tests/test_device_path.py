@@ -102,15 +102,16 @@ def test_a_submitted_gradient_waits_for_its_producer_and_no_later_work():
 
 @pytest.mark.mpi
 def test_a_fused_call_waits_on_the_last_mark_of_each_producer_stream():
-    """Five marked gradients on two producer streams, one fused call: four stream waits (one per
-    producer stream in begin, one per stream in end), not one per gradient, and numpy's results with
-    launches run as late as a GPU may (tests/mpi_cases.py::case_device_mark_waits)."""
+    """Six marked gradients on two producer streams, one of them also from a second thread, one fused
+    call: five stream waits (one per producer stream and thread in begin, one per stream in end), not
+    one per gradient, and numpy's results with launches run as late as a GPU may
+    (tests/mpi_cases.py::case_device_mark_waits)."""
     env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
     run = run_case("device_mark_waits", 2, 300, env=env)
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
     for rank, res in enumerate(run.results):
         assert res["failures"] == [], f"rank {rank}: {res['failures']}"
-        assert res["marked"] == 5 and res["waits"] == 4, res
+        assert res["marked"] == 6 and res["waits"] == 5, res
 
 
 @pytest.mark.mpi

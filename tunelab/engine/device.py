@@ -35,8 +35,10 @@ def simulated() -> bool:
 @dataclass(frozen=True)
 class DeviceBuffer:
     """A C-contiguous device tensor seen as raw memory; ``owner`` keeps the memory alive.  ``ready``:
-    an event recorded on the producer's stream where the tensor was handed over (with that stream),
-    so a call waits for the work queued before then and no more (None: recorded when the call starts)."""
+    where the tensor was handed over, ``(event, stream, order, thread)`` for an event recorded then on
+    the producer's stream (its number among the marks, and the recording thread), so a call waits
+    for the work queued before then and no more; ``(None, stream handle)`` for a producer stream to
+    record on when the call starts; None: the owner's current stream, when the call starts."""
 
     addr: int
     size: int  # elements

@@ -250,23 +250,24 @@ class DevicePath:
         point, not for what the framework queues while the call waits its turn (the rest of the
         backward pass).  Called where tensors are submitted, from any thread: it takes an event the
         engine's thread made (:meth:`begin` keeps a stock), and leaves ``buf`` unmarked when none is left.
-        Marks are numbered in the order they are recorded (under the lock that hands them out), so a
-        call can tell which of its marks on one stream came last."""
+        Marks are numbered in the order they are recorded (under the lock), and carry the recording
+        thread, so a call can tell which of its marks on one stream of one thread came last."""
         handle = _device.producer_stream_handle(buf.owner)
-        stream = self._stream_of(handle)
         with self._marks_lock:
             event = self._free_marks.pop() if self._free_marks else None
-            if event is not None:
-                try:
-                    self.kernels.record(event, stream)
-                except BaseException:
-                    self._free_marks.append(event)
-                    raise
-                self._mark_count += 1
-                order = self._mark_count
         if event is None:  # no mark left: the call records one on this producer's stream when it starts
             return _device.with_ready(buf, (None, handle))
-        return _device.with_ready(buf, (event, stream, order))
+        try:
+            stream = self._stream_of(handle)
+            with self._marks_lock:
+                self.kernels.record(event, stream)
+                self._mark_count += 1
+                order = self._mark_count
+        except BaseException:
+            with self._marks_lock:
+                self._free_marks.append(event)
+            raise
+        return _device.with_ready(buf, (event, stream, order, threading.get_ident()))
 
     def wait_producers(self) -> None:
         """Wait on the host for what the producers of this call's inputs queued before them."""
@@ -298,11 +299,14 @@ class DevicePath:
         self._marked = list({id(m[0]): m[0] for m in marks}.values())  # all go back to the stock at end
         # Events recorded on one stream complete in the order they were recorded: the last mark of each
         # producer stream covers that stream's earlier ones (a call fusing a model's gradients waits
-        # on one event, not on one per gradient).
-        last: dict[int, tuple] = {}
+        # on one event, not on one per gradient).  Streams are told apart by handle *and* recording
+        # thread: a default-stream handle (0, or 2 under per-thread default streams) names a different
+        # stream in each thread.
+        last: dict[tuple[int, int], tuple] = {}
         for m in marks:
-            if id(m[1]) not in last or m[2] > last[id(m[1])][2]:
-                last[id(m[1])] = m
+            key = (id(m[1]), m[3])
+            if key not in last or m[2] > last[key][2]:
+                last[key] = m
         self._waited = [m[0] for m in last.values()]
         while len(self._ready_more) < len(unmarked) - 1:
             self._ready_more.append(self.kernels.new_event())
