@@ -86,18 +86,27 @@ def test_device_path_when_launches_run_as_late_as_a_gpu_may(n, cuda_aware):
         assert res["deferred"] > 100  # the launches did go through the lazy back end
 
 
+_LAZY_ENV = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
+
+
+def _lazy_results(case: str, n: int) -> list[dict]:
+    """Every rank's result of a device case run under the simulator with stream-sync ordering (the
+    lazy-streams cases), each checked to have no failures."""
+    run = run_case(case, n, 300, env=_LAZY_ENV)
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+    return run.results
+
+
 @pytest.mark.mpi
 def test_a_submitted_gradient_waits_for_its_producer_and_no_later_work():
     """Gradient hooks submit while backward goes on queuing kernels; the call reducing gradients must
     wait for the kernels that wrote them and for nothing queued after the last of them (else
     communication cannot overlap the rest of backward). Under lazy streams
     (tests/mpi_cases.py::case_device_marks)."""
-    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
-    run = run_case("device_marks", 2, 300, env=env)
-    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
-    for rank, res in enumerate(run.results):
-        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
-    assert run.results[0]["later_not_run"][-1] is True  # (work between submits may run: fused calls)
+    results = _lazy_results("device_marks", 2)
+    assert results[0]["later_not_run"][-1] is True  # (work between submits may run: fused calls)
 
 
 @pytest.mark.mpi
@@ -106,11 +115,7 @@ def test_a_fused_call_waits_on_the_last_mark_of_each_producer_stream():
     call: five stream waits (one per producer stream and thread in begin, one per stream in end), not
     one per gradient, and numpy's results with launches run as late as a GPU may
     (tests/mpi_cases.py::case_device_mark_waits)."""
-    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
-    run = run_case("device_mark_waits", 2, 300, env=env)
-    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
-    for rank, res in enumerate(run.results):
-        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+    for res in _lazy_results("device_mark_waits", 2):
         assert res["marked"] == 6 and res["waits"] == 5, res
 
 
@@ -119,22 +124,14 @@ def test_a_framework_on_a_side_stream_gets_its_gradients_reduced_and_ordered():
     """Training under ``torch.cuda.stream(s)``: the call waits for the side stream's gradients and the
     side stream waits for the results, on the first call (before the device path exists, when nothing
     is marked) as on later ones (tests/mpi_cases.py::case_device_side_stream)."""
-    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
-    run = run_case("device_side_stream", 2, 300, env=env)
-    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
-    for rank, res in enumerate(run.results):
-        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+    _lazy_results("device_side_stream", 2)
 
 
 @pytest.mark.mpi
 def test_back_to_back_one_shots_do_not_refill_a_slot_a_peer_still_reads():
     """Six direct one-shot calls with nothing read between them, one rank's GPU running behind
     (tests/mpi_cases.py::case_device_back_to_back): every result is numpy's sum."""
-    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
-    run = run_case("device_back_to_back", 2, 300, env=env)
-    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
-    for rank, res in enumerate(run.results):
-        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+    for res in _lazy_results("device_back_to_back", 2):
         assert res["deferred"] > 6  # the launches did go through the lazy back end
 
 
@@ -143,17 +140,13 @@ def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     """A rank that joined contributes zeros to the others' allreduces; with device tensors those zeros
     must be device memory, or the call is refused as a rank mismatch, and are made once per tensor
     (tests/mpi_cases.py::case_device_join)."""
-    env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_DEVICE_ORDERING": "stream-sync", "PYTHONFAULTHANDLER": "1"}
-    run = run_case("device_join", 3, 300, env=env)
-    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
-    for rank, res in enumerate(run.results):
-        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+    results = _lazy_results("device_join", 3)
     # ranks 0 and 1 joined last, rank 2 rounds before them: join names one of the two, the same on every
     # rank (rank 1 when both joined at the same cycle; which cycle each one's join falls in is timing)
-    assert len({r["joined_last"] for r in run.results}) == 1 and run.results[0]["joined_last"] in (0, 1)
-    assert [r["checks"] for r in run.results] == [6, 6, 2]
+    assert len({r["joined_last"] for r in results}) == 1 and results[0]["joined_last"] in (0, 1)
+    assert [r["checks"] for r in results] == [6, 6, 2]
     # the joined rank's zeros are made once per tensor (two), not per call (four): its share is reused
-    assert [r["zeros_made"] for r in run.results] == [0, 0, 2]
+    assert [r["zeros_made"] for r in results] == [0, 0, 2]
 
 
 def _gpu_backend_or_skip(name: str) -> None:
