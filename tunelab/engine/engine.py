@@ -310,7 +310,8 @@ class Engine:
         for i, (t, device) in enumerate(zip(tensors, on_device)):
             if device:
                 a = device_buffer(t)
-                self.check_gpu(a)
+                if a.ready is None:  # (a marked buffer was checked where it was marked: mark_ready)
+                    self.check_gpu(a)
                 o = device_buffer(outs[i] if outs is not None else empty_like(a))
                 if o.shape != a.shape or o.dtype != a.dtype:
                     raise ValueError(f"output {i} must be a device array of shape {a.shape} and dtype {a.dtype}")

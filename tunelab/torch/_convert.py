@@ -47,7 +47,7 @@ def engine_view(t: torch.Tensor) -> Any:
 
     if t.requires_grad:  # (a tensor that requires no gradient is its own detached view)
         t = t.detach()
-    dtype = _device_dtypes().get(t.dtype)
+    dtype = _DEVICE_DTYPES.get(t.dtype)
     if dtype is not None and t.is_contiguous():
         # what the interface would say, read from the tensor itself: torch builds the interface in
         # Python (tens of microseconds, on every gradient of every step)
@@ -58,16 +58,10 @@ def engine_view(t: torch.Tensor) -> Any:
     return dataclasses.replace(device_buffer(t), owner=t)
 
 
-_DEVICE_DTYPES: dict[torch.dtype, np.dtype] = {}
-
-
-def _device_dtypes() -> dict[torch.dtype, np.dtype]:
-    """The engine's element types by torch dtype (bfloat16 as tunelab's numpy bfloat16)."""
-    if not _DEVICE_DTYPES:
-        _DEVICE_DTYPES.update({torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-                               torch.float64: np.dtype(np.float64), torch.int32: np.dtype(np.int32),
-                               torch.int64: np.dtype(np.int64), torch.bfloat16: np.dtype(_np_bfloat16())})
-    return _DEVICE_DTYPES
+# The engine's element types by torch dtype (bfloat16 as tunelab's numpy bfloat16).
+_DEVICE_DTYPES: dict[torch.dtype, np.dtype] = {
+    torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+    torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64), torch.bfloat16: np.dtype(_np_bfloat16())}
 
 
 class _NoneCompressor:
