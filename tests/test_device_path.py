@@ -326,3 +326,23 @@ def test_an_output_made_for_a_cupy_tensor_is_on_that_tensors_gpu(monkeypatch):
 
     got = empty_like(DeviceBuffer(0x1000, 6, np.dtype(np.float32), (2, 3), CupyLike()))
     assert got == ("made on GPU", 1, (2, 3)) and current.index == 0
+
+
+def test_torch_producer_stream_is_read_raw_where_torch_can(monkeypatch):
+    """A torch tensor's producer stream comes from torch's raw reader when the build has one (the
+    GPU test checks it names the same stream as torch.cuda.current_stream), else the public call."""
+    torch = pytest.importorskip("torch")
+    from tunelab.engine.device import producer_stream_handle
+
+    t = torch.zeros(2)
+    asked = []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream",
+                        lambda index: asked.append(index) or 0xBEEF, raising=False)
+    assert producer_stream_handle(t) == 0xBEEF and asked == [t.get_device()]
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
+
+    class Named:
+        cuda_stream = 0xCAFE
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Named())
+    assert producer_stream_handle(t) == 0xCAFE

@@ -40,3 +40,30 @@ def test_engine_view_of_a_slice_points_at_the_slice_and_refuses_strided_views():
     assert engine_view(row).addr == base.data_ptr() + 2 * 6 * 4
     with pytest.raises(ValueError, match="C-contiguous"):
         engine_view(base[:, 1])
+
+
+def test_producer_stream_handle_is_torchs_current_stream_in_every_thread():
+    """The raw handle read for a gradient's producer is the stream torch would name: the default stream,
+    a side stream entered with ``torch.cuda.stream``, and another thread's own current stream."""
+    _cuda()
+    import threading
+
+    from tunelab.engine.device import producer_stream_handle
+
+    t = torch.zeros(4, device="cuda")
+    assert producer_stream_handle(t) == torch.cuda.current_stream().cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert producer_stream_handle(t) == side.cuda_stream != 0
+    assert producer_stream_handle(t) == torch.cuda.current_stream().cuda_stream
+    seen = {}
+
+    def other() -> None:
+        mine = torch.cuda.Stream()
+        with torch.cuda.stream(mine):
+            seen["handle"], seen["want"] = producer_stream_handle(t), mine.cuda_stream
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join()
+    assert seen["handle"] == seen["want"] != side.cuda_stream

@@ -106,14 +106,25 @@ def producer_stream_handle(owner: Any) -> int:
     stream) for others.  Current streams are per thread: read it in the thread that submits the tensor."""
     module = type(owner).__module__.split(".")[0]
     if module == "torch":
-        import torch
-
-        return int(torch.cuda.current_stream(owner.device).cuda_stream)
+        return _torch_stream_handle(owner)
     if module == "cupy":
         import cupy
 
         return int(cupy.cuda.get_current_stream().ptr)
     return 0
+
+
+def _torch_stream_handle(tensor: Any) -> int:
+    """torch's current stream of ``tensor``'s device in this thread, as a raw handle.  torch's own
+    compiled code reads it through ``torch._C._cuda_getCurrentRawStream`` (one call into C);
+    ``torch.cuda.current_stream`` builds a Stream object in Python first, several microseconds on
+    every gradient a hook submits.  Builds without the raw reader take the public path."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(tensor.get_device()))
+    return int(torch.cuda.current_stream(tensor.device).cuda_stream)
 
 
 def device_index(owner: Any) -> int | None:
