@@ -407,6 +407,32 @@ def case_coordinator_timeline(comm: MPI.Comm, path: str = "") -> dict:
     return {"changes": [[c, k.fusion_threshold_bytes] for c, k in coord.knob_changes]}
 
 
+def case_coordinator_fuses_a_cycle(comm: MPI.Comm, cycle_ms: float = 40.0, bursts: int = 3,
+                                   tensors: int = 8, gap_s: float = 0.002) -> dict:
+    """Bursts of tensors submitted ``gap_s`` apart, with the submitting thread asleep in between (as a
+    framework's backward pass releases the GIL between gradients), each after an idle pause: the
+    engine calls each burst took, and whether every result is the sum over ranks."""
+    from tunelab.engine.coordinator import Coordinator
+
+    engine = Engine(comm, load_engine_config(cycle_time_ms=cycle_ms))
+    coord = Coordinator(engine)
+    calls, wrong = [], 0
+    for b in range(bursts):
+        time.sleep(5 * cycle_ms / 1000.0)  # long enough for the coordinator to go idle
+        before = engine._calls
+        handles = []
+        for i in range(tensors):
+            handles.append(coord.submit(f"b{b}.t{i}", np.full(64 + i, comm.rank + i, np.float32)))
+            time.sleep(gap_s)
+        for i, h in enumerate(handles):
+            want = sum(r + i for r in range(comm.size))
+            wrong += int(np.count_nonzero(h.wait(30) != want))
+        calls.append(engine._calls - before)
+    coord.shutdown()
+    engine.close()
+    return {"calls": calls, "wrong": wrong}
+
+
 def case_topology(comm: MPI.Comm) -> dict:
     out = {}
     for k in [None, *range(1, comm.size + 1)]:

@@ -28,3 +28,14 @@ def test_timeline_is_chrome_trace_json_with_allreduces_and_knob_changes(tmp_path
     spans = [e for e in events if e["name"] == "allreduce"]
     assert all(e["ph"] == "X" and e["dur"] >= 0 and e["args"]["tensors"] >= 1 for e in spans)
     assert sum(e["args"]["tensors"] for e in spans) == 12
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_tensors_submitted_within_a_cycle_share_one_engine_call(n):
+    """A submit wakes an idle coordinator, but the cycle still starts on the cycle grid: 8 tensors
+    submitted 2 ms apart within a 40 ms cycle are fused into one call, or two where a cycle boundary
+    falls among them (cycling at once reduced each of them alone: 8 calls a burst)."""
+    results = run_ok("coordinator_fuses_a_cycle", n, limit_s=90)
+    for rank, res in enumerate(results):
+        assert res["wrong"] == 0, (rank, res)
+        assert all(1 <= c <= 3 for c in res["calls"]), (rank, res["calls"])

@@ -23,6 +23,7 @@ calls; a stall or a rank that stops cycling fails the coordinator for good.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,25 +51,39 @@ _IDLE_FACTOR = 10
 
 
 class Handle:
-    """Completion of one submitted tensor; ``wait()`` returns the reduced array."""
+    """Completion of one submitted tensor; ``wait()`` returns the reduced array.  Completion is a lock
+    held from creation until the coordinator releases it (a ``threading.Event`` builds a condition
+    and a lock in Python: microseconds on every gradient a hook submits)."""
 
-    __slots__ = ("_error", "_event", "name", "out")
+    __slots__ = ("_done", "_error", "_latch", "name", "out")
 
     def __init__(self, name: str, out: np.ndarray) -> None:
         self.name = name
         self.out = out
-        self._event = threading.Event()
+        self._latch = threading.Lock()
+        self._latch.acquire()
+        self._done = False
         self._error: BaseException | None = None
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> np.ndarray:
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
+        if not self._done:
+            if not self._latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+                raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
+            self._latch.release()  # (for any other thread waiting on the same handle)
         if self._error is not None:
             raise self._error
         return self.out
+
+    def _complete(self, error: BaseException | None = None) -> None:
+        """Called once by the coordinator's thread (a second call is ignored)."""
+        if self._done:
+            return
+        self._error = error
+        self._done = True
+        self._latch.release()
 
 
 @dataclass
@@ -156,7 +171,8 @@ class Coordinator:
                     raise ValueError(f"tensor {r.name!r} is already in flight; wait for it first")
             for r in reqs:
                 self._pending[r.name] = r
-            if self._idle:
+            if self._idle:  # (once: the flag is cleared until the next cycle finds nothing to do)
+                self._idle = False
                 self._wake.set()
         return [r.handle for r in reqs]
 
@@ -238,11 +254,17 @@ class Coordinator:
                 cycle_s = self.engine.knobs.cycle_time_ms / 1000.0
                 with self._lock:
                     # Idle ranks (between backward passes) cycle 10x slower to leave the cores to the
-                    # framework; a submit wakes them at once.  With work in flight the cycle is exact.
-                    self._idle = not self._pending and not self._shutdown and not self._joined
-                rest = (cycle_s * (_IDLE_FACTOR if self._idle else 1)) - (time.monotonic() - start)
+                    # framework; a submit wakes them.  With work in flight the cycle is exact.
+                    self._idle = idle = not self._pending and not self._shutdown and not self._joined
+                rest = (cycle_s * (_IDLE_FACTOR if idle else 1)) - (time.monotonic() - start)
                 if rest > 0 and self._wake.wait(rest):
                     self._wake.clear()
+                    # Woken early (a submit, a join, shutdown): the next cycle still starts on the cycle
+                    # grid, not at once, so what is submitted within the cycle is negotiated and fused
+                    # with the tensor that woke it.  (Cycling at once reduced each gradient of a
+                    # backward pass alone whenever its framework released the GIL between them.)
+                    elapsed = time.monotonic() - start
+                    time.sleep(max(0.0, cycle_s * math.ceil(elapsed / cycle_s) - elapsed))
         except BaseException as exc:  # noqa: BLE001 (whatever stops the thread is handed to the caller)
             self._fail(exc)
 
@@ -252,8 +274,7 @@ class Coordinator:
             pending = list(self._pending.values())
             self._pending.clear()
         for r in pending:
-            r.handle._error = exc
-            r.handle._event.set()
+            r.handle._complete(exc)
 
     def _cycle(self) -> bool:
         from mpi4py import MPI
@@ -345,8 +366,7 @@ class Coordinator:
             reqs = [self._pending.pop(name) for name in self._rejected if name in self._pending]
         errors, self._rejected = self._rejected, {}
         for r in reqs:
-            r.handle._error = errors[r.name]
-            r.handle._event.set()
+            r.handle._complete(errors[r.name])
 
     def _report_stall(self, pending: list[_Request], now: float) -> None:
         everyone = self.comm.allgather(sorted(r.name for r in pending))
@@ -400,4 +420,4 @@ class Coordinator:
             for r in reqs:
                 self._pending.pop(r.name, None)
         for r in reqs:
-            r.handle._event.set()
+            r.handle._complete()
