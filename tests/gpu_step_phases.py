@@ -5,7 +5,8 @@
 
 One rank, ResNet-50 on the GPU.  Each step is timed on the host in phases: zero_grad, the first
 layer's forward, the rest of the forward, backward, the optimizer step, and the wait for the device at
-the end; the medians are printed (ms).  ``--switch-us`` sets Python's GIL switch interval first.
+the end; the medians are printed (ms), and for tunelab the engine calls a step took (its gradients
+fused into that many allreduces).  ``--switch-us`` sets Python's GIL switch interval first.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if a.mode == "tunelab":
         import tunelab.torch as tl
+        from tunelab import runtime as _rt
 
         tl.init()
         opt = tl.DistributedOptimizer(opt, named_parameters=model.named_parameters())
@@ -65,11 +67,14 @@ def main() -> int:
 
     for _ in range(5):
         step()
+    engine = _rt.current().engine if a.mode == "tunelab" else None
+    calls = engine._calls if engine is not None else 0
     phases = np.array([step() for _ in range(a.steps)])
     med = np.median(phases, axis=0)
     names = ("zero_grad", "first_layer", "forward_rest", "backward", "opt_step", "device_wait")
+    fused = f"  engine calls/step {(engine._calls - calls) / a.steps:.1f}" if engine is not None else ""
     print(f"{a.mode:8s} switch={sys.getswitchinterval() * 1e6:.0f}us  total {np.median(phases.sum(1)):6.1f} ms  "
-          + "  ".join(f"{n} {v:5.1f}" for n, v in zip(names, med)))
+          + "  ".join(f"{n} {v:5.1f}" for n, v in zip(names, med)) + fused)
     if a.mode == "tunelab":
         tl.shutdown()
     return 0

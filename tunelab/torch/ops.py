@@ -51,7 +51,7 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
     packed = [compression.compress(t.detach() if t.requires_grad else t) for t in tensors]  # (gradients need none)
     srcs = [c.contiguous().reshape(1) if c.dim() == 0 else c.contiguous() for c, _ in packed]  # 0-d as [1]
     # The engine averages floating dtypes only; integer averages are sums scaled afterwards.
-    int_avg = [op == Average and is_integer_average(op, str(s.dtype).removeprefix("torch.")) for s in srcs]
+    int_avg = [op == Average and _integer_dtype(s.dtype) for s in srcs]
     if any(int_avg) and not all(int_avg):
         raise TypeError("a grouped integer average cannot mix integer and floating tensors")
     engine_op = "sum" if any(int_avg) else op
@@ -61,6 +61,10 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
     inner = rt.coordinator.submit_group(names, views, engine_op,
                                         [v if d else engine_view(r) for v, r, d in zip(views, results, direct)],
                                         group=group)
+    single = group is None and len(tensors) == 1
+    if all(direct) and compression is Compression.none and not any(int_avg):
+        # reduced in place, nothing to undo: what a gradient hook submits (no work when it is waited on)
+        return Handle(inner, results, lambda res: list(tensors), single)
 
     def finish(res: list[torch.Tensor]) -> list[torch.Tensor]:
         if any(int_avg):
@@ -74,7 +78,18 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
                 t.detach().copy_(o)
         return list(tensors)
 
-    return Handle(inner, results, finish, single=group is None and len(tensors) == 1)
+    return Handle(inner, results, finish, single)
+
+
+_INTEGER_DTYPES: dict[torch.dtype, bool] = {}
+
+
+def _integer_dtype(dtype: torch.dtype) -> bool:
+    """Whether an average over ``dtype`` is Horovod's integer average (read once per dtype)."""
+    found = _INTEGER_DTYPES.get(dtype)
+    if found is None:
+        found = _INTEGER_DTYPES[dtype] = is_integer_average(Average, str(dtype).removeprefix("torch."))
+    return found
 
 
 def _name(name: str | None, kind: str) -> str:

@@ -51,36 +51,38 @@ class _DistributedMixin:
         self._tl_compression = compression
         self._tl_passes = backward_passes_per_step
         self._tl_op = op
-        self._tl_counts = {p: 0 for p in params}
-        self._tl_handles: dict[torch.nn.Parameter, Handle] = {}
+        # One record per parameter, looked up once per hook (a tensor's hash runs in Python)
+        self._tl_slots = {p: _Slot(f"grad.{self._tl_names[p]}", self._tl_group_of.get(p)) for p in params}
+        self._tl_pending = 0  # parameters submitted (or set aside as sparse) since the last synchronize
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
         self._tl_synchronized = False
         self._tl_hooks = [p.register_post_accumulate_grad_hook(self._tl_hook) for p in params]
 
     def _tl_hook(self, p: torch.nn.Parameter) -> None:
-        if p in self._tl_handles:
+        slot = self._tl_slots[p]
+        if slot.submitted:
             raise RuntimeError(f"gradient of {self._tl_names[p]!r} computed more than "
                                f"backward_passes_per_step={self._tl_passes} times before step()")
-        self._tl_counts[p] += 1
-        if self._tl_counts[p] == self._tl_passes:
-            self._tl_submit(p)
+        slot.count += 1
+        if slot.count == self._tl_passes:
+            self._tl_submit(p, slot)
 
-    def _tl_submit(self, p: torch.nn.Parameter) -> None:
+    def _tl_submit(self, p: torch.nn.Parameter, slot: _Slot) -> None:
+        slot.submitted = True
+        self._tl_pending += 1
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         if p.grad.is_sparse:
             if not self._tl_sparse_as_dense:
                 self._tl_sparse.append(p)  # reduced by allgather in synchronize(), in parameter order
-                self._tl_handles[p] = None  # type: ignore[assignment]
                 return
             p.grad = p.grad.to_dense()
         if self._tl_passes > 1 or self._tl_predivide != 1.0:
             p.grad.div_(self._tl_passes * self._tl_predivide)
         op = Sum if self._tl_predivide != 1.0 else self._tl_op
-        gi = self._tl_group_of.get(p)
+        gi = slot.group
         if gi is None:
-            self._tl_handles[p] = allreduce_async_(p.grad, name=f"grad.{self._tl_names[p]}",
-                                                   op=op, compression=self._tl_compression)
+            slot.handle = allreduce_async_(p.grad, name=slot.name, op=op, compression=self._tl_compression)
             return
         waiting = self._tl_waiting[gi]
         waiting.add(p)
@@ -89,21 +91,23 @@ class _DistributedMixin:
             handle = grouped_allreduce_async([q.grad for q in members], name=f"grad.group{gi}",
                                              op=op, compression=self._tl_compression, inplace=True)
             for q in members:
-                self._tl_handles[q] = handle
+                self._tl_slots[q].handle = handle
             waiting.clear()
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce.  Parameters that got no gradient this step are reduced
         as zeros, so every rank reduces the same tensors."""
+        slots = self._tl_slots
         for p in self._tl_params:
-            if p in self._tl_handles:
+            slot = slots[p]
+            if slot.submitted:
                 continue
-            if self._tl_counts[p] not in (0, self._tl_passes):
-                raise RuntimeError(f"step() after {self._tl_counts[p]} of backward_passes_per_step="
+            if slot.count not in (0, self._tl_passes):
+                raise RuntimeError(f"step() after {slot.count} of backward_passes_per_step="
                                    f"{self._tl_passes} backward passes for {self._tl_names[p]!r}")
-            self._tl_counts[p] = self._tl_passes
-            self._tl_submit(p)
-        for handle in {id(h): h for h in self._tl_handles.values() if h is not None}.values():
+            slot.count = self._tl_passes
+            self._tl_submit(p, slot)
+        for handle in {id(s.handle): s.handle for s in slots.values() if s.handle is not None}.values():
             handle.wait()
         if self._tl_predivide != 1.0:
             post = self._tl_predivide / _rt.current().topology.size
@@ -114,8 +118,9 @@ class _DistributedMixin:
         for p in self._tl_sparse:
             p.grad = self._tl_sparse_reduce(p)
         self._tl_sparse.clear()
-        self._tl_handles.clear()
-        self._tl_counts = {p: 0 for p in self._tl_params}
+        for slot in slots.values():
+            slot.count, slot.submitted, slot.handle = 0, False, None
+        self._tl_pending = 0
         self._tl_synchronized = True
 
     def _tl_sparse_reduce(self, p: torch.nn.Parameter) -> torch.Tensor:
@@ -147,10 +152,22 @@ class _DistributedMixin:
         return result
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
-        if self._tl_handles:
+        if self._tl_pending:
             raise RuntimeError("zero_grad() called after backward() but before step() or synchronize(): "
                                "gradients are still being reduced")
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+class _Slot:
+    """A parameter's state between two synchronizations: its allreduce's name and group, the backward
+    passes counted, whether its gradient went out (submitted, or set aside as sparse), its handle."""
+
+    __slots__ = ("count", "group", "handle", "name", "submitted")
+
+    def __init__(self, name: str, group: int | None) -> None:
+        self.name, self.group = name, group
+        self.count, self.submitted = 0, False
+        self.handle: Handle | None = None
 
 
 def _parameter_names(params: list[torch.nn.Parameter],
