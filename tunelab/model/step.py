@@ -6,14 +6,18 @@ that makes each gradient ready after its share (proportional to its elements) of
 
 The coordinator (:mod:`tunelab.engine.coordinator`) is simulated as it runs:
 
-* it sleeps while nothing is pending and wakes at once on the first submission of a step;
+* it sleeps while nothing is pending; a submission wakes it, and its next cycle starts on the cycle
+  grid (the last cycle's start plus a whole number of cycle times), so the first cycle of a step starts
+  half a cycle after the first gradient on average (the grid's phase against a new step is taken as
+  uniform);
 * a cycle negotiates (``negotiation_s``), takes every gradient ready at the cycle's start, plans
   fusion buckets of at most ``fusion_threshold_bytes`` (:func:`tunelab.engine.fusion.plan_buckets`),
   and runs them one after another on the single communication channel (each bucket's time from the
   model: flat ring or hierarchical by the knob, pieces of ``segment_bytes``, on the general path: a
   fused bucket takes no short route, and the cycle's negotiation is its agreement);
 * if gradients arrived meanwhile, the next cycle starts ``cycle_time_ms`` after this one started
-  (or when this one ends, if later); otherwise the coordinator sleeps until the next submission.
+  (or when this one ends, if later); otherwise the coordinator sleeps until the next submission, and
+  the cycle it wakes for starts at the first grid point after it.
 
 Communication overlaps the remaining backward compute (another thread).  With a core per rank the
 compute does not slow down; on an oversubscribed machine (``over = ranks / cores - 1 > 0``, as the lab
@@ -24,6 +28,7 @@ heuristic: it is not fitted).  The step ends when the last bucket is reduced.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -132,7 +137,7 @@ def simulate_step(model: ScaleModel, workload: Workload, topo: Topology, knobs: 
         return cache[nbytes]
 
     cycle_s = knobs.cycle_time_ms / 1000.0
-    t, i, n = ready[0], 0, len(sizes)
+    t, i, n = ready[0] + cycle_s / 2.0, 0, len(sizes)
     cycles = buckets = 0
     busy = 0.0
     log: list[tuple[float, float, int]] = []
@@ -152,7 +157,10 @@ def simulate_step(model: ScaleModel, workload: Workload, topo: Topology, knobs: 
         busy += end - start
         i = j
         if i < n:
-            t = max(end, start + cycle_s) if ready[i] <= end else ready[i]
+            if ready[i] <= end:
+                t = max(end, start + cycle_s)
+            else:  # idle until the submission, then the next point of the cycle grid
+                t = start + math.ceil((ready[i] - start) / cycle_s) * cycle_s
         else:
             t = end
     # Oversubscribed (more ranks than cores): communication runs on the cores the compute needs, so a
