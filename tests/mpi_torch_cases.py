@@ -182,6 +182,58 @@ def case_torch_collectives(comm) -> dict:
     return res
 
 
+def case_torch_optimizer_misuse(comm) -> dict:
+    """The DistributedOptimizer's refusals, each followed by a correct step on the same optimizer: a
+    gradient computed twice before step() (ungrouped, and grouped), zero_grad() while gradients are
+    being reduced, step() after 1 of 2 accumulated passes.  Returns each error and, after each, whether
+    a normal step left every rank with the same weights."""
+    torch.set_num_threads(1)
+    tl.init(comm)
+    out: dict = {"errors": {}, "same_after": {}}
+
+    def loss(model: torch.nn.Module, step: int) -> torch.Tensor:
+        x, y = batches(step, tl.size(), 1)[tl.rank()][0]
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    def same(model: torch.nn.Module) -> bool:
+        return len(set(comm.allgather(digest([p.detach().clone() for p in model.parameters()])))) == 1
+
+    def attempt(key: str, action) -> None:
+        try:
+            action()
+            out["errors"][key] = ""
+        except RuntimeError as exc:
+            out["errors"][key] = str(exc)
+
+    for key, kwargs in (("twice", {}), ("twice_grouped", {"groups": 1}), ("zero_grad", {}),
+                        ("partial", {"backward_passes_per_step": 2})):
+        model = tiny_model()
+        opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters(), load_profile=False, **kwargs)
+        passes = kwargs.get("backward_passes_per_step", 1)
+        if key.startswith("twice"):
+            loss(model, 0).backward()
+            attempt(key, lambda m=model: loss(m, 1).backward())
+            opt.synchronize()  # what was submitted is reduced; the optimizer starts clean
+            opt.step()
+        elif key == "zero_grad":
+            loss(model, 0).backward()
+            attempt(key, opt.zero_grad)
+            opt.step()
+        else:
+            loss(model, 0).backward()
+            attempt(key, opt.step)
+            loss(model, 1).backward()  # the second pass: now step() may go on
+            opt.step()
+        opt.zero_grad()
+        for _ in range(passes):
+            loss(model, 2).backward()
+        opt.step()
+        out["same_after"][key] = same(model)
+    tl.shutdown()
+    return out
+
+
 def case_knob_churn(comm, steps: int = 200, ranks_per_node: int | None = None) -> dict:
     """Deterministic mode (one group, no group fusion): gradients while rank 0 changes knobs every
     step must be bitwise those of a fixed-knob run."""

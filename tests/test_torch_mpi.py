@@ -135,3 +135,14 @@ def test_horovod_parity(n):
             h = bn["half"][name]
             assert h["dtype"] == f"torch.{name}" and h["finite"] and h["running_finite"] and h["out"] < tol, (name, h)
     assert results[0]["timeline"] == {"spans": 1, "valid": True}  # only the traced allreduce
+
+
+def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
+    results = run_ok("torch_optimizer_misuse", 2, limit_s=200)
+    for rank, res in enumerate(results):
+        err = res["errors"]
+        assert "computed more than backward_passes_per_step=1 times before step()" in err["twice"], (rank, err)
+        assert "computed more than backward_passes_per_step=1" in err["twice_grouped"], (rank, err)
+        assert err["zero_grad"].startswith("zero_grad() called after backward() but before step()"), (rank, err)
+        assert "step() after 1 of backward_passes_per_step=2 backward passes" in err["partial"], (rank, err)
+        assert res["same_after"] == {k: True for k in err}, (rank, res["same_after"])
