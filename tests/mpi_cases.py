@@ -428,9 +428,17 @@ def case_coordinator_fuses_a_cycle(comm: MPI.Comm, cycle_ms: float = 40.0, burst
             want = sum(r + i for r in range(comm.size))
             wrong += int(np.count_nonzero(h.wait(30) != want))
         calls.append(engine._calls - before)
+    # a blocking allreduce (submit, then wait at once) does not wait for the grid: the waiter hurries
+    # the cycle (synchronize() after backward, SyncBatchNorm's and metrics' allreduces)
+    blocking = []
+    for k in range(6):
+        t0 = time.perf_counter()
+        got = coord.submit(f"blocking{k}", np.full(8, comm.rank + 1.0, np.float32)).wait(30)
+        blocking.append(time.perf_counter() - t0)
+        wrong += int(np.count_nonzero(got != comm.size * (comm.size + 1) / 2))
     coord.shutdown()
     engine.close()
-    return {"calls": calls, "wrong": wrong}
+    return {"calls": calls, "wrong": wrong, "blocking_s": blocking}
 
 
 def case_topology(comm: MPI.Comm) -> dict:

@@ -206,7 +206,8 @@ def case_torch_optimizer_misuse(comm) -> dict:
             out["errors"][key] = str(exc)
 
     for key, kwargs in (("twice", {}), ("twice_grouped", {"groups": 1}), ("zero_grad", {}),
-                        ("partial", {"backward_passes_per_step": 2})):
+                        ("partial", {"backward_passes_per_step": 2}), ("submit_fails", {}),
+                        ("group_submit_fails", {"groups": 1})):
         model = tiny_model()
         opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(), load_profile=False, **kwargs)
@@ -216,6 +217,25 @@ def case_torch_optimizer_misuse(comm) -> dict:
             attempt(key, lambda m=model: loss(m, 1).backward())
             opt.synchronize()  # what was submitted is reduced; the optimizer starts clean
             opt.step()
+        elif key.endswith("submit_fails"):  # the first submit raises: step() must submit it again
+            import tunelab.torch.optimizer as optimizer_module
+
+            name = "grouped_allreduce_async" if key.startswith("group") else "allreduce_async_"
+            real, calls = getattr(optimizer_module, name), []
+
+            def flaky(*args, real=real, calls=calls, **kw):
+                calls.append(1)
+                if len(calls) == 1:
+                    raise RuntimeError("injected submit failure")
+                return real(*args, **kw)
+
+            setattr(optimizer_module, name, flaky)
+            try:
+                attempt(key, lambda m=model: loss(m, 0).backward())
+                opt.step()
+            finally:
+                setattr(optimizer_module, name, real)
+            out["same_after"][key + "_first"] = same(model)
         elif key == "zero_grad":
             loss(model, 0).backward()
             attempt(key, opt.zero_grad)

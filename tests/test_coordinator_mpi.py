@@ -34,8 +34,12 @@ def test_timeline_is_chrome_trace_json_with_allreduces_and_knob_changes(tmp_path
 def test_tensors_submitted_within_a_cycle_share_one_engine_call(n):
     """A submit wakes an idle coordinator, but the cycle still starts on the cycle grid: 8 tensors
     submitted 2 ms apart within a 40 ms cycle are fused into one call, or two where a cycle boundary
-    falls among them (cycling at once reduced each of them alone: 8 calls a burst)."""
+    falls among them (cycling at once reduced each of them alone: 8 calls a burst).  A blocking call
+    (submit, then wait) is not held back by the grid."""
     results = run_ok("coordinator_fuses_a_cycle", n, limit_s=90)
     for rank, res in enumerate(results):
         assert res["wrong"] == 0, (rank, res)
         assert all(1 <= c <= 3 for c in res["calls"]), (rank, res["calls"])
+        # ... while a thread waiting on a handle starts the cycle at once: blocking calls one after another
+        # take far less than the 40 ms cycle each (without the hurry, about one cycle each)
+        assert sorted(res["blocking_s"])[3] < 0.015, (rank, res["blocking_s"])

@@ -458,37 +458,39 @@ def test_the_lab_bucket_fills_again_before_every_hierarchical_piece(tmp_path: Pa
         assert hidden == pytest.approx(buckets * burst_s, rel=1e-9), algo
 
 def test_step_one_bucket_after_backward() -> None:
-    """One gradient, ready when backward ends: half a cycle (the wake lands on the cycle grid at a phase
-    taken as uniform), negotiation, then one flat-ring allreduce, nothing overlaps."""
+    """One gradient, ready when backward ends (when the step starts waiting for it, so its cycle starts
+    at once, off the cycle grid): negotiation, then one flat-ring allreduce, nothing overlaps."""
     size = MiB
     work = Workload("one", (size,), forward_ms=5.0, backward_ms=10.0)
     topo = Topology(2, 1, "1gbps")
     p = simulate_step(_hand_model(), work, topo, Knobs())
     negotiation = 2 * 1e-5 + 64 * 1e-9  # MPI's tiny allreduce on 2 ranks: 2 log2(2) alpha + 2 (1/2) 64 beta
     ring = 2 * size * 1e-10 + 2 * 1e-4 + size * (8e-9 + 1e-10)  # pack+unpack, 2 messages, 2 (P-1) S/P bytes
-    assert p.step_s == pytest.approx(0.015 + 0.0005 + negotiation + ring, rel=1e-9)
+    assert p.step_s == pytest.approx(0.015 + negotiation + ring, rel=1e-9)
     assert (p.cycles, p.buckets) == (1, 1)
 
 
 def test_step_compute_bound_hides_all_but_the_last_bucket() -> None:
     """Ten gradients spread over a long backward: each is reduced long before the next is ready, so
-    the step is the compute plus the last gradient's cycle, which starts on the cycle grid half a cycle
-    after it (the grid set by the first gradient, 10 ms apart: a whole number of 1 ms cycles)."""
+    the step is the compute plus the last gradient's cycle (which starts at once: the step waits)."""
     size = 64 << 10
     work = Workload("ten", (size,) * 10, forward_ms=0.0, backward_ms=100.0)
     topo = Topology(1, 2)
     p = simulate_step(_hand_model(), work, topo, Knobs(cycle_time_ms=1.0))
     negotiation = 2 * 1e-5 + 2 * 0.5 * 64 * 1e-9
     oneshot = 1e-5 + size * 1e-10 + 2 * size * 1e-10  # barrier, copy in, reduce 2 sources
-    assert p.step_s == pytest.approx(0.100 + 0.0005 + negotiation + oneshot, rel=1e-9)
+    assert p.step_s == pytest.approx(0.100 + negotiation + oneshot, rel=1e-9)
     assert (p.cycles, p.buckets) == (10, 10)
 
 
 def test_step_cycle_waits_and_fusion() -> None:
-    """Two gradients ready 10 us apart: the first cycle starts half a cycle after the first, so it takes
-    both, fused (a fusion threshold of 0 keeps them apart in two buckets of the same cycle).  Two
-    gradients 3.5 ms apart with a 5 ms cycle: the first cycle is done before the second arrives, and the
-    coordinator it wakes starts the next cycle on the grid, a whole cycle after the first one started."""
+    """Cycles start on the cycle grid until backward ends; from then the step waits and cycles start at
+    once.  Two gradients 10 us apart, at the very end of backward: one cycle takes both, fused (a fusion
+    threshold of 0 keeps them apart in two buckets of that cycle).  Four gradients 3.5 ms apart with a
+    5 ms cycle: the first cycle starts half a cycle after the first gradient (6 ms) and takes it alone;
+    the second arrives after that cycle is done, and the cycle it wakes starts on the grid (11 ms),
+    taking the third too; the fourth arrives when backward ends (14 ms) and goes at once: 3 cycles
+    (4 if each submission started a cycle)."""
     size = 64 << 10
     topo = Topology(1, 2)
     model = _hand_model()
@@ -499,14 +501,17 @@ def test_step_cycle_waits_and_fusion() -> None:
 
     p = simulate_step(model, Workload("two", (size, size), forward_ms=0.0, backward_ms=0.02), topo,
                       Knobs(cycle_time_ms=5.0))
-    assert p.step_s == pytest.approx(0.00001 + 0.0025 + neg + oneshot(2 * size), rel=1e-9)
+    assert p.step_s == pytest.approx(0.00002 + neg + oneshot(2 * size), rel=1e-9)
     assert (p.cycles, p.buckets) == (1, 1)
     apart = simulate_step(model, Workload("two", (size, size), 0.0, 0.02), topo,
                           Knobs(cycle_time_ms=5.0, fusion_threshold_bytes=0))
     assert (apart.cycles, apart.buckets) == (1, 2) and apart.step_s > p.step_s
-    idle = simulate_step(model, Workload("two", (size, size), 0.0, 7.0), topo, Knobs(cycle_time_ms=5.0))
-    assert idle.step_s == pytest.approx(0.0035 + 0.0025 + 0.005 + neg + oneshot(size), rel=1e-9)
-    assert (idle.cycles, idle.buckets) == (2, 2)
+    grid = simulate_step(model, Workload("four", (size,) * 4, 0.0, 14.0), topo, Knobs(cycle_time_ms=5.0),
+                         keep_log=True)
+    assert grid.step_s == pytest.approx(0.014 + neg + oneshot(size), rel=1e-9)
+    assert (grid.cycles, grid.buckets) == (3, 3)
+    assert [round(start - neg, 9) for start, _, _ in grid.bucket_log] == [0.006, 0.011, 0.014]
+    assert [nbytes for _, _, nbytes in grid.bucket_log] == [size, 2 * size, size]
 
 
 def test_crossover_and_tuner_hooks() -> None:

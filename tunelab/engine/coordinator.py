@@ -55,11 +55,12 @@ class Handle:
     held from creation until the coordinator releases it (a ``threading.Event`` builds a condition
     and a lock in Python: microseconds on every gradient a hook submits)."""
 
-    __slots__ = ("_done", "_error", "_latch", "name", "out")
+    __slots__ = ("_done", "_error", "_hurry", "_latch", "name", "out")
 
-    def __init__(self, name: str, out: np.ndarray) -> None:
+    def __init__(self, name: str, out: np.ndarray, hurry: Any = None) -> None:
         self.name = name
         self.out = out
+        self._hurry = hurry  # called by a waiter: its coordinator's next cycle should not wait for the grid
         self._latch = threading.Lock()
         self._latch.acquire()
         self._done = False
@@ -70,6 +71,8 @@ class Handle:
 
     def wait(self, timeout: float | None = None) -> np.ndarray:
         if not self._done:
+            if self._hurry is not None:
+                self._hurry()
             if not self._latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
                 raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
             self._latch.release()  # (for any other thread waiting on the same handle)
@@ -127,6 +130,7 @@ class Coordinator:
         self._joined, self._join_cycle, self._join_last = False, -1, -1
         self._join_done = threading.Event()
         self._wake = threading.Event()
+        self._hurried = False  # a thread waits on a handle: the next cycle starts without waiting for the grid
         self._idle = False  # nothing pending here: sleep longer, but wake on the next submit
         self._thread = threading.Thread(target=self._run, name="tunelab-coordinator", daemon=True)
         self._thread.start()
@@ -156,14 +160,16 @@ class Coordinator:
                 view = device_buffer(out)
                 if view.shape != src.shape or view.dtype != src.dtype:
                     raise ValueError(f"output for {name!r} must be a device array {src.dtype}{list(src.shape)}")
-                reqs.append(_Request(name, src, Handle(name, out), op, group, view))
+                reqs.append(_Request(name, src, Handle(name, out, self._hurry_up), op, group, view))
                 continue
             src = np.ascontiguousarray(a)
             out = outs[i] if outs is not None else np.empty_like(src)
             if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
                 raise ValueError(f"output for {name!r} must be C-contiguous {src.dtype}{list(src.shape)}")
-            reqs.append(_Request(name, src, Handle(name, out), op, group))
+            reqs.append(_Request(name, src, Handle(name, out, self._hurry_up), op, group))
         with self._lock:
+            if self._error is not None:  # (failed since the check above: _fail has emptied pending)
+                raise self._error
             if self._shutdown:
                 raise TunelabError("the coordinator is shut down")
             for r in reqs:
@@ -239,6 +245,11 @@ class Coordinator:
         self.comm.Free()
         self._raise_if_failed()
 
+    def _hurry_up(self) -> None:
+        """A waiter's call (see :meth:`Handle.wait`): the coordinator's wait for the next cycle ends now."""
+        self._hurried = True
+        self._wake.set()
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
@@ -257,14 +268,18 @@ class Coordinator:
                     # framework; a submit wakes them.  With work in flight the cycle is exact.
                     self._idle = idle = not self._pending and not self._shutdown and not self._joined
                 rest = (cycle_s * (_IDLE_FACTOR if idle else 1)) - (time.monotonic() - start)
-                if rest > 0 and self._wake.wait(rest):
+                if rest > 0 and not self._hurried and self._wake.wait(rest):
                     self._wake.clear()
                     # Woken early (a submit, a join, shutdown): the next cycle still starts on the cycle
                     # grid, not at once, so what is submitted within the cycle is negotiated and fused
                     # with the tensor that woke it.  (Cycling at once reduced each gradient of a
-                    # backward pass alone whenever its framework released the GIL between them.)
+                    # backward pass alone whenever its framework released the GIL between them.)  A
+                    # thread waiting on a handle cuts that short: nothing it waits for comes sooner by
+                    # waiting (a blocking allreduce, synchronize() after backward).
                     elapsed = time.monotonic() - start
-                    time.sleep(max(0.0, cycle_s * math.ceil(elapsed / cycle_s) - elapsed))
+                    rest = cycle_s * math.ceil(elapsed / cycle_s) - elapsed
+                    if rest > 0 and not self._hurried and self._wake.wait(rest):
+                        self._wake.clear()
         except BaseException as exc:  # noqa: BLE001 (whatever stops the thread is handed to the caller)
             self._fail(exc)
 
@@ -281,6 +296,7 @@ class Coordinator:
 
         self.cycles += 1
         self._swap_timeline()
+        self._hurried = False  # (before pending is read: a later waiter's tensor is in this cycle, or hurries the next)
         with self._lock:
             pending = list(self._pending.values())
             shutdown = self._shutdown

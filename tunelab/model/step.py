@@ -17,7 +17,9 @@ The coordinator (:mod:`tunelab.engine.coordinator`) is simulated as it runs:
   fused bucket takes no short route, and the cycle's negotiation is its agreement);
 * if gradients arrived meanwhile, the next cycle starts ``cycle_time_ms`` after this one started
   (or when this one ends, if later); otherwise the coordinator sleeps until the next submission, and
-  the cycle it wakes for starts at the first grid point after it.
+  the cycle it wakes for starts at the first grid point after it;
+* from the end of backward the step waits for its gradients, and a waiter hurries the coordinator:
+  cycles then start as soon as the channel is free, off the grid.
 
 Communication overlaps the remaining backward compute (another thread).  With a core per rank the
 compute does not slow down; on an oversubscribed machine (``over = ranks / cores - 1 > 0``, as the lab
@@ -137,14 +139,21 @@ def simulate_step(model: ScaleModel, workload: Workload, topo: Topology, knobs: 
         return cache[nbytes]
 
     cycle_s = knobs.cycle_time_ms / 1000.0
-    t, i, n = ready[0] + cycle_s / 2.0, 0, len(sizes)
+    eps = 1e-9  # (a second's billionth: ready times and grid points that are equal up to rounding)
+
+    def begins(natural: float, earliest: float) -> float:
+        """When a cycle starts: on its grid point, or once the step waits for its gradients (the end of
+        backward, when a waiter hurries the coordinator) if that comes first."""
+        return min(natural, max(earliest, compute_s))
+
+    t, i, n = begins(ready[0] + cycle_s / 2.0, ready[0]), 0, len(sizes)
     cycles = buckets = 0
     busy = 0.0
     log: list[tuple[float, float, int]] = []
     while i < n:
         start, cycles = t, cycles + 1
         j = i
-        while j < n and ready[j] <= start:
+        while j < n and ready[j] <= start + eps:
             j += 1
         end = start + neg
         plan = plan_buckets([Entry(sizes[q], "float32") for q in range(i, j)], knobs.fusion_threshold_bytes, True)
@@ -157,10 +166,10 @@ def simulate_step(model: ScaleModel, workload: Workload, topo: Topology, knobs: 
         busy += end - start
         i = j
         if i < n:
-            if ready[i] <= end:
-                t = max(end, start + cycle_s)
+            if ready[i] <= end + eps:
+                t = begins(max(end, start + cycle_s), end)
             else:  # idle until the submission, then the next point of the cycle grid
-                t = start + math.ceil((ready[i] - start) / cycle_s) * cycle_s
+                t = begins(start + math.ceil((ready[i] - start) / cycle_s - eps) * cycle_s, ready[i])
         else:
             t = end
     # Oversubscribed (more ranks than cores): communication runs on the cores the compute needs, so a

@@ -68,28 +68,42 @@ class _DistributedMixin:
             self._tl_submit(p, slot)
 
     def _tl_submit(self, p: torch.nn.Parameter, slot: _Slot) -> None:
-        slot.submitted = True
-        self._tl_pending += 1
+        """Hand ``p``'s gradient over (marked as sent only once it is: a submit that raised is tried
+        again by synchronize())."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         if p.grad.is_sparse:
             if not self._tl_sparse_as_dense:
                 self._tl_sparse.append(p)  # reduced by allgather in synchronize(), in parameter order
+                slot.submitted = True
+                self._tl_pending += 1
                 return
             p.grad = p.grad.to_dense()
-        if self._tl_passes > 1 or self._tl_predivide != 1.0:
+        if (self._tl_passes > 1 or self._tl_predivide != 1.0) and not slot.scaled:
             p.grad.div_(self._tl_passes * self._tl_predivide)
+            slot.scaled = True  # (once, if the submit below raises and synchronize() tries again)
         op = Sum if self._tl_predivide != 1.0 else self._tl_op
         gi = slot.group
         if gi is None:
             slot.handle = allreduce_async_(p.grad, name=slot.name, op=op, compression=self._tl_compression)
+            slot.submitted = True
+            self._tl_pending += 1
             return
+        slot.submitted = True  # (its group goes out with its last member)
+        self._tl_pending += 1
         waiting = self._tl_waiting[gi]
         waiting.add(p)
         members = self._tl_groups[gi]
         if len(waiting) == len(members):
-            handle = grouped_allreduce_async([q.grad for q in members], name=f"grad.group{gi}",
-                                             op=op, compression=self._tl_compression, inplace=True)
+            try:
+                handle = grouped_allreduce_async([q.grad for q in members], name=f"grad.group{gi}",
+                                                 op=op, compression=self._tl_compression, inplace=True)
+            except BaseException:
+                for q in members:  # not sent: synchronize() submits the group again
+                    self._tl_slots[q].submitted = False
+                self._tl_pending -= len(members)
+                waiting.clear()
+                raise
             for q in members:
                 self._tl_slots[q].handle = handle
             waiting.clear()
@@ -119,7 +133,7 @@ class _DistributedMixin:
             p.grad = self._tl_sparse_reduce(p)
         self._tl_sparse.clear()
         for slot in slots.values():
-            slot.count, slot.submitted, slot.handle = 0, False, None
+            slot.count, slot.submitted, slot.scaled, slot.handle = 0, False, False, None
         self._tl_pending = 0
         self._tl_synchronized = True
 
@@ -160,13 +174,14 @@ class _DistributedMixin:
 
 class _Slot:
     """A parameter's state between two synchronizations: its allreduce's name and group, the backward
-    passes counted, whether its gradient went out (submitted, or set aside as sparse), its handle."""
+    passes counted, whether its gradient was scaled and went out (submitted, or set aside as sparse),
+    its handle."""
 
-    __slots__ = ("count", "group", "handle", "name", "submitted")
+    __slots__ = ("count", "group", "handle", "name", "scaled", "submitted")
 
     def __init__(self, name: str, group: int | None) -> None:
         self.name, self.group = name, group
-        self.count, self.submitted = 0, False
+        self.count, self.submitted, self.scaled = 0, False, False
         self.handle: Handle | None = None
 
 
