@@ -207,7 +207,9 @@ def case_torch_optimizer_misuse(comm) -> dict:
 
     for key, kwargs in (("twice", {}), ("twice_grouped", {"groups": 1}), ("zero_grad", {}),
                         ("partial", {"backward_passes_per_step": 2}), ("submit_fails", {}),
-                        ("group_submit_fails", {"groups": 1})):
+                        ("group_submit_fails", {"groups": 1}),
+                        ("predivided_submit_fails", {"gradient_predivide_factor": 2.0}),
+                        ("accumulated_submit_fails", {"backward_passes_per_step": 2})):
         model = tiny_model()
         opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(), load_profile=False, **kwargs)
@@ -224,15 +226,28 @@ def case_torch_optimizer_misuse(comm) -> dict:
             real, calls = getattr(optimizer_module, name), []
 
             def flaky(*args, real=real, calls=calls, **kw):
-                calls.append(1)
+                calls.append([t.data_ptr() for t in (args[0] if isinstance(args[0], list) else [args[0]])])
                 if len(calls) == 1:
                     raise RuntimeError("injected submit failure")
                 return real(*args, **kw)
 
             setattr(optimizer_module, name, flaky)
             try:
+                if passes > 1:  # the failure ends the last pass early: that step is refused, zero_grad starts over
+                    loss(model, 0).backward()
                 attempt(key, lambda m=model: loss(m, 0).backward())
-                opt.step()
+                if passes > 1:
+                    out["errors"][key + "_step"] = ""
+                    try:
+                        opt.step()
+                    except RuntimeError as exc:
+                        out["errors"][key + "_step"] = str(exc)
+                    opt.zero_grad()
+                else:
+                    opt.synchronize()  # the failed gradient goes out again, scaled once
+                    out["grads_averaged"] = out.get("grads_averaged", {})
+                    out["grads_averaged"][key] = _averaged(comm, model, loss, calls[0])
+                    opt.step()
             finally:
                 setattr(optimizer_module, name, real)
             out["same_after"][key + "_first"] = same(model)
@@ -252,6 +267,21 @@ def case_torch_optimizer_misuse(comm) -> dict:
         out["same_after"][key] = same(model)
     tl.shutdown()
     return out
+
+
+def _averaged(comm, model: torch.nn.Module, loss, failed: list[int]) -> bool:
+    """Whether the reduced gradients whose submit failed (by address) are the average over ranks of the
+    local gradients of the same step (recomputed on a copy; with 2 ranks the average is exact)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for q in twin.parameters():
+        q.grad = None
+    loss(twin, 0).backward()
+    everyone = comm.allgather([q.grad.clone() for q in twin.parameters()])
+    want = [sum(g[i] for g in everyone) / len(everyone) for i in range(len(everyone[0]))]
+    mine = [(p.grad, w) for p, w in zip(model.parameters(), want) if p.grad.data_ptr() in failed]
+    return bool(mine) and all(torch.equal(g, w) for g, w in mine)
 
 
 def case_knob_churn(comm, steps: int = 200, ranks_per_node: int | None = None) -> dict:

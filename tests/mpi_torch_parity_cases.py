@@ -225,6 +225,8 @@ def sparse_and_options(r: int, n: int) -> dict:
     out = {"sparse": diff(run(True), ref), "sparse_as_dense": diff(run(True, sparse_as_dense=True), ref),
            "predivide": diff(run(True, gradient_predivide_factor=2.0), ref),
            "num_groups": diff(run(True, num_groups=2, sparse_as_dense=True), ref),
+           # a sparse gradient in a group: it is allgathered, and its group's dense members still go out
+           "sparse_grouped": diff(run(True, num_groups=1), ref),
            "clip": diff(run(True, clip=True, sparse_as_dense=True), run(False, clip=True))}
     out["clip_moved"] = diff(run(False, clip=True), ref) > 1e-4  # clipping changed the result
     try:

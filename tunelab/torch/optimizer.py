@@ -60,7 +60,7 @@ class _DistributedMixin:
 
     def _tl_hook(self, p: torch.nn.Parameter) -> None:
         slot = self._tl_slots[p]
-        if slot.submitted:
+        if slot.submitted or slot.count >= self._tl_passes:  # (the second: its submit raised)
             raise RuntimeError(f"gradient of {self._tl_names[p]!r} computed more than "
                                f"backward_passes_per_step={self._tl_passes} times before step()")
         slot.count += 1
@@ -72,55 +72,62 @@ class _DistributedMixin:
         again by synchronize())."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        op = Sum if self._tl_predivide != 1.0 else self._tl_op
         if p.grad.is_sparse:
             if not self._tl_sparse_as_dense:
                 self._tl_sparse.append(p)  # reduced by allgather in synchronize(), in parameter order
                 slot.submitted = True
                 self._tl_pending += 1
+                if slot.group is not None:  # its group's dense members go out without it
+                    self._tl_group_member(p, slot.group, op)
                 return
             p.grad = p.grad.to_dense()
         if (self._tl_passes > 1 or self._tl_predivide != 1.0) and not slot.scaled:
             p.grad.div_(self._tl_passes * self._tl_predivide)
             slot.scaled = True  # (once, if the submit below raises and synchronize() tries again)
-        op = Sum if self._tl_predivide != 1.0 else self._tl_op
-        gi = slot.group
-        if gi is None:
+        if slot.group is None:
             slot.handle = allreduce_async_(p.grad, name=slot.name, op=op, compression=self._tl_compression)
             slot.submitted = True
             self._tl_pending += 1
             return
         slot.submitted = True  # (its group goes out with its last member)
         self._tl_pending += 1
+        self._tl_group_member(p, slot.group, op)
+
+    def _tl_group_member(self, p: torch.nn.Parameter, gi: int, op: str) -> None:
+        """``p`` of group ``gi`` is ready; with the last member, the group's dense gradients go out."""
         waiting = self._tl_waiting[gi]
         waiting.add(p)
         members = self._tl_groups[gi]
-        if len(waiting) == len(members):
+        if len(waiting) < len(members):
+            return
+        dense = [q for q in members if not q.grad.is_sparse]
+        if dense:
             try:
-                handle = grouped_allreduce_async([q.grad for q in members], name=f"grad.group{gi}",
+                handle = grouped_allreduce_async([q.grad for q in dense], name=f"grad.group{gi}",
                                                  op=op, compression=self._tl_compression, inplace=True)
             except BaseException:
-                for q in members:  # not sent: synchronize() submits the group again
+                for q in dense:  # not sent: synchronize() submits them again (sparse ones stay set aside)
                     self._tl_slots[q].submitted = False
-                self._tl_pending -= len(members)
-                waiting.clear()
+                self._tl_pending -= len(dense)
+                waiting.difference_update(dense)
                 raise
-            for q in members:
+            for q in dense:
                 self._tl_slots[q].handle = handle
-            waiting.clear()
+        waiting.clear()
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce.  Parameters that got no gradient this step are reduced
         as zeros, so every rank reduces the same tensors."""
         slots = self._tl_slots
-        for p in self._tl_params:
-            slot = slots[p]
-            if slot.submitted:
-                continue
-            if slot.count not in (0, self._tl_passes):
-                raise RuntimeError(f"step() after {slot.count} of backward_passes_per_step="
+        late = [p for p in self._tl_params if not slots[p].submitted]
+        for p in late:  # all checked before any is submitted: a refusal leaves nothing half sent
+            if slots[p].count not in (0, self._tl_passes):
+                raise RuntimeError(f"step() after {slots[p].count} of backward_passes_per_step="
                                    f"{self._tl_passes} backward passes for {self._tl_names[p]!r}")
-            slot.count = self._tl_passes
-            self._tl_submit(p, slot)
+        for p in late:
+            slots[p].count = self._tl_passes
+            self._tl_submit(p, slots[p])
         for handle in {id(s.handle): s.handle for s in slots.values() if s.handle is not None}.values():
             handle.wait()
         if self._tl_predivide != 1.0:
@@ -131,11 +138,17 @@ class _DistributedMixin:
                     p.grad.mul_(post)
         for p in self._tl_sparse:
             p.grad = self._tl_sparse_reduce(p)
-        self._tl_sparse.clear()
-        for slot in slots.values():
-            slot.count, slot.submitted, slot.scaled, slot.handle = 0, False, False, None
-        self._tl_pending = 0
+        self._tl_reset()
         self._tl_synchronized = True
+
+    def _tl_reset(self) -> None:
+        """Every parameter back to no backward pass counted, nothing sent."""
+        self._tl_sparse.clear()
+        for slot in self._tl_slots.values():
+            slot.count, slot.submitted, slot.scaled, slot.handle = 0, False, False, None
+        for waiting in self._tl_waiting.values():
+            waiting.clear()
+        self._tl_pending = 0
 
     def _tl_sparse_reduce(self, p: torch.nn.Parameter) -> torch.Tensor:
         """Horovod's sparse allreduce: every rank's (index, value) pairs, gathered; duplicates add up."""
@@ -169,6 +182,7 @@ class _DistributedMixin:
         if self._tl_pending:
             raise RuntimeError("zero_grad() called after backward() but before step() or synchronize(): "
                                "gradients are still being reduced")
+        self._tl_reset()  # the passes counted so far are zeroed with the gradients they summed
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
