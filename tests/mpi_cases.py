@@ -436,9 +436,34 @@ def case_coordinator_fuses_a_cycle(comm: MPI.Comm, cycle_ms: float = 40.0, burst
         got = coord.submit(f"blocking{k}", np.full(8, comm.rank + 1.0, np.float32)).wait(30)
         blocking.append(time.perf_counter() - t0)
         wrong += int(np.count_nonzero(got != comm.size * (comm.size + 1) / 2))
+    # ranks that reach a blocking call at different times: the first to wait keeps its coordinator
+    # cycling, so the call completes when the last rank submits, not a cycle after it
+    staggered = []
+    for k in range(3):
+        comm.Barrier()
+        if comm.rank == comm.size - 1 and comm.size > 1:
+            time.sleep(0.010)
+        t0 = time.perf_counter()
+        coord.submit(f"staggered{k}", np.ones(8, np.float32)).wait(30)
+        staggered.append(time.perf_counter() - t0)
+    # every rank blocked on a tensor no other rank submitted: the waiters do not make the coordinators
+    # cycle back to back (each negotiation finds nothing: they fall back to the cycle time)
+    stuck_cycles = 0
+    if comm.size > 1:
+        comm.Barrier()
+        before = coord.cycles
+        try:
+            coord.submit(f"lonely{comm.rank}", np.ones(4, np.float32)).wait(0.5)
+        except TimeoutError:
+            pass
+        stuck_cycles = coord.cycles - before
+        handles = [coord.submit(f"lonely{r}", np.ones(4, np.float32)) for r in range(comm.size) if r != comm.rank]
+        for h in handles:
+            h.wait(30)
     coord.shutdown()
     engine.close()
-    return {"calls": calls, "wrong": wrong, "blocking_s": blocking}
+    return {"calls": calls, "wrong": wrong, "blocking_s": blocking, "staggered_s": staggered,
+            "stuck_cycles": stuck_cycles}
 
 
 def case_topology(comm: MPI.Comm) -> dict:

@@ -35,7 +35,7 @@ def test_tensors_submitted_within_a_cycle_share_one_engine_call(n):
     """A submit wakes an idle coordinator, but the cycle still starts on the cycle grid: 8 tensors
     submitted 2 ms apart within a 40 ms cycle are fused into one call, or two where a cycle boundary
     falls among them (cycling at once reduced each of them alone: 8 calls a burst).  A blocking call
-    (submit, then wait) is not held back by the grid."""
+    (submit, then wait) is not held back by the grid, nor by a rank that submits it later."""
     results = run_ok("coordinator_fuses_a_cycle", n, limit_s=90)
     for rank, res in enumerate(results):
         assert res["wrong"] == 0, (rank, res)
@@ -43,3 +43,7 @@ def test_tensors_submitted_within_a_cycle_share_one_engine_call(n):
         # ... while a thread waiting on a handle starts the cycle at once: blocking calls one after another
         # take far less than the 40 ms cycle each (without the hurry, about one cycle each)
         assert sorted(res["blocking_s"])[3] < 0.015, (rank, res["blocking_s"])
+        # the last rank submits 10 ms after the others: they are done about then, not a 40 ms cycle later
+        assert sorted(res["staggered_s"])[1] < 0.030, (rank, res["staggered_s"])
+        # 0.5 s with every rank blocked on a tensor only it submitted: about 0.5 s / 40 ms cycles, not a spin
+        assert res["stuck_cycles"] <= 30, (rank, res["stuck_cycles"])

@@ -46,6 +46,7 @@ _NO_STALL = 4
 _NO_KNOB_CHANGE = 8
 _NOT_JOINED = 16  # AND: nobody has joined
 _ALL_JOINED = 32  # AND: everybody has joined
+_ALL_WAITING = 64  # AND: a thread of every rank is blocked on a handle
 _OPS = ("sum", "average", "min", "max")
 _IDLE_FACTOR = 10
 
@@ -55,12 +56,12 @@ class Handle:
     held from creation until the coordinator releases it (a ``threading.Event`` builds a condition
     and a lock in Python: microseconds on every gradient a hook submits)."""
 
-    __slots__ = ("_done", "_error", "_hurry", "_latch", "name", "out")
+    __slots__ = ("_done", "_error", "_latch", "_owner", "name", "out")
 
-    def __init__(self, name: str, out: np.ndarray, hurry: Any = None) -> None:
+    def __init__(self, name: str, out: np.ndarray, owner: Coordinator | None = None) -> None:
         self.name = name
         self.out = out
-        self._hurry = hurry  # called by a waiter: its coordinator's next cycle should not wait for the grid
+        self._owner = owner  # told while a thread waits here: its cycles do not wait for the grid
         self._latch = threading.Lock()
         self._latch.acquire()
         self._done = False
@@ -71,10 +72,15 @@ class Handle:
 
     def wait(self, timeout: float | None = None) -> np.ndarray:
         if not self._done:
-            if self._hurry is not None:
-                self._hurry()
-            if not self._latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
-                raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
+            owner = self._owner
+            if owner is not None:
+                owner._waiting(+1)
+            try:
+                if not self._latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+                    raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
+            finally:
+                if owner is not None:
+                    owner._waiting(-1)
             self._latch.release()  # (for any other thread waiting on the same handle)
         if self._error is not None:
             raise self._error
@@ -86,6 +92,7 @@ class Handle:
             return
         self._error = error
         self._done = True
+        self._owner = None
         self._latch.release()
 
 
@@ -130,7 +137,9 @@ class Coordinator:
         self._joined, self._join_cycle, self._join_last = False, -1, -1
         self._join_done = threading.Event()
         self._wake = threading.Event()
-        self._hurried = False  # a thread waits on a handle: the next cycle starts without waiting for the grid
+        self._hurried = False  # a thread began waiting on a handle: the next cycle starts at once
+        self._waiters = 0      # threads blocked on a handle now: cycles keep starting at once...
+        self._stuck = False    # ...unless every rank has one and the last cycle completed nothing
         self._idle = False  # nothing pending here: sleep longer, but wake on the next submit
         self._thread = threading.Thread(target=self._run, name="tunelab-coordinator", daemon=True)
         self._thread.start()
@@ -160,13 +169,13 @@ class Coordinator:
                 view = device_buffer(out)
                 if view.shape != src.shape or view.dtype != src.dtype:
                     raise ValueError(f"output for {name!r} must be a device array {src.dtype}{list(src.shape)}")
-                reqs.append(_Request(name, src, Handle(name, out, self._hurry_up), op, group, view))
+                reqs.append(_Request(name, src, Handle(name, out, self), op, group, view))
                 continue
             src = np.ascontiguousarray(a)
             out = outs[i] if outs is not None else np.empty_like(src)
             if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
                 raise ValueError(f"output for {name!r} must be C-contiguous {src.dtype}{list(src.shape)}")
-            reqs.append(_Request(name, src, Handle(name, out, self._hurry_up), op, group))
+            reqs.append(_Request(name, src, Handle(name, out, self), op, group))
         with self._lock:
             if self._error is not None:  # (failed since the check above: _fail has emptied pending)
                 raise self._error
@@ -245,10 +254,22 @@ class Coordinator:
         self.comm.Free()
         self._raise_if_failed()
 
-    def _hurry_up(self) -> None:
-        """A waiter's call (see :meth:`Handle.wait`): the coordinator's wait for the next cycle ends now."""
-        self._hurried = True
-        self._wake.set()
+    def _waiting(self, change: int) -> None:
+        """A thread starts (+1) or stops (-1) waiting on a handle (:meth:`Handle.wait`).  While one waits,
+        cycles do not wait for the cycle grid: nothing it waits for comes sooner by waiting, and a peer
+        may submit at any moment (the waiter's rank must be in the next negotiation when it does)."""
+        with self._lock:
+            self._waiters += change
+        if change > 0:
+            self._hurried = True
+            self._wake.set()
+
+    def _hurry(self) -> bool:
+        """Whether the next cycle starts at once: a waiter arrived since the last cycle began, or one is
+        still blocked (unless every rank has one and the last cycle completed nothing: the tensors they
+        wait for are not ready anywhere, and cycling back to back would only spin until the stall
+        timeout)."""
+        return self._hurried or (self._waiters > 0 and not self._stuck)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -268,18 +289,22 @@ class Coordinator:
                     # framework; a submit wakes them.  With work in flight the cycle is exact.
                     self._idle = idle = not self._pending and not self._shutdown and not self._joined
                 rest = (cycle_s * (_IDLE_FACTOR if idle else 1)) - (time.monotonic() - start)
-                if rest > 0 and not self._hurried and self._wake.wait(rest):
+                if rest > 0 and not self._hurry() and self._wake.wait(rest):
                     self._wake.clear()
                     # Woken early (a submit, a join, shutdown): the next cycle still starts on the cycle
                     # grid, not at once, so what is submitted within the cycle is negotiated and fused
                     # with the tensor that woke it.  (Cycling at once reduced each gradient of a
-                    # backward pass alone whenever its framework released the GIL between them.)  A
-                    # thread waiting on a handle cuts that short: nothing it waits for comes sooner by
-                    # waiting (a blocking allreduce, synchronize() after backward).
+                    # backward pass alone whenever its framework released the GIL between them.)  Only
+                    # a thread waiting on a handle cuts that short (a blocking allreduce, synchronize()
+                    # after backward): see _waiting.
                     elapsed = time.monotonic() - start
-                    rest = cycle_s * math.ceil(elapsed / cycle_s) - elapsed
-                    if rest > 0 and not self._hurried and self._wake.wait(rest):
-                        self._wake.clear()
+                    deadline = start + cycle_s * math.ceil(elapsed / cycle_s)
+                    while not self._hurry():
+                        rest = deadline - time.monotonic()
+                        if rest <= 0:
+                            break
+                        if self._wake.wait(rest):
+                            self._wake.clear()
         except BaseException as exc:  # noqa: BLE001 (whatever stops the thread is handed to the caller)
             self._fail(exc)
 
@@ -295,8 +320,11 @@ class Coordinator:
         from mpi4py import MPI
 
         self.cycles += 1
+        # (before pending is read: a later waiter's or submit's tensor is in this cycle, or wakes the next;
+        # before the timeline swap is read, for the same reason)
+        self._hurried = False
+        self._wake.clear()
         self._swap_timeline()
-        self._hurried = False  # (before pending is read: a later waiter's tensor is in this cycle, or hurries the next)
         with self._lock:
             pending = list(self._pending.values())
             shutdown = self._shutdown
@@ -311,6 +339,8 @@ class Coordinator:
             flags |= _NO_STALL
         if self.rank != 0 or requested is None or requested == self.engine.knobs:
             flags |= _NO_KNOB_CHANGE
+        if self._waiters > 0:
+            flags |= _ALL_WAITING
         joined = self._joined
         if joined and self._join_cycle < 0:
             self._join_cycle = self.cycles
@@ -343,6 +373,7 @@ class Coordinator:
         if not flags & _NO_NEW_NAMES:
             ready += self._negotiate_new_names(pending)
             self._deliver_rejected()
+        self._stuck = bool(flags & _ALL_WAITING) and not ready
         if ready:
             self._execute(ready)
         return bool(flags & _SHUTDOWN)
