@@ -67,3 +67,18 @@ def test_producer_stream_handle_is_torchs_current_stream_in_every_thread():
     worker.start()
     worker.join()
     assert seen["handle"] == seen["want"] != side.cuda_stream
+
+
+def test_producer_stream_handle_follows_the_tensors_device_not_the_current_one():
+    """A tensor on GPU 1 while GPU 0 is current: its producer stream is GPU 1's current stream (needs two
+    GPUs)."""
+    _cuda()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    from tunelab.engine.device import producer_stream_handle
+
+    t = torch.zeros(4, device="cuda:1")
+    side = torch.cuda.Stream(device=1)
+    with torch.cuda.stream(side), torch.cuda.device(0):  # (entering the stream makes GPU 1 current: undo)
+        assert torch.cuda.current_device() == 0 and torch.cuda.current_stream(1).cuda_stream == side.cuda_stream
+        assert producer_stream_handle(t) == side.cuda_stream != torch.cuda.current_stream(0).cuda_stream
