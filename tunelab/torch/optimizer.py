@@ -53,7 +53,6 @@ class _DistributedMixin:
         self._tl_op = op
         # One record per parameter, looked up once per hook (a tensor's hash runs in Python)
         self._tl_slots = {p: _Slot(f"grad.{self._tl_names[p]}", self._tl_group_of.get(p)) for p in params}
-        self._tl_pending = 0  # parameters submitted (or set aside as sparse) since the last synchronize
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
         self._tl_synchronized = False
         self._tl_hooks = [p.register_post_accumulate_grad_hook(self._tl_hook) for p in params]
@@ -77,7 +76,6 @@ class _DistributedMixin:
             if not self._tl_sparse_as_dense:
                 self._tl_sparse.append(p)  # reduced by allgather in synchronize(), in parameter order
                 slot.submitted = True
-                self._tl_pending += 1
                 if slot.group is not None:  # its group's dense members go out without it
                     self._tl_group_member(p, slot.group, op)
                 return
@@ -88,10 +86,8 @@ class _DistributedMixin:
         if slot.group is None:
             slot.handle = allreduce_async_(p.grad, name=slot.name, op=op, compression=self._tl_compression)
             slot.submitted = True
-            self._tl_pending += 1
             return
         slot.submitted = True  # (its group goes out with its last member)
-        self._tl_pending += 1
         self._tl_group_member(p, slot.group, op)
 
     def _tl_group_member(self, p: torch.nn.Parameter, gi: int, op: str) -> None:
@@ -109,7 +105,6 @@ class _DistributedMixin:
             except BaseException:
                 for q in dense:  # not sent: synchronize() submits them again (sparse ones stay set aside)
                     self._tl_slots[q].submitted = False
-                self._tl_pending -= len(dense)
                 waiting.difference_update(dense)
                 raise
             for q in dense:
@@ -148,7 +143,6 @@ class _DistributedMixin:
             slot.count, slot.submitted, slot.scaled, slot.handle = 0, False, False, None
         for waiting in self._tl_waiting.values():
             waiting.clear()
-        self._tl_pending = 0
 
     def _tl_sparse_reduce(self, p: torch.nn.Parameter) -> torch.Tensor:
         """Horovod's sparse allreduce: every rank's (index, value) pairs, gathered; duplicates add up."""
@@ -179,7 +173,7 @@ class _DistributedMixin:
         return result
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
-        if self._tl_pending:
+        if any(slot.submitted for slot in self._tl_slots.values()):  # (once a step: derived, not counted)
             raise RuntimeError("zero_grad() called after backward() but before step() or synchronize(): "
                                "gradients are still being reduced")
         self._tl_reset()  # the passes counted so far are zeroed with the gradients they summed
