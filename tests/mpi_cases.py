@@ -466,6 +466,70 @@ def case_coordinator_fuses_a_cycle(comm: MPI.Comm, cycle_ms: float = 40.0, burst
             "stuck_cycles": stuck_cycles}
 
 
+def case_coordinator_changed_call(comm: MPI.Comm) -> dict:
+    """A name reused with another shape: reduced at its new shape when every rank changed it alike (a
+    joined rank's zeros too), rejected on every rank with RankMismatchError when they disagree; and
+    calls the engine cannot reduce, or that name a tensor twice, refused where they are submitted.
+    After each, the coordinator must go on serving: every result is checked against the sum over ranks."""
+    from tunelab.engine.coordinator import Coordinator
+
+    engine = Engine(comm, load_engine_config(timeout_s=20, cycle_time_ms=2.0))
+    coord = Coordinator(engine, stall_timeout_s=15)
+    n, rank, out = comm.size, comm.rank, {"wrong": 0}
+
+    def checked(key: str, count: int) -> None:
+        got = coord.submit("m", np.full(count, rank + 1.0, np.float32)).wait(20)
+        want = np.full(count, n * (n + 1) / 2, np.float32)
+        out[key] = list(got.shape)
+        out["wrong"] += int(got.shape != want.shape or np.count_nonzero(got != want))
+
+    checked("first", 4)
+    checked("grown", 6)  # every rank changed the shape alike
+    try:  # the ranks disagree on the new shape
+        coord.submit("m", np.ones(5 + (rank % 2), np.float32)).wait(20)
+        out["mismatch"] = "no error"
+    except Exception as exc:  # noqa: BLE001 (the error's type and text are the finding)
+        out["mismatch"] = f"{type(exc).__name__}: {exc}"
+    checked("after_mismatch", 3)
+    # a joined rank contributes zeros of the shape the others submit now, not of the one cached
+    if rank == n - 1 and n > 1:
+        out["last"] = coord.join()
+    else:
+        got = coord.submit("m", np.full(7, rank + 1.0, np.float32)).wait(20)
+        want = np.full(7, sum(range(1, n)) if n > 1 else 1, np.float32)
+        out["joined_shape"] = list(got.shape)
+        out["wrong"] += int(got.shape != want.shape or np.count_nonzero(got != want))
+        coord.join()
+    for key, call in (("int_average", lambda: coord.submit("i", np.ones(4, np.int32), "average")),
+                      ("int8", lambda: coord.submit("i8", np.ones(4, np.int8))),
+                      ("twice", lambda: coord.submit_group(["a", "a"], [np.ones(2, np.float32)] * 2))):
+        try:
+            call()
+            out[key] = "no error"
+        except Exception as exc:  # noqa: BLE001
+            out[key] = f"{type(exc).__name__}: {exc}"
+    checked("after_refusals", 2)
+    done = coord.submit("w", np.ones(2, np.float32))
+    done.wait(20)
+    out["wait0"] = float(done.wait(0)[0])  # a finished handle returns at once, whatever the timeout
+    out["wait_inf"] = float(done.wait(float("inf"))[0])
+    # names used once (unnamed calls) do not pile up in the cache: past its capacity the least recently
+    # reduced half is forgotten, alike on every rank; a name reduced often keeps its place
+    coord.cache_capacity = 8
+    for k in range(30):
+        handles = [coord.submit(f"once{k}", np.full(3, rank + 1.0, np.float32))]
+        if k % 3 == 0:
+            handles.append(coord.submit("often", np.full(2, rank + 1.0, np.float32)))
+        for h in handles:
+            got = h.wait(20)
+            out["wrong"] += int(np.count_nonzero(got != n * (n + 1) / 2))
+        out["largest_cache"] = max(out.get("largest_cache", 0), len(coord._names))
+    coord.shutdown()
+    out["names"] = list(coord._names)  # (read once the coordinator's thread has ended)
+    engine.close()
+    return out
+
+
 def case_topology(comm: MPI.Comm) -> dict:
     out = {}
     for k in [None, *range(1, comm.size + 1)]:
@@ -812,12 +876,13 @@ def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
     engine.device_zeros = lambda shape, dtype: made.append(shape) or real_zeros(shape, dtype)
     coord = Coordinator(engine)
     last = comm.size - 1
-    counts = (7, 3000)  # a one-shot bucket and a two-shot one
+    counts = (7, 3000, 5)  # a one-shot bucket and a two-shot one; and bfloat16 (its zeros are uint16 bits)
+    dtypes = (np.dtype(np.float32), np.dtype(np.float32), dtype_from_name("bfloat16"))
     failures, checks = [], 0
     for rnd in range(3):
         if rnd and comm.rank == last:
             break
-        inputs = [exact_inputs(c, np.dtype(np.float32), comm.size, seed + 10 * rnd + c) for c in counts]
+        inputs = [exact_inputs(c, d, comm.size, seed + 10 * rnd + c) for c, d in zip(counts, dtypes)]
         active = comm.size if rnd == 0 else comm.size - 1
         grads = [cuda.to_device(x[comm.rank]) for x in inputs]
         handles = [coord.submit(f"grad.{i}", g, "sum", out=g) for i, g in enumerate(grads)]

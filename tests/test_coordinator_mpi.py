@@ -47,3 +47,28 @@ def test_tensors_submitted_within_a_cycle_share_one_engine_call(n):
         assert sorted(res["staggered_s"])[1] < 0.030, (rank, res["staggered_s"])
         # 0.5 s with every rank blocked on a tensor only it submitted: about 0.5 s / 40 ms cycles, not a spin
         assert res["stuck_cycles"] <= 30, (rank, res["stuck_cycles"])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_name_reused_with_another_call_is_negotiated_again(n):
+    """The name cache keeps a name's shape, dtype and op: a request that no longer matches them is
+    negotiated in full, so ranks that changed it alike get the sum at its new shape (a joined rank
+    contributes zeros of that shape), and ranks that disagree get RankMismatchError instead of a hang
+    or a reduction of different lengths.  Calls the engine cannot reduce, or that name a tensor twice,
+    are refused at submit, and the coordinator serves the next call."""
+    results = run_ok("coordinator_changed_call", n, limit_s=120)
+    for rank, res in enumerate(results):
+        assert res["wrong"] == 0, (rank, res)
+        assert res["first"] == [4] and res["grown"] == [6] and res["after_mismatch"] == [3], (rank, res)
+        assert res["mismatch"].startswith("RankMismatchError: ranks disagree on tensor 'm'"), (rank, res)
+        assert res["int_average"].startswith("TypeError: average needs a floating dtype, got int32"), res
+        assert res["int8"].startswith("TypeError: tunelab cannot reduce dtype int8"), res
+        assert res["twice"].startswith("ValueError: tensor 'a' is named twice in one call"), res
+        assert res["after_refusals"] == [2] and res["wait0"] == n and res["wait_inf"] == n, (rank, res)
+        # (read from the calling thread: a cycle may have added its name and not yet forgotten; 33 without)
+        assert res["largest_cache"] <= 10 and "often" in res["names"], (rank, res)
+        assert res["names"] == results[0]["names"], (rank, res["names"])  # the same ids on every rank
+        if rank < n - 1:
+            assert res["joined_shape"] == [7], (rank, res)
+        else:
+            assert 0 <= res["last"] < n - 1, (rank, res)  # one of the ranks that joined after it

@@ -23,6 +23,7 @@ calls; a stall or a rank that stops cycling fails the coordinator for good.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -35,6 +36,7 @@ from ..errors import RankMismatchError, StallError, TunelabError
 from ..knobs import Knobs
 from .consensus import wait_or_timeout
 from .device import device_buffer, empty_like
+from .engine import check_reducible
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ _ALL_JOINED = 32  # AND: everybody has joined
 _ALL_WAITING = 64  # AND: a thread of every rank is blocked on a handle
 _OPS = ("sum", "average", "min", "max")
 _IDLE_FACTOR = 10
+CACHE_CAPACITY = 4096  # names kept negotiated; past it, the least recently reduced half is forgotten
 
 
 class Handle:
@@ -76,12 +79,15 @@ class Handle:
             if owner is not None:
                 owner._waiting(+1)
             try:
-                if not self._latch.acquire(True, -1 if timeout is None else max(0.0, timeout)):
-                    raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
+                limit = -1 if timeout is None else min(max(0.0, timeout), threading.TIMEOUT_MAX)
+                acquired = self._latch.acquire(True, limit)
             finally:
                 if owner is not None:
                     owner._waiting(-1)
-            self._latch.release()  # (for any other thread waiting on the same handle)
+            if acquired:
+                self._latch.release()  # (for any other thread waiting on the same handle)
+            elif not self._done:  # (done, yet not acquired: another waiter held the latch just then)
+                raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
         if self._error is not None:
             raise self._error
         return self.out
@@ -132,7 +138,9 @@ class Coordinator:
         self._error: BaseException | None = None
         self._rejected: dict[str, BaseException] = {}  # calls ranks disagreed on, this cycle
         self._timeline_swap: tuple[Timeline | None, threading.Event] | None = None
-        self._metas: list[tuple] = []  # per cached name: what a joined rank contributes zeros of
+        self._metas: list[tuple | None] = []  # per cached name: its metadata (None: renegotiate it)
+        self._used: list[int] = []  # per cached name: the cycle it was last reduced in
+        self.cache_capacity = CACHE_CAPACITY
         self._device_zeros: dict[int, tuple[Any, Any]] = {}  # per cached name, while joined: (zeros, out)
         self._joined, self._join_cycle, self._join_last = False, -1, -1
         self._join_done = threading.Event()
@@ -161,6 +169,9 @@ class Coordinator:
             raise ValueError(f"unknown reduction {op!r}; choose from {', '.join(_OPS)}")
         if outs is not None and len(outs) != len(arrays):
             raise ValueError(f"{len(outs)} outputs for {len(arrays)} tensors")
+        if len(set(names)) != len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"tensor {twice!r} is named twice in one call; each tensor needs its own name")
         reqs = []
         for i, (name, a) in enumerate(zip(names, arrays)):
             if self.engine.is_device_tensor(a):  # zero-copy views of device tensors; results land in ``out``
@@ -176,6 +187,8 @@ class Coordinator:
             if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
                 raise ValueError(f"output for {name!r} must be C-contiguous {src.dtype}{list(src.shape)}")
             reqs.append(_Request(name, src, Handle(name, out, self), op, group))
+        for r in reqs:  # here, not in the coordinator's thread, where it would fail every later call
+            check_reducible(r.array.dtype, r.op == "average")
         with self._lock:
             if self._error is not None:  # (failed since the check above: _fail has emptied pending)
                 raise self._error
@@ -288,7 +301,10 @@ class Coordinator:
                     # Idle ranks (between backward passes) cycle 10x slower to leave the cores to the
                     # framework; a submit wakes them.  With work in flight the cycle is exact.
                     self._idle = idle = not self._pending and not self._shutdown and not self._joined
-                rest = (cycle_s * (_IDLE_FACTOR if idle else 1)) - (time.monotonic() - start)
+                sleep_s = cycle_s
+                if idle:  # (well inside the time a peer's negotiation waits for this rank)
+                    sleep_s = min(cycle_s * _IDLE_FACTOR, max(cycle_s, self.engine.config.timeout_s / 4))
+                rest = sleep_s - (time.monotonic() - start)
                 if rest > 0 and not self._hurry() and self._wake.wait(rest):
                     self._wake.clear()
                     # Woken early (a submit, a join, shutdown): the next cycle still starts on the cycle
@@ -331,7 +347,16 @@ class Coordinator:
             requested = self._requested
         now = time.monotonic()
         flags = 0
-        if all(r.name in self._ids for r in pending):
+        # bit i of the set is tensor id i, for a request that matches what its name was negotiated with
+        # (a Python int: numpy scalar updates cost ~1 us each); any other request is negotiated in full
+        mask, fresh = 0, False
+        for r in pending:
+            i = self._ids.get(r.name)
+            if i is not None and self._metas[i] == r.meta:
+                mask |= 1 << i
+            else:
+                fresh = True
+        if not fresh:
             flags |= _NO_NEW_NAMES
         if shutdown and not pending:
             flags |= _SHUTDOWN
@@ -350,12 +375,7 @@ class Coordinator:
         words[0] = flags
         if joined:  # ready for anything: the others' bits decide
             words[1:] = ~np.uint64(0)
-        else:  # bit i of the set is tensor id i (a Python int: numpy scalar updates cost ~1 us each)
-            mask = 0
-            for r in pending:
-                i = self._ids.get(r.name)
-                if i is not None:
-                    mask |= 1 << i
+        else:
             words[1:] = np.frombuffer(mask.to_bytes(8 * nwords, "little"), dtype="<u8")
         agreed = np.empty_like(words)
         req = self.comm.Iallreduce(words, agreed, op=MPI.BAND)
@@ -371,12 +391,29 @@ class Coordinator:
         bits = np.unpackbits(agreed[1:].view(np.uint8), bitorder="little")[:len(self._names)]
         ready = np.flatnonzero(bits).tolist()
         if not flags & _NO_NEW_NAMES:
-            ready += self._negotiate_new_names(pending)
+            ready += self._negotiate_new_names(pending, joined)
             self._deliver_rejected()
         self._stuck = bool(flags & _ALL_WAITING) and not ready
         if ready:
             self._execute(ready)
+            for i in ready:
+                self._used[i] = self.cycles
+            if len(self._names) > self.cache_capacity:
+                self._forget_names()
         return bool(flags & _SHUTDOWN)
+
+    def _forget_names(self) -> None:
+        """Keep the cache bounded (every name costs a bit in every cycle's negotiation; unnamed calls
+        and per-call names add one each): the half of the capacity most recently reduced keeps its place,
+        renumbered in id order, and the rest is forgotten.  Every rank holds the same names, ids and
+        cycles of last use, so every rank forgets the same names at the same cycle; a request for a
+        forgotten name is negotiated in full again, like a new one."""
+        keep = sorted(sorted(range(len(self._names)), key=lambda i: self._used[i])[-(self.cache_capacity // 2):])
+        self._names = [self._names[i] for i in keep]
+        self._metas = [self._metas[i] for i in keep]
+        self._used = [self._used[i] for i in keep]
+        self._ids = {name: i for i, name in enumerate(self._names)}
+        self._device_zeros.clear()
 
     def _apply_knobs(self, knobs: Knobs) -> None:
         self.engine.set_knobs(knobs)
@@ -385,9 +422,13 @@ class Coordinator:
         if timeline is not None:
             timeline.instant("knobs", "knobs", cycle=self.cycles, **knobs.as_dict())
 
-    def _negotiate_new_names(self, pending: list[_Request]) -> list[int]:
-        mine = [(r.name, r.meta) for r in pending if r.name not in self._ids]
-        everyone = self.comm.allgather((self._joined, mine))
+    def _negotiate_new_names(self, pending: list[_Request], joined: bool) -> list[int]:
+        """Names not negotiated before, and negotiated names submitted with other metadata than they
+        were negotiated with (a tensor whose shape changed between steps): those every active rank
+        submitted alike are ready (their metadata updated), those they disagree on are rejected."""
+        mine = [(r.name, r.meta) for r in pending
+                if r.name not in self._ids or self._metas[self._ids[r.name]] != r.meta]
+        everyone = self.comm.allgather((joined, mine))  # (this cycle's joined: what its bits said)
         active = [r for r, (joined, _) in enumerate(everyone) if not joined]  # joined ranks follow the rest
         tables = [dict(everyone[r][1]) for r in active]
         new: list[int] = []
@@ -401,10 +442,27 @@ class Coordinator:
                 self._rejected[name] = RankMismatchError(f"ranks disagree on tensor {name!r}: " + "; ".join(
                     f"rank {r}: {'cuda ' if m[4] else ''}{m[0]}{list(m[1])} op={m[2]} group={m[3]}" for r, m in zip(active, metas)))
                 continue
-            self._ids[name] = len(self._names)
-            self._names.append(name)
-            self._metas.append(meta)
-            new.append(self._ids[name])
+            i = self._ids.get(name)
+            if i is None:
+                i = self._ids[name] = len(self._names)
+                self._names.append(name)
+                self._metas.append(meta)
+                self._used.append(self.cycles)
+            else:
+                self._metas[i] = meta
+                self._device_zeros.pop(i, None)
+            new.append(i)
+        # A negotiated name that some rank submitted with other metadata and that is not settled here
+        # (the others had it ready under the old metadata, or have not submitted it yet): its metadata
+        # is forgotten on every rank alike, so each rank's request for it is negotiated in full, and
+        # compared, from the next cycle on.  (Without this, ranks whose request matched the old
+        # metadata would wait on its bit for ever, or reduce it against the changed one.)
+        settled = set(new)
+        for table in tables:
+            for name in table:
+                i = self._ids.get(name)
+                if i is not None and i not in settled:
+                    self._metas[i] = None
         return new
 
     def _deliver_rejected(self) -> None:
@@ -437,12 +495,16 @@ class Coordinator:
         if on_device:
             # made once per tensor while this rank is joined, not every cycle: the zeros are only read,
             # and the output is written by calls that run one after another on the engine's stream
+            want = dtype_from_name(dtype)
             found = self._device_zeros.get(i)
             if found is None:
-                src = device_buffer(self.engine.device_zeros(tuple(shape), dtype_from_name(dtype)))
+                src = device_buffer(self.engine.device_zeros(tuple(shape), want))
                 found = self._device_zeros[i] = (src, empty_like(src))
             src, out = found
-            return _Request(self._names[i], src, Handle(self._names[i], out), op, group, device_buffer(out))
+            view = device_buffer(out)
+            if src.dtype != want:  # bfloat16 zeros are held as uint16 (:func:`.device.zeros`): the same bits
+                src, view = dataclasses.replace(src, dtype=want), dataclasses.replace(view, dtype=want)
+            return _Request(self._names[i], src, Handle(self._names[i], out), op, group, view)
         zeros = np.zeros(shape, dtype_from_name(dtype))
         return _Request(self._names[i], zeros, Handle(self._names[i], np.empty_like(zeros)), op, group)
 
@@ -465,6 +527,7 @@ class Coordinator:
                     self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
         with self._lock:
             for r in reqs:
-                self._pending.pop(r.name, None)
+                if self._pending.get(r.name) is r:  # (not a submit of the same name since: a joined rank's)
+                    del self._pending[r.name]
         for r in reqs:
             r.handle._complete()

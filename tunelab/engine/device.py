@@ -175,7 +175,10 @@ def cuda_aware_mpi(environ: dict[str, str] | None = None) -> bool:
 def zeros(shape: tuple[int, ...], dtype: np.dtype, backend: str, index: int | None) -> Any:
     """A device array of zeros on device ``index`` (None: the current one), through ``backend``'s library
     (CuPy, else numba-cuda; a simulated device array under the simulator), filled before it returns:
-    what a rank that has joined contributes to its peers' device allreduces."""
+    what a rank that has joined contributes to its peers' device allreduces.  bfloat16, which neither
+    library holds, as uint16 zeros (the bits of +0.0), which the engine reads as bfloat16."""
+    if np.dtype(dtype).kind == "V" and np.dtype(dtype).itemsize == 2:
+        dtype = np.dtype(np.uint16)
     if backend == "cupy" and not simulated():
         import cupy
 

@@ -315,6 +315,8 @@ class Engine:
                 o = device_buffer(outs[i] if outs is not None else empty_like(a))
                 if o.shape != a.shape or o.dtype != a.dtype:
                     raise ValueError(f"output {i} must be a device array of shape {a.shape} and dtype {a.dtype}")
+                if outs is not None and o.addr != a.addr:  # (written through this rank's GPU's stream too)
+                    self.check_gpu(o)
             else:
                 a = np.asarray(t)
                 o = _check_out(i, a, outs[i]) if outs is not None else np.empty_like(a, order="C")
@@ -492,6 +494,25 @@ class _SmallCall:
     half: bool
     factor: Any  # the average's 1/N in the dtype, or None
     error: Exception | None  # raised after agreement (every rank alike) for unreducible calls
+
+
+def check_reducible(dtype: np.dtype, average: bool) -> None:
+    """TypeError when the engine cannot reduce ``dtype`` (with ``average``: a non-floating dtype), for
+    callers that check a tensor where it is submitted; the verdict is cached per dtype."""
+    key = (dtype, average)
+    error = _REDUCIBLE.get(key, False)
+    if error is False:
+        try:
+            _check_reducible(dtype, _safe_code(dtype), average)
+            error = None
+        except TypeError as exc:
+            error = str(exc)
+        _REDUCIBLE[key] = error
+    if error is not None:
+        raise TypeError(error)
+
+
+_REDUCIBLE: dict[tuple[np.dtype, bool], str | None] = {}
 
 
 def _check_reducible(dtype: np.dtype, code: int, average: bool) -> None:
