@@ -369,9 +369,14 @@ class CupyBackend(DeviceArrayOps):
         max_count = int(table[:, 2].max()) if table.ndim == 2 and table.shape[0] else 0
         return DeviceTable(array, int(array.data.ptr), int(table.shape[0]), max_count, host=table)
 
-    def alloc(self, nbytes: int) -> Any:
-        """A device allocation of ``nbytes`` bytes (the caller keeps it alive)."""
-        return self._cp.empty(max(1, nbytes), dtype=self._cp.uint8)
+    def alloc(self, nbytes: int, stream: Any = None) -> Any:
+        """A device allocation of ``nbytes`` bytes (the caller keeps it alive), from the memory pool of
+        ``stream``, the one its kernels run on: CuPy hands a block freed on a stream straight to the
+        next allocation on that stream, which that stream's order alone keeps safe."""
+        if stream is None:
+            return self._cp.empty(max(1, nbytes), dtype=self._cp.uint8)
+        with stream:
+            return self._cp.empty(max(1, nbytes), dtype=self._cp.uint8)
 
     def address(self, array: Any) -> int:
         return _device_address(array)[0]

@@ -393,8 +393,9 @@ class NumbaCudaBackend(DeviceArrayOps):
         max_count = int(table[:, 2].max()) if table.ndim == 2 and table.shape[0] else 0
         return DeviceTable(array, _device_address(array)[0], int(table.shape[0]), max_count)
 
-    def alloc(self, nbytes: int) -> Any:
-        """A device allocation of ``nbytes`` bytes (the caller keeps it alive)."""
+    def alloc(self, nbytes: int, stream: Any = None) -> Any:
+        """A device allocation of ``nbytes`` bytes (the caller keeps it alive; numba allocates outside
+        any stream's order, so ``stream`` changes nothing)."""
         return cuda.device_array(max(1, nbytes), dtype=np.uint8)
 
     def address(self, array: Any) -> int:

@@ -126,8 +126,8 @@ class LazyStreams:
                     work[1](*work[2], **work[3])
 
     # ---- memory: kept alive while queued launches may still address it -----------------------------
-    def alloc(self, nbytes: int) -> Any:
-        array = self._inner.alloc(nbytes)
+    def alloc(self, nbytes: int, stream: Any = None) -> Any:
+        array = self._inner.alloc(nbytes, stream)
         self._keep.append(array)
         return array
 

@@ -144,9 +144,10 @@ def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     # ranks 0 and 1 joined last, rank 2 rounds before them: join names one of the two, the same on every
     # rank (rank 1 when both joined at the same cycle; which cycle each one's join falls in is timing)
     assert len({r["joined_last"] for r in results}) == 1 and results[0]["joined_last"] in (0, 1)
-    assert [r["checks"] for r in results] == [6, 6, 2]
-    # the joined rank's zeros are made once per tensor (two), not per call (four): its share is reused
-    assert [r["zeros_made"] for r in results] == [0, 0, 2]
+    assert [r["checks"] for r in results] == [9, 9, 3]
+    # the joined rank's zeros are made once per tensor (three, a bfloat16 one among them), not per call
+    # (six): its share is reused
+    assert [r["zeros_made"] for r in results] == [0, 0, 3]
 
 
 def _gpu_backend_or_skip(name: str) -> None:
@@ -288,6 +289,18 @@ def test_a_tensor_on_another_gpu_than_the_ranks_others_is_refused_where_it_is_su
     engine._device = SimpleNamespace(index=2)  # the device path, once made, decides
     with pytest.raises(ValueError, match="on GPU 1, but this rank reduces on GPU 2"):
         engine.check_gpu(SimpleNamespace(owner=TorchLike(1)))
+    # an output on another GPU than its input is refused too (the rank's GPU would write it)
+    import numpy as np
+
+    from tunelab.engine.device import DeviceBuffer
+
+    def buf(addr: int, index: int) -> DeviceBuffer:
+        return DeviceBuffer(addr, 4, np.dtype(np.float32), (4,), TorchLike(index))
+
+    engine._inputs([buf(0x1000, 2)], [buf(0x1000, 2)], [True])  # in place
+    engine._inputs([buf(0x1000, 2)], [buf(0x2000, 2)], [True])
+    with pytest.raises(ValueError, match="on GPU 3, but this rank reduces on GPU 2"):
+        engine._inputs([buf(0x1000, 2)], [buf(0x2000, 3)], [True])
 
 
 def test_the_table_cache_tells_tables_of_the_same_bytes_but_other_shapes_apart():

@@ -156,6 +156,14 @@ class _NumbaIpc(_Ipc):
         return int(self._mine.device_ctypes_pointer.value), self._mine.get_ipc_handle()
 
     def open(self, handle: Any) -> int:
+        ipc = getattr(handle, "_ipc_handle", None)  # (the driver's handle; not under the simulator)
+        if getattr(ipc, "source_info", None) is not None:
+            context = self._cuda.current_context()
+            if not ipc.can_access_peer(context):
+                # numba would open a private copy of the peer's memory instead (staged through the host):
+                # a snapshot, not the peer's buffer, freed as soon as this returns its address
+                raise OSError(f"GPU {context.device.id} has no peer access to the GPU of this handle: "
+                              "numba-cuda cannot map its memory (CuPy can, where CUDA IPC itself can)")
         array = handle.open()  # an IpcArrayHandle opens as a device array (numba-cuda 0.30 and older)
         addr = int(array.device_ctypes_pointer.value)
         self._opened[addr] = handle

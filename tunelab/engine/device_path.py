@@ -370,7 +370,7 @@ class DevicePath:
             if found is not None:
                 self.kernels.stream_sync(self.stream)  # queued launches may still use the old one
             size = max(nbytes, 2 * found[1]) if found is not None else max(nbytes, 1 << 16)
-            array = self.kernels.alloc(size)
+            array = self.kernels.alloc(size, self.stream)
             found = self._buffers[name] = (array, size)
         return self.kernels.address(found[0])
 
