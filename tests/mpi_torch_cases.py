@@ -185,8 +185,9 @@ def case_torch_collectives(comm) -> dict:
 def case_torch_optimizer_misuse(comm) -> dict:
     """The DistributedOptimizer's refusals, each followed by a correct step on the same optimizer: a
     gradient computed twice before step() (ungrouped, and grouped), zero_grad() while gradients are
-    being reduced, step() after 1 of 2 accumulated passes.  Returns each error and, after each, whether
-    a normal step left every rank with the same weights."""
+    being reduced; and step() after 1 of 2 accumulated passes, which Horovod allows (the gradient is
+    what was accumulated, divided by 2).  Returns each error and, after each, whether a normal step left
+    every rank with the same weights."""
     torch.set_num_threads(1)
     tl.init(comm)
     out: dict = {"errors": {}, "same_after": {}}
@@ -255,16 +256,120 @@ def case_torch_optimizer_misuse(comm) -> dict:
             loss(model, 0).backward()
             attempt(key, opt.zero_grad)
             opt.step()
-        else:
+        else:  # partial: step() after 1 of 2 passes reduces what was accumulated, over the 2 passes
+            import copy
+
+            twin = copy.deepcopy(model)
             loss(model, 0).backward()
-            attempt(key, opt.step)
-            loss(model, 1).backward()  # the second pass: now step() may go on
+            attempt(key, opt.synchronize)
+            loss(twin, 0).backward()
+            everyone = comm.allgather([q.grad.clone() for q in twin.parameters()])
+            want = [sum(g[i] for g in everyone) / len(everyone) / 2 for i in range(len(everyone[0]))]
+            out["partial_reduced"] = all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want))
             opt.step()
         opt.zero_grad()
         for _ in range(passes):
             loss(model, 2).backward()
         opt.step()
         out["same_after"][key] = same(model)
+    tl.shutdown()
+    return out
+
+
+def case_torch_optimizer_recovery(comm) -> dict:
+    """What a training script meets besides misuse, each followed by a normal step that must leave every
+    rank with the same weights: an LR scheduler made before the optimizer is wrapped (the scheduler
+    patches the optimizer's ``step``); a step skipped after an explicit synchronize() (a GradScaler that
+    found inf); a reduction whose wait raises; a layer that one of 2 accumulated passes skips.  (A 50 ms
+    cycle: a step that does not wait for its reductions reads gradients still being reduced.)"""
+    torch.set_num_threads(1)
+    tl.init(comm, cycle_time_ms=50.0)
+    out: dict = {"errors": {}, "same_after": {}}
+
+    def loss(model: torch.nn.Module, step: int) -> torch.Tensor:
+        x, y = batches(step, tl.size(), 1)[tl.rank()][0]
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    def same(model: torch.nn.Module) -> bool:
+        return len(set(comm.allgather(digest([p.detach().clone() for p in model.parameters()])))) == 1
+
+    def wrap(model: torch.nn.Module, base: torch.optim.Optimizer, **kwargs):
+        return tl.DistributedOptimizer(base, named_parameters=model.named_parameters(), load_profile=False, **kwargs)
+
+    # an LR scheduler made on the optimizer before wrapping it
+    import warnings
+
+    model = tiny_model()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(base, 1, gamma=0.5)
+    opt = wrap(model, base)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(2):
+            opt.zero_grad()
+            loss(model, step).backward()
+            opt.step()
+            sched.step()
+            out["same_after"][f"scheduler_{step}"] = same(model)
+    out["scheduler_lr"] = opt.param_groups[0]["lr"]
+    out["scheduler_warnings"] = [str(w.message) for w in caught]
+
+    # synchronize(), the step skipped, zero_grad(): the next step must reduce its own gradients
+    model = tiny_model()
+    opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loss(model, 0).backward()
+    opt.synchronize()
+    opt.zero_grad()  # (no step: a GradScaler skips it when the gradients hold inf)
+    loss(model, 1).backward()
+    opt.step()
+    out["same_after"]["skipped_step"] = same(model)
+
+    # a reduction whose wait raises on every rank (as a RankMismatchError does): step() raises once, and
+    # the optimizer takes the next step
+    import tunelab.torch.optimizer as optimizer_module
+
+    model = tiny_model()
+    opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    real, calls = optimizer_module.allreduce_async_, []
+
+    class Failing:
+        def wait(self):
+            raise RuntimeError("injected reduction failure")
+
+    def flaky(*args, **kw):
+        calls.append(1)
+        return Failing() if len(calls) == 1 else real(*args, **kw)
+
+    optimizer_module.allreduce_async_ = flaky
+    try:
+        loss(model, 0).backward()
+        try:
+            opt.step()
+            out["errors"]["failed_wait"] = ""
+        except RuntimeError as exc:
+            out["errors"]["failed_wait"] = str(exc)
+    finally:
+        optimizer_module.allreduce_async_ = real
+    opt.zero_grad()
+    loss(model, 1).backward()
+    opt.step()
+    out["same_after"]["failed_wait"] = same(model)
+
+    # a layer that the second of 2 accumulated passes skips (its gradient: the first pass's, halved)
+    model = tiny_model()
+    opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2)
+    first = next(iter(model.parameters()))
+    loss(model, 0).backward()
+    first.requires_grad_(False)
+    loss(model, 1).backward()
+    first.requires_grad_(True)
+    opt.step()
+    out["same_after"]["skipped_layer"] = same(model)
+    opt.zero_grad()
+    for step in range(2):
+        loss(model, step).backward()
+    opt.step()
+    out["same_after"]["after_skipped_layer"] = same(model)
     tl.shutdown()
     return out
 

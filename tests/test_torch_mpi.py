@@ -137,6 +137,17 @@ def test_horovod_parity(n):
     assert results[0]["timeline"] == {"spans": 1, "valid": True}  # only the traced allreduce
 
 
+def test_optimizer_recovers_from_what_training_scripts_meet():
+    """An LR scheduler made before wrapping, a step skipped after synchronize(), a reduction that failed
+    and a layer skipped in one of 2 accumulated passes: each leaves every rank with the same weights
+    after the next step (tests/mpi_torch_cases.py::case_torch_optimizer_recovery)."""
+    results = run_ok("torch_optimizer_recovery", 2, limit_s=200)
+    for rank, res in enumerate(results):
+        assert res["errors"]["failed_wait"] == "injected reduction failure", (rank, res)
+        assert res["scheduler_lr"] == 0.025 and res["scheduler_warnings"] == [], (rank, res)
+        assert all(res["same_after"].values()) and len(res["same_after"]) == 6, (rank, res["same_after"])
+
+
 def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
     """Each refusal, and a submit that raised (its gradient, or its group's, goes out again at step()),
     leaves an optimizer whose next steps give every rank the same weights."""
@@ -146,11 +157,11 @@ def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
         assert "computed more than backward_passes_per_step=1 times before step()" in err["twice"], (rank, err)
         assert "computed more than backward_passes_per_step=1" in err["twice_grouped"], (rank, err)
         assert err["zero_grad"].startswith("zero_grad() called after backward() but before step()"), (rank, err)
-        assert "step() after 1 of backward_passes_per_step=2 backward passes" in err["partial"], (rank, err)
+        assert err["partial"] == "" and res["partial_reduced"], (rank, err)  # as Horovod: what was accumulated
         for key in ("submit_fails", "group_submit_fails", "predivided_submit_fails", "accumulated_submit_fails"):
             assert err[key] == "injected submit failure", (rank, key, err)
-        # a submit that failed in the last of 2 passes left the others at 1 pass: that step is refused
-        assert "step() after 1 of backward_passes_per_step=2" in err["accumulated_submit_fails_step"], (rank, err)
+        # a submit that failed in the last of 2 passes left the others at 1 pass: step() reduces what they have
+        assert err["accumulated_submit_fails_step"] == "", (rank, err)
         # the failed gradient went out again at step(), scaled once (divided by the predivide factor once)
         assert res["grads_averaged"] == {k: True for k in ("submit_fails", "group_submit_fails",
                                                           "predivided_submit_fails")}, (rank, res)

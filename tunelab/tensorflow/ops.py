@@ -51,7 +51,10 @@ class Compression:
 
 def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | None) -> list[Any]:
     rt = _rt.current()
-    int_avg = all(is_integer_average(op, np.dtype(a.dtype).name) for a in arrays)
+    ints = [is_integer_average(op, np.dtype(a.dtype).name) for a in arrays]
+    int_avg = all(ints)
+    if any(ints) and not int_avg:
+        raise TypeError("a grouped integer average cannot mix integer and floating tensors")
     shapes = [a.shape for a in arrays]
     flat = [a.reshape(1) if a.ndim == 0 else a for a in arrays]  # 0-d as [1]
     handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, group=group)

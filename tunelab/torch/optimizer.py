@@ -63,6 +63,7 @@ class _DistributedMixin:
             raise RuntimeError(f"gradient of {self._tl_names[p]!r} computed more than "
                                f"backward_passes_per_step={self._tl_passes} times before step()")
         slot.count += 1
+        self._tl_synchronized = False  # a new backward pass: an earlier synchronize() is not this step's
         if slot.count == self._tl_passes:
             self._tl_submit(p, slot)
 
@@ -113,18 +114,21 @@ class _DistributedMixin:
 
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce.  Parameters that got no gradient this step are reduced
-        as zeros, so every rank reduces the same tensors."""
+        as zeros, and those that got fewer than ``backward_passes_per_step`` passes (a layer some
+        micro-batches skip, an epoch's last partial accumulation) as what they accumulated, divided by
+        the full count as Horovod does: every rank reduces the same tensors.  A reduction that fails
+        raises here once every other one is waited for, and leaves the optimizer ready for the next
+        step."""
         slots = self._tl_slots
-        late = [p for p in self._tl_params if not slots[p].submitted]
-        for p in late:  # all checked before any is submitted: a refusal leaves nothing half sent
-            if slots[p].count not in (0, self._tl_passes):
-                raise RuntimeError(f"step() after {slots[p].count} of backward_passes_per_step="
-                                   f"{self._tl_passes} backward passes for {self._tl_names[p]!r}")
-        for p in late:
-            slots[p].count = self._tl_passes
-            self._tl_submit(p, slots[p])
-        for handle in {id(s.handle): s.handle for s in slots.values() if s.handle is not None}.values():
-            handle.wait()
+        try:
+            for p in self._tl_params:
+                if not slots[p].submitted:
+                    slots[p].count = self._tl_passes
+                    self._tl_submit(p, slots[p])
+        except BaseException:
+            self._tl_drain()  # (what did go out is waited for: the next step starts with nothing in flight)
+            raise
+        self._tl_drain()
         if self._tl_predivide != 1.0:
             post = self._tl_predivide / _rt.current().topology.size
             sparse = {id(q) for q in self._tl_sparse}
@@ -135,6 +139,20 @@ class _DistributedMixin:
             p.grad = self._tl_sparse_reduce(p)
         self._tl_reset()
         self._tl_synchronized = True
+
+    def _tl_drain(self) -> None:
+        """Wait for every handle of this step, then forget them whatever happened: the first error is
+        raised after all are waited for and the optimizer is reset (a failed reduction does not leave
+        the next step refused)."""
+        error: BaseException | None = None
+        for handle in {id(s.handle): s.handle for s in self._tl_slots.values() if s.handle is not None}.values():
+            try:
+                handle.wait()
+            except BaseException as exc:  # noqa: BLE001 (re-raised below, after the others)
+                error = error or exc
+        if error is not None:
+            self._tl_reset()
+            raise error
 
     def _tl_reset(self) -> None:
         """Every parameter back to no backward pass counted, nothing sent."""
@@ -247,6 +265,25 @@ def model_signature(model: torch.nn.Module) -> str:
     return parameters_signature([p for p in model.parameters() if p.requires_grad])
 
 
+def _scheduler_tracked_step(wrapped: Any, original: torch.optim.Optimizer) -> Any:
+    """The wrapper's ``step`` as an LR scheduler made on ``original`` tracks it: calling it tells the
+    scheduler that the optimizer stepped (its order check reads ``original``)."""
+    import functools
+    import weakref
+
+    me, origin = weakref.ref(wrapped), weakref.ref(original)
+
+    @functools.wraps(type(wrapped).step)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        first = origin()
+        if first is not None:
+            first._opt_called = True
+        return type(me()).step(me(), *args, **kwargs)
+
+    step._wrapped_by_lr_sched = True
+    return step
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
                          compression: type = Compression.none, backward_passes_per_step: int = 1,
@@ -263,7 +300,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     body = {k: v for k, v in _DistributedMixin.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(base.__name__, (base,), body)
     wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)  # same param groups, state and hyper-parameters
+    state = dict(optimizer.__dict__)  # same param groups, state and hyper-parameters...
+    # ...but not methods set on the instance, which would hide the wrapper's: an LR scheduler made
+    # before wrapping replaces the instance's ``step`` by one that steps the unwrapped optimizer
+    patched = {name: state.pop(name) for name in list(state) if name in body and callable(state[name])}
+    wrapped.__dict__.update(state)
+    if getattr(patched.get("step"), "_wrapped_by_lr_sched", False):
+        wrapped.step = _scheduler_tracked_step(wrapped, optimizer)
     if num_groups and groups is not None:
         raise ValueError("pass either num_groups or groups, not both")
     wrapped._tl_setup(named_parameters, compression, backward_passes_per_step, op,

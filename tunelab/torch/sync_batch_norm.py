@@ -8,12 +8,15 @@ global batch in one process.  In evaluation it uses the running statistics, like
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .. import runtime as _rt
 from ..reduce_ops import Sum
 from .ops import allreduce
+
+_MODULE_IDS = itertools.count()
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -30,18 +33,23 @@ class SyncBatchNorm(_BatchNorm):
         c = input.shape[1]
         dims = [0, *range(2, input.dim())]
         shape = [1, c] + [1] * (input.dim() - 2)
-        rt = _rt.current()
+        # One name per module for its statistics' allreduces, the same on every rank that runs the same
+        # model (given at its first training forward): per-call names would each be negotiated in full
+        # and take a place in the coordinator's cache, about a hundred a step for a ResNet-50
+        name = self.__dict__.get("_tl_name")
+        if name is None:
+            name = self._tl_name = f"syncbn.{next(_MODULE_IDS)}"
         # Statistics in float32 for half-precision input, as torch's batch norms keep them: float16
         # cannot hold a count past 65504 values a channel (32 x 56 x 56 is 100352) nor sums of that many.
         x = input.float() if input.dtype in (torch.float16, torch.bfloat16) else input
         count = torch.tensor([x.numel() // max(c, 1)], dtype=x.dtype, device=x.device)
-        sums = allreduce(torch.cat([x.sum(dims), count]), op=Sum, name=rt.auto_name("syncbn.sum"))
+        sums = allreduce(torch.cat([x.sum(dims), count]), op=Sum, name=f"{name}.sum")
         n = sums[c]
         if float(n) <= 1:
             raise ValueError(f"SyncBatchNorm needs more than 1 value per channel over all ranks, got {int(n)}")
         mean = sums[:c] / n
         centered = x - mean.reshape(shape)
-        sq = allreduce((centered * centered).sum(dims), op=Sum, name=rt.auto_name("syncbn.var"))
+        sq = allreduce((centered * centered).sum(dims), op=Sum, name=f"{name}.var")
         var = sq / n
         if self.training and self.track_running_stats:
             self._update_running_stats(mean.detach(), var.detach() * (n.detach() / (n.detach() - 1)))
