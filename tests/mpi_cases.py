@@ -530,6 +530,38 @@ def case_coordinator_changed_call(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_coordinator_peer_stops(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
+    """Rank 1's coordinator fails between two exchanges of one cycle (applying a knob change raises,
+    as an out-of-memory staging buffer would), while rank 0 has a new name to negotiate in that cycle:
+    rank 0 must fail with a timeout, not block for ever in the exchange of names."""
+    from tunelab.engine.coordinator import Coordinator
+
+    engine = Engine(comm, load_engine_config(timeout_s=timeout_s, cycle_time_ms=200.0))
+    coord = Coordinator(engine, stall_timeout_s=60)
+    coord.submit("warm", np.ones(2, np.float32)).wait(20)
+    if comm.rank == 1:
+        def broken(knobs):
+            raise MemoryError("injected: out of memory applying the knobs")
+
+        engine.set_knobs = broken
+    comm.Barrier()
+    t0 = time.monotonic()
+    message = ""
+    if comm.rank == 0:
+        coord.set_knobs(cycle_time_ms=150.0)  # the change and the new name go in the same cycle
+        try:
+            coord.submit("new", np.ones(2, np.float32)).wait(30)
+            message = "no error"
+        except Exception as exc:  # noqa: BLE001 (the error's type and text are the finding)
+            message = f"{type(exc).__name__}: {exc}"
+    elif comm.rank == 1:
+        while coord._error is None and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        message = f"{type(coord._error).__name__}: {coord._error}"
+        time.sleep(timeout_s + 10)  # (rank 0 times out and ends the job first)
+    return {"message": message, "elapsed_s": time.monotonic() - t0, "abort": True}
+
+
 def case_topology(comm: MPI.Comm) -> dict:
     out = {}
     for k in [None, *range(1, comm.size + 1)]:

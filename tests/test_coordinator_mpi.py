@@ -72,3 +72,18 @@ def test_a_name_reused_with_another_call_is_negotiated_again(n):
             assert res["joined_shape"] == [7], (rank, res)
         else:
             assert 0 <= res["last"] < n - 1, (rank, res)  # one of the ranks that joined after it
+
+
+def test_a_peer_whose_coordinator_stopped_mid_cycle_fails_the_others_with_a_timeout():
+    """Rank 1's coordinator fails applying a knob change; rank 0, with a new name to negotiate in the
+    same cycle, fails after the engine's timeout (3 s) instead of blocking in the exchange of names for
+    ever (the exchanges after a cycle's first one had no timeout)."""
+    from mpi_harness import run_case
+
+    run = run_case("coordinator_peer_stops", 2, 60, timeout_s=3.0)
+    first = run.results[0]  # (rank 1, its coordinator failed, waits until rank 0 has ended the job)
+    assert first is not None, run.stderr[-2000:]
+    assert first["message"].startswith("CollectiveTimeoutError: rank 0: other ranks did not reach the "
+                                       "exchange of new names"), first
+    assert first["elapsed_s"] < 15, first
+    assert run.returncode != 0  # the job is ended, not left hanging

@@ -10,6 +10,7 @@ mismatch every rank gathers the descriptions and raises the same message.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,35 @@ def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, sp
                     f"rank {rank}: other ranks did not reach {what} within {timeout_s:g} s "
                     "(a rank died, stalled, or skipped the call)")
             time.sleep(0.00005)
+
+
+def allgather_object(comm: MPI.Comm, obj: object, timeout_s: float, what: str, rank: int) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, as ``comm.allgather`` gives it, but through
+    non-blocking collectives waited for with a timeout: a peer that stopped (its thread failed
+    between two exchanges) makes this raise CollectiveTimeoutError instead of blocking for ever."""
+    from mpi4py import MPI
+
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    sizes = np.empty(comm.size, dtype=np.int64)
+    mine = np.array([data.size], dtype=np.int64)
+    wait_or_timeout(comm.Iallgather(mine, sizes), timeout_s, what, rank)
+    offsets = np.zeros(comm.size, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    everyone = np.empty(int(sizes.sum()), dtype=np.uint8)
+    wait_or_timeout(comm.Iallgatherv(data, [everyone, sizes, offsets, MPI.BYTE]), timeout_s, what, rank)
+    return [pickle.loads(everyone[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+
+
+def bcast_object(comm: MPI.Comm, obj: object, root: int, timeout_s: float, what: str, rank: int) -> object:
+    """``obj`` of ``root`` on every rank, as ``comm.bcast`` gives it, with a timeout (as
+    :func:`allgather_object`)."""
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8) \
+        if rank == root else None
+    size = np.array([0 if data is None else data.size], dtype=np.int64)
+    wait_or_timeout(comm.Ibcast(size, root=root), timeout_s, what, rank)
+    buf = data if data is not None else np.empty(int(size[0]), dtype=np.uint8)
+    wait_or_timeout(comm.Ibcast(buf, root=root), timeout_s, what, rank)
+    return pickle.loads(buf.tobytes())
 
 
 HeaderLabels = tuple[tuple[str, "tuple[str, ...] | None"], ...]

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import RankMismatchError, StallError, TunelabError
 from ..knobs import Knobs
-from .consensus import wait_or_timeout
+from .consensus import allgather_object, bcast_object, wait_or_timeout
 from .device import device_buffer, empty_like
 from .engine import check_reducible
 from .timeline import Timeline
@@ -229,7 +229,7 @@ class Coordinator:
         return self._join_last
 
     def _finish_join(self) -> None:
-        cycles = self.comm.allgather(self._join_cycle)
+        cycles = self._allgather(self._join_cycle, "the end of join()")
         self._join_last = max(range(self.size), key=lambda r: (cycles[r], r))
         self._joined, self._join_cycle = False, -1
         self._device_zeros.clear()  # (the engine's stream orders their last use before any reuse)
@@ -385,7 +385,7 @@ class Coordinator:
             self._finish_join()
             return False
         if not flags & _NO_KNOB_CHANGE:
-            self._apply_knobs(self.comm.bcast(requested if self.rank == 0 else None, root=0))
+            self._apply_knobs(self._bcast(requested if self.rank == 0 else None, "the knob change"))
         if not flags & _NO_STALL:
             self._report_stall(pending, now)
         bits = np.unpackbits(agreed[1:].view(np.uint8), bitorder="little")[:len(self._names)]
@@ -415,6 +415,14 @@ class Coordinator:
         self._ids = {name: i for i, name in enumerate(self._names)}
         self._device_zeros.clear()
 
+    # Every exchange after a cycle's first is waited for with the engine's timeout too: a peer whose
+    # coordinator failed between two of them (applying knobs, say) would otherwise block this one for ever.
+    def _allgather(self, obj: object, what: str) -> list:
+        return allgather_object(self.comm, obj, self.engine.config.timeout_s, f"{what} (cycle {self.cycles})", self.rank)
+
+    def _bcast(self, obj: object, what: str) -> object:
+        return bcast_object(self.comm, obj, 0, self.engine.config.timeout_s, f"{what} (cycle {self.cycles})", self.rank)
+
     def _apply_knobs(self, knobs: Knobs) -> None:
         self.engine.set_knobs(knobs)
         self.knob_changes.append((self.cycles, knobs))
@@ -428,7 +436,7 @@ class Coordinator:
         submitted alike are ready (their metadata updated), those they disagree on are rejected."""
         mine = [(r.name, r.meta) for r in pending
                 if r.name not in self._ids or self._metas[self._ids[r.name]] != r.meta]
-        everyone = self.comm.allgather((joined, mine))  # (this cycle's joined: what its bits said)
+        everyone = self._allgather((joined, mine), "the exchange of new names")  # (joined: what its bits said)
         active = [r for r, (joined, _) in enumerate(everyone) if not joined]  # joined ranks follow the rest
         tables = [dict(everyone[r][1]) for r in active]
         new: list[int] = []
@@ -474,7 +482,7 @@ class Coordinator:
             r.handle._complete(errors[r.name])
 
     def _report_stall(self, pending: list[_Request], now: float) -> None:
-        everyone = self.comm.allgather(sorted(r.name for r in pending))
+        everyone = self._allgather(sorted(r.name for r in pending), "the stall report")
         problems = []
         for name in sorted(set().union(*map(set, everyone))):
             have = [rank for rank, names in enumerate(everyone) if name in names]
