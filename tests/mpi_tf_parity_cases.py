@@ -37,6 +37,18 @@ def errors(r: int, n: int) -> dict:
     out["after"] = hvd.allreduce(tf.constant([float(r)] * 2), op=hvd.Sum, name="e.after").numpy().tolist()
     scalar = tf.function(lambda: hvd.allreduce(tf.constant(float(r)), name="scalar"))()  # 0-d, in a graph
     out["scalar"] = [scalar.shape.as_list(), float(scalar)]
+    # Horovod's prescale and postscale factors, eagerly, in a graph and under a tape; calls it refuses
+    x = tf.constant([1.0, 2.0]) * float(r + 1)
+    out["scaled"] = hvd.allreduce(x, op=hvd.Sum, name="s.eager", prescale_factor=2.0,
+                                  postscale_factor=0.25).numpy().tolist()
+    out["scaled_fn"] = tf.function(lambda: hvd.allreduce(x, op=hvd.Sum, name="s.fn", prescale_factor=2.0,
+                                                         postscale_factor=0.25))().numpy().tolist()
+    v = tf.Variable([1.0, 1.0, 1.0])
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(hvd.allreduce(v, op=hvd.Sum, name="s.grad", prescale_factor=2.0, postscale_factor=3.0))
+    out["scaled_grad"] = tape.gradient(y, v).numpy().tolist()
+    out["both_ops"] = _err(lambda: hvd.allreduce(x, average=True, op=hvd.Sum))
+    out["mixed_int_avg"] = _err(lambda: hvd.grouped_allreduce([tf.ones([2]), tf.ones([2], tf.int32)], name="mixed"))
     return out
 
 

@@ -170,6 +170,23 @@ def case_torch_collectives(comm) -> dict:
     tl.allreduce_(nc, op=tl.Sum)
     res["noncontig"] = nc.tolist()
     res["topology"] = [tl.size(), tl.local_size(), tl.local_rank(), tl.cross_size()]
+    # Horovod's prescale and postscale factors
+    res["scaled"] = tl.allreduce(x, op=tl.Sum, prescale_factor=2.0, postscale_factor=0.25).tolist()
+    z = x.clone()
+    tl.allreduce_(z, prescale_factor=3.0)
+    res["scaled_inplace"] = z.tolist()
+    res["scaled_int"] = tl.allreduce(torch.arange(5, dtype=torch.int64) + r, op=tl.Sum,
+                                     postscale_factor=0.5).tolist()
+    res["scaled_grouped"] = [t.tolist() for t in tl.grouped_allreduce([torch.ones(2) * r, torch.ones(1) * r],
+                                                                      op=tl.Sum, postscale_factor=2.0)]
+    w = torch.ones(3, requires_grad=True)
+    tl.allreduce(w, op=tl.Sum, name="scaled.grad", prescale_factor=2.0, postscale_factor=3.0).sum().backward()
+    res["scaled_grad"] = w.grad.tolist()
+    try:
+        tl.allreduce(x, average=True, op=tl.Sum)
+        res["both_ops"] = ""
+    except ValueError as exc:
+        res["both_ops"] = str(exc)
     from tunelab.errors import TunelabError
 
     try:

@@ -105,6 +105,11 @@ def test_horovod_parity(n):
         assert "RankMismatchError: ranks disagree on tensor 'e.graph.0'" in err["graph"]  # tf.errors-wrapped
         assert err["after"] == [float(n * (n - 1) / 2)] * 2
         assert err["scalar"] == [[], (n - 1) / 2]
+        ranks1 = n * (n + 1) / 2  # the sum of rank + 1 over ranks
+        assert err["scaled"] == err["scaled_fn"] == [ranks1 * 2.0 * 0.25, 2 * ranks1 * 2.0 * 0.25], err
+        assert err["scaled_grad"] == [2.0 * 3.0 * n] * 3, err  # as torch's and Horovod's
+        assert err["both_ops"].startswith("ValueError: pass op or the older average, not both"), err
+        assert err["mixed_int_avg"] == "TypeError: a grouped integer average cannot mix integer and floating tensors"
         assert all(v < 1e-6 for v in res["gradients"].values()), res["gradients"]
         assert len(res["gradients"]) == 8
         a2a = res["a2a_rs"]

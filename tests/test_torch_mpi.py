@@ -64,6 +64,13 @@ def test_collectives_match_numpy_semantics():
         assert res["broadcast_obj"] == {"rank": 0}
         assert res["noncontig"] == [[3.0 * (j + 4 * i) for i in range(3)] for j in range(4)]
         assert res["topology"] == [n, n, r, 1]
+        ranks = n * (n - 1) / 2  # sum of the ranks, which each rank adds to its inputs
+        assert res["scaled"] == [(n * i + ranks) * 2.0 * 0.25 for i in range(10)]
+        assert res["scaled_inplace"] == [3.0 * (i + (n - 1) / 2) for i in range(10)]
+        assert res["scaled_int"] == [int((n * i + ranks) * 0.5) for i in range(5)]
+        assert res["scaled_grouped"] == [[2.0 * ranks] * 2, [2.0 * ranks]]
+        assert res["scaled_grad"] == [2.0 * 3.0 * n] * 3  # d/dw of sum(3 * allreduce_sum(2 w)), as Horovod
+        assert res["both_ops"].startswith("pass op or the older average, not both")
         assert res["mismatch"].startswith("RankMismatchError: ranks disagree on tensor 'bad.shape'")
         assert "float32[3]" in res["mismatch"] and "float32[4]" in res["mismatch"]
         assert res["after_mismatch"] == [float(n)] * 2

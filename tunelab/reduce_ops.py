@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 Average = "average"
@@ -11,10 +13,22 @@ Max = "max"
 
 
 def resolve_op(op: str | None, average: bool | None = None) -> str:
-    """The reduction for an ``op=``/legacy ``average=`` pair; Average when neither is given."""
+    """The reduction for an ``op=``/legacy ``average=`` pair; Average when neither is given, and
+    ValueError for both (as Horovod: ``op`` replaces ``average``, and a call naming both may mean either)."""
+    if average is not None and op is not None:
+        raise ValueError("pass op or the older average, not both (op=Average or op=Sum replaces average=)")
     if average is not None:
         return Average if average else Sum
     return Average if op is None else op
+
+
+def scale_factors(prescale: float, postscale: float) -> tuple[float, float]:
+    """Horovod's ``prescale_factor`` and ``postscale_factor`` (a tensor is multiplied by the first before
+    the reduction and its result by the second after it), checked: ValueError unless finite numbers."""
+    for what, f in (("prescale_factor", prescale), ("postscale_factor", postscale)):
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
+            raise ValueError(f"{what} must be a finite number, got {f!r}")
+    return float(prescale), float(postscale)
 
 
 def is_integer_average(op: str, dtype_name: str) -> bool:

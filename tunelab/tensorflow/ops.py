@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, integer_average, is_integer_average, resolve_op
+from ..reduce_ops import Average, integer_average, is_integer_average, resolve_op, scale_factors
 
 
 class _NoneCompressor:
@@ -150,14 +150,19 @@ def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, g
 @tf.autograph.experimental.do_not_convert
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: str | None = None, compression: type = Compression.none,
-                      grouped: bool = True) -> list[tf.Tensor]:
-    """Allreduce several tensors in one request (as one group unless ``grouped=False``).  Differentiable:
-    the gradient of each output is the same reduction of its incoming gradient."""
+                      grouped: bool = True, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list[tf.Tensor]:
+    """Allreduce several tensors in one request (as one group unless ``grouped=False``), each times
+    ``prescale_factor`` before and its result times ``postscale_factor`` after.  Differentiable: the
+    gradient of each output is the same reduction of its incoming gradient, with the same factors."""
     if not tensors:
         return []
     base = name or _rt.current().auto_name("tf.allreduce")
     how = resolve_op(op, average)
-    dense = [tf.convert_to_tensor(t) for t in tensors]  # IndexedSlices become dense here
+    pre, post = scale_factors(prescale_factor, postscale_factor)
+    dense = [_scale(tf.convert_to_tensor(t), pre) for t in tensors]  # IndexedSlices become dense here
+    if pre != 1.0 or post != 1.0:  # (the factors around the reduction: TF differentiates them itself)
+        return [_scale(r, post) for r in grouped_allreduce(dense, None, base, how, compression, grouped)]
     if not all(t.dtype.is_floating for t in dense):
         return _grouped(dense, base, how, compression, grouped)
 
@@ -172,11 +177,22 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
     return list(reduce(*dense))
 
 
+def _scale(t: tf.Tensor, factor: float) -> tf.Tensor:
+    """``t`` times ``factor``: integers through float64, truncated (as torch's, and Horovod's)."""
+    if factor == 1.0:
+        return t
+    if t.dtype.is_floating:
+        return t * tf.cast(factor, t.dtype)
+    return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)
+
+
 @tf.autograph.experimental.do_not_convert
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: str | None = None,
-              compression: type = Compression.none) -> tf.Tensor:
+              compression: type = Compression.none, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0) -> tf.Tensor:
     return grouped_allreduce([tensor], average, name or _rt.current().auto_name("tf.allreduce"), op,
-                             compression, grouped=False)[0]
+                             compression, grouped=False, prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor)[0]
 
 
 def _allgather_rows(t: tf.Tensor, what: str) -> tuple[tf.Tensor, Any, Any]:

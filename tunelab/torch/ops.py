@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, is_integer_average, resolve_op
+from ..reduce_ops import Average, is_integer_average, resolve_op, scale_factors
 from ._convert import Compression, engine_view
 
 
@@ -45,10 +45,21 @@ def _integer_average(t: torch.Tensor, world: int) -> torch.Tensor:
     return torch.trunc(t.to(torch.float64) * (1.0 / world)).to(t.dtype)
 
 
+def _scale(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """``t`` times ``factor`` (Horovod's prescale and postscale): integers through float64, truncated."""
+    if factor == 1.0:
+        return t
+    if t.is_floating_point():
+        return t * factor
+    return torch.trunc(t.to(torch.float64) * factor).to(t.dtype)
+
+
 def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compression: type,
-            inplace: bool, group: str | None) -> Handle:
+            inplace: bool, group: str | None, prescale: float = 1.0, postscale: float = 1.0) -> Handle:
     rt = _rt.current()
-    packed = [compression.compress(t.detach() if t.requires_grad else t) for t in tensors]  # (gradients need none)
+    prescale, postscale = scale_factors(prescale, postscale)
+    packed = [compression.compress(_scale(t.detach() if t.requires_grad else t, prescale))  # (gradients need none)
+              for t in tensors]
     srcs = [c.contiguous().reshape(1) if c.dim() == 0 else c.contiguous() for c, _ in packed]  # 0-d as [1]
     # The engine averages floating dtypes only; integer averages are sums scaled afterwards.
     int_avg = [op == Average and _integer_dtype(s.dtype) for s in srcs]
@@ -62,7 +73,7 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
                                         [v if d else engine_view(r) for v, r, d in zip(views, results, direct)],
                                         group=group)
     single = group is None and len(tensors) == 1
-    if all(direct) and compression is Compression.none and not any(int_avg):
+    if all(direct) and compression is Compression.none and not any(int_avg) and postscale == 1.0:
         # reduced in place, nothing to undo: what a gradient hook submits (no work when it is waited on)
         return Handle(inner, results, lambda res: list(tensors), single)
 
@@ -70,7 +81,8 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
         if any(int_avg):
             for r in res:
                 r.copy_(_integer_average(r, rt.topology.size))
-        outs = [compression.decompress(r, ctx).reshape(t.shape) for r, (_, ctx), t in zip(res, packed, tensors)]
+        outs = [_scale(compression.decompress(r, ctx), postscale).reshape(t.shape)
+                for r, (_, ctx), t in zip(res, packed, tensors)]
         if not inplace:
             return outs
         for t, o, d in zip(tensors, outs, direct):
@@ -98,15 +110,17 @@ def _name(name: str | None, kind: str) -> str:
 
 # ---- allreduce --------------------------------------------------------------------------------
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                    op: str | None = None, compression: type = Compression.none) -> Handle:
+                    op: str | None = None, compression: type = Compression.none,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     return _submit([tensor], [_name(name, "allreduce")], resolve_op(op, average), compression,
-                   inplace=False, group=None)
+                   inplace=False, group=None, prescale=prescale_factor, postscale=postscale_factor)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                     op: str | None = None, compression: type = Compression.none) -> Handle:
+                     op: str | None = None, compression: type = Compression.none,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     return _submit([tensor], [_name(name, "allreduce")], resolve_op(op, average), compression,
-                   inplace=True, group=None)
+                   inplace=True, group=None, prescale=prescale_factor, postscale=postscale_factor)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -121,26 +135,33 @@ class _Allreduce(torch.autograd.Function):
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-              op: str | None = None, compression: type = Compression.none) -> torch.Tensor:
-    """Reduce ``tensor`` over all ranks (Average by default).  Differentiable: the gradient is the same
-    reduction of the incoming gradient."""
+              op: str | None = None, compression: type = Compression.none,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks (Average by default), times ``prescale_factor`` before and
+    ``postscale_factor`` after.  Differentiable: the gradient is the same reduction of the incoming
+    gradient, with the same factors."""
     how, name = resolve_op(op, average), _name(name, "allreduce")
+    pre, post = scale_factors(prescale_factor, postscale_factor)
     if torch.is_grad_enabled() and tensor.requires_grad:
-        return _Allreduce.apply(tensor, how, name, compression)
-    return synchronize(allreduce_async(tensor, name=name, op=how, compression=compression))
+        return _scale(_Allreduce.apply(_scale(tensor, pre), how, name, compression), post)
+    return synchronize(allreduce_async(tensor, name=name, op=how, compression=compression,
+                                       prescale_factor=pre, postscale_factor=post))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-               op: str | None = None, compression: type = Compression.none) -> torch.Tensor:
-    return synchronize(allreduce_async_(tensor, average, name, op, compression))
+               op: str | None = None, compression: type = Compression.none,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    return synchronize(allreduce_async_(tensor, average, name, op, compression, prescale_factor, postscale_factor))
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
                             name: str | None = None, op: str | None = None,
-                            compression: type = Compression.none, inplace: bool = False) -> Handle:
+                            compression: type = Compression.none, inplace: bool = False,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     base = _name(name, "grouped_allreduce")
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    return _submit(list(tensors), names, resolve_op(op, average), compression, inplace, group=base)
+    return _submit(list(tensors), names, resolve_op(op, average), compression, inplace, group=base,
+                   prescale=prescale_factor, postscale=postscale_factor)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -156,17 +177,23 @@ class _GroupedAllreduce(torch.autograd.Function):
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
-                      op: str | None = None, compression: type = Compression.none) -> list[torch.Tensor]:
+                      op: str | None = None, compression: type = Compression.none,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Reduce several tensors as one group.  Differentiable, like :func:`allreduce`."""
     how, base = resolve_op(op, average), _name(name, "grouped_allreduce")
+    pre, post = scale_factors(prescale_factor, postscale_factor)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return list(_GroupedAllreduce.apply(how, base, compression, *tensors))
-    return synchronize(grouped_allreduce_async(tensors, name=base, op=how, compression=compression))
+        scaled = [_scale(t, pre) for t in tensors]
+        return [_scale(r, post) for r in _GroupedAllreduce.apply(how, base, compression, *scaled)]
+    return synchronize(grouped_allreduce_async(tensors, name=base, op=how, compression=compression,
+                                               prescale_factor=pre, postscale_factor=post))
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
-                       op: str | None = None, compression: type = Compression.none) -> list[torch.Tensor]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, compression, inplace=True))
+                       op: str | None = None, compression: type = Compression.none,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, compression, inplace=True,
+                                               prescale_factor=prescale_factor, postscale_factor=postscale_factor))
 
 
 def synchronize(handle: Handle) -> Any:
