@@ -893,6 +893,38 @@ def case_device_back_to_back(comm: MPI.Comm, calls: int = 6) -> dict:
     return {"failures": failures, "deferred": deferred}
 
 
+def case_device_setup_retry(comm: MPI.Comm) -> dict:
+    """The device path's first setup fails on every rank (its one-shot staging: out of device memory,
+    injected); the call raises, and the next call sets the path up again and gives the sum over ranks."""
+    from numba import cuda
+
+    from tunelab.engine import device_path as dp
+
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", timeout_s=30))
+    real, calls = dp.DevicePath.ensure_slots, []
+
+    def flaky(self, nbytes):
+        calls.append(nbytes)
+        if len(calls) == 1:
+            raise MemoryError("out of device memory (injected)")
+        return real(self, nbytes)
+
+    dp.DevicePath.ensure_slots = flaky
+    x = cuda.to_device(np.full(8, comm.rank + 1.0, np.float32))
+    out = {"failures": []}
+    try:
+        engine.allreduce(x)
+        out["first"] = "no error"
+    except MemoryError as exc:
+        out["first"] = str(exc)
+    got = [engine.allreduce(x, op="sum").copy_to_host() for _ in range(2)]
+    want = np.full(8, comm.size * (comm.size + 1) / 2, np.float32)
+    out["failures"] = [f"call {i}: {bit_mismatches(g, want)} wrong" for i, g in enumerate(got)
+                       if bit_mismatches(g, want)]
+    engine.close()
+    return out
+
+
 def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
     """Join with device tensors (simulator): every rank submits two device gradients once; then the
     last rank joins while the others run two more rounds of the same names, and joins after them.  The

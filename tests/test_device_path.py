@@ -136,6 +136,14 @@ def test_back_to_back_one_shots_do_not_refill_a_slot_a_peer_still_reads():
 
 
 @pytest.mark.mpi
+def test_a_failed_device_setup_is_set_up_again_by_the_next_call():
+    """A first device call whose staging setup failed (out of device memory) raises on every rank, and
+    leaves no half-made device path behind: the next calls set it up again and reduce correctly."""
+    for res in _lazy_results("device_setup_retry", 2):
+        assert res["first"] == "out of device memory (injected)", res
+
+
+@pytest.mark.mpi
 def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     """A rank that joined contributes zeros to the others' allreduces; with device tensors those zeros
     must be device memory, or the call is refused as a rank mismatch, and are made once per tensor

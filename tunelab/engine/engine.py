@@ -22,6 +22,7 @@ every rank before any result is written).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -328,8 +329,16 @@ class Engine:
         if self._device is None:
             from .device_path import DevicePath
 
-            self._device = DevicePath(self.topology, self.config, self.barrier, device_index(owner))
-            self._device.ensure_slots(self._knobs.oneshot_max_bytes)
+            path = DevicePath(self.topology, self.config, self.barrier, device_index(owner))
+            try:
+                path.ensure_slots(self._knobs.oneshot_max_bytes)
+            except BaseException:
+                # (every rank of the node raises: the setup is collective) kept, a path without its
+                # staging would fail every later call; freed, the next call sets it up again
+                with contextlib.suppress(Exception):
+                    path.free()
+                raise
+            self._device = path
         return self._device
 
     def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
