@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -199,6 +200,17 @@ def case_torch_collectives(comm) -> dict:
     return res
 
 
+def _step_loss(model: torch.nn.Module, step: int) -> torch.Tensor:
+    """This rank's loss on its share of step ``step``'s batch."""
+    x, y = batches(step, tl.size(), 1)[tl.rank()][0]
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def _same_weights(comm, model: torch.nn.Module) -> bool:
+    """Whether every rank holds the same weights, bit for bit."""
+    return len(set(comm.allgather(digest([p.detach().clone() for p in model.parameters()])))) == 1
+
+
 def case_torch_optimizer_misuse(comm) -> dict:
     """The DistributedOptimizer's refusals, each followed by a correct step on the same optimizer: a
     gradient computed twice before step() (ungrouped, and grouped), zero_grad() while gradients are
@@ -209,12 +221,7 @@ def case_torch_optimizer_misuse(comm) -> dict:
     tl.init(comm)
     out: dict = {"errors": {}, "same_after": {}}
 
-    def loss(model: torch.nn.Module, step: int) -> torch.Tensor:
-        x, y = batches(step, tl.size(), 1)[tl.rank()][0]
-        return torch.nn.functional.cross_entropy(model(x), y)
-
-    def same(model: torch.nn.Module) -> bool:
-        return len(set(comm.allgather(digest([p.detach().clone() for p in model.parameters()])))) == 1
+    loss, same = _step_loss, functools.partial(_same_weights, comm)
 
     def attempt(key: str, action) -> None:
         try:
@@ -303,12 +310,7 @@ def case_torch_optimizer_recovery(comm) -> dict:
     tl.init(comm, cycle_time_ms=50.0)
     out: dict = {"errors": {}, "same_after": {}}
 
-    def loss(model: torch.nn.Module, step: int) -> torch.Tensor:
-        x, y = batches(step, tl.size(), 1)[tl.rank()][0]
-        return torch.nn.functional.cross_entropy(model(x), y)
-
-    def same(model: torch.nn.Module) -> bool:
-        return len(set(comm.allgather(digest([p.detach().clone() for p in model.parameters()])))) == 1
+    loss, same = _step_loss, functools.partial(_same_weights, comm)
 
     def wrap(model: torch.nn.Module, base: torch.optim.Optimizer, **kwargs):
         return tl.DistributedOptimizer(base, named_parameters=model.named_parameters(), load_profile=False, **kwargs)
