@@ -524,7 +524,15 @@ def case_coordinator_changed_call(comm: MPI.Comm) -> dict:
             got = h.wait(20)
             out["wrong"] += int(np.count_nonzero(got != n * (n + 1) / 2))
         out["largest_cache"] = max(out.get("largest_cache", 0), len(coord._names))
+    out["often_kept"] = "often" in coord._ids  # (used two calls ago; the once-used names around it go)
+    # more names in use each step than half the cache (a large model's gradients): the cache grows
+    # rather than forgetting them and negotiating them again every step
+    for _ in range(4):
+        handles = [coord.submit(f"w{j}", np.full(2, rank + 1.0, np.float32)) for j in range(10)]
+        for h in handles:
+            out["wrong"] += int(np.count_nonzero(h.wait(20) != n * (n + 1) / 2))
     coord.shutdown()
+    out["capacity"] = coord.cache_capacity
     out["names"] = list(coord._names)  # (read once the coordinator's thread has ended)
     engine.close()
     return out

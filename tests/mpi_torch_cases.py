@@ -176,6 +176,12 @@ def case_torch_collectives(comm) -> dict:
     z = x.clone()
     tl.allreduce_(z, prescale_factor=3.0)
     res["scaled_inplace"] = z.tolist()
+    z = x.clone()  # reduced in place straight into z (no copy), then scaled
+    tl.allreduce_(z, op=tl.Sum, postscale_factor=0.5)
+    res["postscaled_inplace"] = z.tolist()
+    zs = [torch.ones(2) * r, torch.ones(3) * r]
+    tl.grouped_allreduce_(zs, op=tl.Sum, postscale_factor=2.0)
+    res["postscaled_grouped_inplace"] = [t.tolist() for t in zs]
     res["scaled_int"] = tl.allreduce(torch.arange(5, dtype=torch.int64) + r, op=tl.Sum,
                                      postscale_factor=0.5).tolist()
     res["scaled_grouped"] = [t.tolist() for t in tl.grouped_allreduce([torch.ones(2) * r, torch.ones(1) * r],

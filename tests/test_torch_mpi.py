@@ -67,6 +67,8 @@ def test_collectives_match_numpy_semantics():
         ranks = n * (n - 1) / 2  # sum of the ranks, which each rank adds to its inputs
         assert res["scaled"] == [(n * i + ranks) * 2.0 * 0.25 for i in range(10)]
         assert res["scaled_inplace"] == [3.0 * (i + (n - 1) / 2) for i in range(10)]
+        assert res["postscaled_inplace"] == [(n * i + ranks) * 0.5 for i in range(10)]
+        assert res["postscaled_grouped_inplace"] == [[2.0 * ranks] * 2, [2.0 * ranks] * 3]
         assert res["scaled_int"] == [int((n * i + ranks) * 0.5) for i in range(5)]
         assert res["scaled_grouped"] == [[2.0 * ranks] * 2, [2.0 * ranks]]
         assert res["scaled_grad"] == [2.0 * 3.0 * n] * 3  # d/dw of sum(3 * allreduce_sum(2 w)), as Horovod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -26,7 +27,7 @@ def scale_factors(prescale: float, postscale: float) -> tuple[float, float]:
     """Horovod's ``prescale_factor`` and ``postscale_factor`` (a tensor is multiplied by the first before
     the reduction and its result by the second after it), checked: ValueError unless finite numbers."""
     for what, f in (("prescale_factor", prescale), ("postscale_factor", postscale)):
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f):
+        if isinstance(f, bool) or not isinstance(f, numbers.Real) or not math.isfinite(f):
             raise ValueError(f"{what} must be a finite number, got {f!r}")
     return float(prescale), float(postscale)
 

@@ -111,10 +111,17 @@ class _Request:
     group: str | None
     out_view: Any = None  # the output as a device buffer (device tensors only)
     since: float = field(default_factory=time.monotonic)
+    meta: tuple = field(init=False)  # what ranks agree on, compared with the cache's every cycle
 
-    @property
-    def meta(self) -> tuple:
-        return (self.array.dtype.name, self.array.shape, self.op, self.group, self.out_view is not None)
+    def __post_init__(self) -> None:
+        dtype = self.array.dtype
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:  # (numpy builds a dtype's name in Python: microseconds, on every gradient)
+            name = _DTYPE_NAMES[dtype] = dtype.name
+        self.meta = (name, self.array.shape, self.op, self.group, self.out_view is not None)
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
 
 
 class Coordinator:
@@ -140,6 +147,8 @@ class Coordinator:
         self._timeline_swap: tuple[Timeline | None, threading.Event] | None = None
         self._metas: list[tuple | None] = []  # per cached name: its metadata (None: renegotiate it)
         self._used: list[int] = []  # per cached name: the cycle it was last reduced in
+        self._hits: list[int] = []  # per cached name: how often it was reduced
+        self._last_forget = 0  # the cycle the cache last forgot names in
         self.cache_capacity = CACHE_CAPACITY
         self._device_zeros: dict[int, tuple[Any, Any]] = {}  # per cached name, while joined: (zeros, out)
         self._joined, self._join_cycle, self._join_last = False, -1, -1
@@ -180,6 +189,8 @@ class Coordinator:
                 view = device_buffer(out)
                 if view.shape != src.shape or view.dtype != src.dtype:
                     raise ValueError(f"output for {name!r} must be a device array {src.dtype}{list(src.shape)}")
+                if outs is not None and view.addr != src.addr:  # here: in the coordinator it would fail every call
+                    self.engine.check_gpu(view)
                 reqs.append(_Request(name, src, Handle(name, out, self), op, group, view))
                 continue
             src = np.ascontiguousarray(a)
@@ -398,22 +409,51 @@ class Coordinator:
             self._execute(ready)
             for i in ready:
                 self._used[i] = self.cycles
+                self._hits[i] += 1
             if len(self._names) > self.cache_capacity:
                 self._forget_names()
         return bool(flags & _SHUTDOWN)
 
     def _forget_names(self) -> None:
         """Keep the cache bounded (every name costs a bit in every cycle's negotiation; unnamed calls
-        and per-call names add one each): the half of the capacity most recently reduced keeps its place,
-        renumbered in id order, and the rest is forgotten.  Every rank holds the same names, ids and
-        cycles of last use, so every rank forgets the same names at the same cycle; a request for a
+        and per-call names add one each).  Names reduced more than once and again since the last time
+        names were forgotten (a model's gradients) stay; the rest, least recently reduced first (calls
+        made once), go until half the capacity is left, and the rest keep their place, renumbered in id
+        order.  When the names in use fill half the capacity, the capacity doubles instead: a
+        large model's gradients are never negotiated again every step.  Every rank holds the same names,
+        ids, uses and cycles, so every rank forgets the same names at the same cycle; a request for a
         forgotten name is negotiated in full again, like a new one."""
-        keep = sorted(sorted(range(len(self._names)), key=lambda i: self._used[i])[-(self.cache_capacity // 2):])
-        self._names = [self._names[i] for i in keep]
-        self._metas = [self._metas[i] for i in keep]
-        self._used = [self._used[i] for i in keep]
+        half = max(1, self.cache_capacity // 2)
+        live = [i for i in range(len(self._names)) if self._hits[i] > 1 and self._used[i] >= self._last_forget]
+        self._last_forget = self.cycles
+        if len(live) >= half:  # (a working set larger than half forgets part of itself, which fills it again)
+            self.cache_capacity *= 2
+            return
+        keep = set(live)
+        for i in sorted(range(len(self._names)), key=lambda i: self._used[i], reverse=True):
+            if len(keep) >= half:
+                break
+            keep.add(i)
+        order = sorted(keep)
+        self._names = [self._names[i] for i in order]
+        self._metas = [self._metas[i] for i in order]
+        self._used = [self._used[i] for i in order]
+        self._hits = [self._hits[i] for i in order]
         self._ids = {name: i for i, name in enumerate(self._names)}
-        self._device_zeros.clear()
+        self._drop_device_zeros()
+
+    def _drop_device_zeros(self, i: int | None = None) -> None:
+        """Forget a joined rank's device zeros (all, or tensor ``i``'s) once the engine's stream is done
+        with them: they came from a memory pool that may hand their blocks to the next allocation."""
+        if not self._device_zeros or (i is not None and i not in self._device_zeros):
+            return
+        device = self.engine._device
+        if device is not None:
+            device.synchronize()
+        if i is None:
+            self._device_zeros.clear()
+        else:
+            del self._device_zeros[i]
 
     # Every exchange after a cycle's first is waited for with the engine's timeout too: a peer whose
     # coordinator failed between two of them (applying knobs, say) would otherwise block this one for ever.
@@ -456,9 +496,10 @@ class Coordinator:
                 self._names.append(name)
                 self._metas.append(meta)
                 self._used.append(self.cycles)
+                self._hits.append(0)
             else:
                 self._metas[i] = meta
-                self._device_zeros.pop(i, None)
+                self._drop_device_zeros(i)
             new.append(i)
         # A negotiated name that some rank submitted with other metadata and that is not settled here
         # (the others had it ready under the old metadata, or have not submitted it yet): its metadata

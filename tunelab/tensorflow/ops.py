@@ -181,6 +181,8 @@ def _scale(t: tf.Tensor, factor: float) -> tf.Tensor:
     """``t`` times ``factor``: integers through float64, truncated (as torch's, and Horovod's)."""
     if factor == 1.0:
         return t
+    if t.dtype in (tf.float16, tf.bfloat16):  # (the factor itself in float32: 0.1 is not 0.09998)
+        return tf.cast(tf.cast(t, tf.float32) * factor, t.dtype)
     if t.dtype.is_floating:
         return t * tf.cast(factor, t.dtype)
     return tf.cast(tf.cast(t, tf.float64) * factor, t.dtype)

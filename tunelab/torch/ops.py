@@ -86,7 +86,7 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
         if not inplace:
             return outs
         for t, o, d in zip(tensors, outs, direct):
-            if not d:
+            if not d or postscale != 1.0:  # (reduced in place, then scaled into a new tensor)
                 t.detach().copy_(o)
         return list(tensors)
 

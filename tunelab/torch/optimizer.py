@@ -126,7 +126,10 @@ class _DistributedMixin:
                     slots[p].count = self._tl_passes
                     self._tl_submit(p, slots[p])
         except BaseException:
-            self._tl_drain()  # (what did go out is waited for: the next step starts with nothing in flight)
+            # what did go out is waited for (a failure of its own resets the step); the submit's error is
+            # the one raised, and step() or synchronize() submits what it could not send again
+            with contextlib.suppress(BaseException):
+                self._tl_drain()
             raise
         self._tl_drain()
         if self._tl_predivide != 1.0:
