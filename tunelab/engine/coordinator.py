@@ -51,7 +51,7 @@ _ALL_JOINED = 32  # AND: everybody has joined
 _ALL_WAITING = 64  # AND: a thread of every rank is blocked on a handle
 _OPS = ("sum", "average", "min", "max")
 _IDLE_FACTOR = 10
-CACHE_CAPACITY = 4096  # names kept negotiated; past it, the least recently reduced half is forgotten
+CACHE_CAPACITY = 4096  # names kept negotiated before some are forgotten (see Coordinator._forget_names)
 
 
 class Handle:
