@@ -144,9 +144,9 @@ class _DistributedMixin:
         self._tl_synchronized = True
 
     def _tl_drain(self) -> None:
-        """Wait for every handle of this step, then forget them whatever happened: the first error is
-        raised after all are waited for and the optimizer is reset (a failed reduction does not leave
-        the next step refused)."""
+        """Wait for every handle of this step.  If any failed, the first error is raised after all are
+        waited for, and the optimizer is reset first (a failed reduction does not leave the next step
+        refused); else the caller finishes the step and resets."""
         error: BaseException | None = None
         for handle in {id(s.handle): s.handle for s in self._tl_slots.values() if s.handle is not None}.values():
             try:
