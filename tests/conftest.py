@@ -30,6 +30,10 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# The reason a GPU test gives when the machine has a GPU, only too few: --require-gpu leaves it skipped
+MORE_GPUS = "needs more CUDA devices than this machine has"
+
+
 def pytest_addoption(parser):
     parser.addoption("--require-gpu", action="store_true", default=False,
                      help="a skipped `gpu` test fails instead (on a GPU machine, so it cannot pass by skipping); "
@@ -48,5 +52,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.skipped and "gpu" in item.keywords and _gpu_required(item.config):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if MORE_GPUS in reason:  # a GPU machine with fewer GPUs than the test needs: a real skip
+            return
         report.outcome = "failed"
         report.longrepr = f"GPU test skipped under --require-gpu: {reason}"

@@ -3,6 +3,7 @@ what torch's own ``__cuda_array_interface__`` says (address, element count, type
 
 import numpy as np
 import pytest
+from conftest import MORE_GPUS
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -74,7 +75,7 @@ def test_producer_stream_handle_follows_the_tensors_device_not_the_current_one()
     GPUs)."""
     _cuda()
     if torch.cuda.device_count() < 2:
-        pytest.skip("needs two CUDA devices")
+        pytest.skip(f"{MORE_GPUS} (two)")
     from tunelab.engine.device import producer_stream_handle
 
     t = torch.zeros(4, device="cuda:1")
