@@ -6,7 +6,11 @@
 One rank, ResNet-50 on the GPU.  Each step is timed on the host in phases: zero_grad, the first
 layer's forward, the rest of the forward, backward, the optimizer step, and the wait for the device at
 the end; the medians are printed (ms), and for tunelab the engine calls a step took (its gradients
-fused into that many allreduces).  ``--switch-us`` sets Python's GIL switch interval first.
+fused into that many allreduces), the host time its gradient hooks took (their sum per step, and per
+gradient) and the coordinator's engine calls took (per step).  ``--switch-us`` sets Python's GIL switch
+interval first; ``--knob NAME=VALUE`` (repeatable) sets a knob before the first step, e.g.
+``--knob cycle_time_ms=100``: with a cycle longer than backward, the gradients wait for ``step()``
+and the hooks run with no coordinator work beside them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--image", type=int, default=224)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
     a = p.parse_args()
     if a.switch_us is not None:
         sys.setswitchinterval(a.switch_us * 1e-6)
@@ -40,12 +45,44 @@ def main() -> int:
     x = torch.randn(a.batch, 3, a.image, a.image, device=dev)
     y = torch.randint(0, 1000, (a.batch,), device=dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    spent = {"hook": 0.0, "hooks": 0, "engine": 0.0}
     if a.mode == "tunelab":
         import tunelab.torch as tl
         from tunelab import runtime as _rt
+        from tunelab.knobs import SPECS
+        from tunelab.torch.optimizer import _DistributedMixin
 
+        hook = _DistributedMixin._tl_hook
+
+        def timed_hook(self, p):  # (patched before the optimizer registers its hooks)
+            t0 = time.perf_counter()
+            try:
+                return hook(self, p)
+            finally:
+                spent["hook"] += time.perf_counter() - t0
+                spent["hooks"] += 1
+
+        _DistributedMixin._tl_hook = timed_hook
         tl.init()
         opt = tl.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        engine = _rt.current().engine
+        batch = engine.allreduce_batch
+
+        def timed_batch(*args, **kwargs):  # (the coordinator's thread looks it up on every call)
+            t0 = time.perf_counter()
+            try:
+                return batch(*args, **kwargs)
+            finally:
+                spent["engine"] += time.perf_counter() - t0
+
+        engine.allreduce_batch = timed_batch
+        if a.knob:
+            changes = {}
+            for text in a.knob:
+                name, _, value = text.partition("=")
+                kind = SPECS[name].kind
+                changes[name] = value.lower() in ("1", "true", "on") if kind is bool else kind(float(value))
+            _rt.current().coordinator.set_knobs(**changes)
     first, rest = model[0], model[1:]
 
     def step() -> list[float]:
@@ -69,10 +106,18 @@ def main() -> int:
         step()
     engine = _rt.current().engine if a.mode == "tunelab" else None
     calls = engine._calls if engine is not None else 0
+    spent.update(hook=0.0, hooks=0, engine=0.0)
     phases = np.array([step() for _ in range(a.steps)])
     med = np.median(phases, axis=0)
     names = ("zero_grad", "first_layer", "forward_rest", "backward", "opt_step", "device_wait")
-    fused = f"  engine calls/step {(engine._calls - calls) / a.steps:.1f}" if engine is not None else ""
+    fused = ""
+    if engine is not None:
+        fused = (f"  engine calls/step {(engine._calls - calls) / a.steps:.1f}"
+                 f"  hooks/step {spent['hook'] * 1e3 / a.steps:.1f} ms"
+                 f" ({spent['hook'] * 1e6 / max(spent['hooks'], 1):.0f} us each)"
+                 f"  engine/step {spent['engine'] * 1e3 / a.steps:.1f} ms")
+        if a.knob:
+            fused += "  knobs " + " ".join(a.knob)
     print(f"{a.mode:8s} switch={sys.getswitchinterval() * 1e6:.0f}us  total {np.median(phases.sum(1)):6.1f} ms  "
           + "  ".join(f"{n} {v:5.1f}" for n, v in zip(names, med)) + fused)
     if a.mode == "tunelab":
