@@ -179,6 +179,17 @@ def case_torch_collectives(comm) -> dict:
     z = x.clone()  # reduced in place straight into z (no copy), then scaled
     tl.allreduce_(z, op=tl.Sum, postscale_factor=0.5)
     res["postscaled_inplace"] = z.tolist()
+    zi = torch.arange(5, dtype=torch.int64) + int(r == 0)  # in place, an integer average: the truncated mean
+    tl.allreduce_(zi)
+    res["int_avg_inplace"] = zi.tolist()
+    z0 = torch.tensor(float(r + 1))  # 0-d, in place
+    tl.allreduce_(z0, op=tl.Sum)
+    res["scalar_inplace"] = z0.item()
+    res["inplace_returns_it"] = [tl.allreduce_(t, op=tl.Sum) is t for t in (z0, torch.ones(2))]
+    leaf = torch.full((3,), float(r), requires_grad=True)  # a leaf that requires grad, reduced in place
+    with torch.no_grad():
+        tl.allreduce_(leaf, op=tl.Sum, name="leaf.inplace")
+    res["leaf_inplace"] = [leaf.tolist(), leaf.requires_grad]
     zs = [torch.ones(2) * r, torch.ones(3) * r]
     tl.grouped_allreduce_(zs, op=tl.Sum, postscale_factor=2.0)
     res["postscaled_grouped_inplace"] = [t.tolist() for t in zs]

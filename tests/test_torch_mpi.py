@@ -69,6 +69,10 @@ def test_collectives_match_numpy_semantics():
         assert res["scaled_inplace"] == [3.0 * (i + (n - 1) / 2) for i in range(10)]
         assert res["postscaled_inplace"] == [(n * i + ranks) * 0.5 for i in range(10)]
         assert res["postscaled_grouped_inplace"] == [[2.0 * ranks] * 2, [2.0 * ranks] * 3]
+        assert res["int_avg_inplace"] == [(n * i + 1) // n for i in range(5)]  # the sum's mean, truncated
+        assert res["scalar_inplace"] == n * (n + 1) / 2
+        assert res["inplace_returns_it"] == [True, True]  # (Horovod's allreduce_ returns the tensor it reduced)
+        assert res["leaf_inplace"] == [[ranks] * 3, True]
         assert res["scaled_int"] == [int((n * i + ranks) * 0.5) for i in range(5)]
         assert res["scaled_grouped"] == [[2.0 * ranks] * 2, [2.0 * ranks]]
         assert res["scaled_grad"] == [2.0 * 3.0 * n] * 3  # d/dw of sum(3 * allreduce_sum(2 w)), as Horovod

@@ -26,6 +26,8 @@ def resolve_op(op: str | None, average: bool | None = None) -> str:
 def scale_factors(prescale: float, postscale: float) -> tuple[float, float]:
     """Horovod's ``prescale_factor`` and ``postscale_factor`` (a tensor is multiplied by the first before
     the reduction and its result by the second after it), checked: ValueError unless finite numbers."""
+    if type(prescale) is float and type(postscale) is float and math.isfinite(prescale + postscale):
+        return prescale, postscale  # (the usual call, for every gradient: no abstract-class checks)
     for what, f in (("prescale_factor", prescale), ("postscale_factor", postscale)):
         if isinstance(f, bool) or not isinstance(f, numbers.Real) or not math.isfinite(f):
             raise ValueError(f"{what} must be a finite number, got {f!r}")

@@ -58,6 +58,14 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
             inplace: bool, group: str | None, prescale: float = 1.0, postscale: float = 1.0) -> Handle:
     rt = _rt.current()
     prescale, postscale = scale_factors(prescale, postscale)
+    if len(tensors) == 1 and inplace and compression is Compression.none and prescale == postscale == 1.0:
+        # What a gradient hook submits, for every gradient of every step: one contiguous tensor reduced
+        # where it lies, nothing to undo afterwards (the general path below, without its lists)
+        t = tensors[0]
+        if t.dim() and t.is_contiguous() and not (op == Average and _integer_dtype(t.dtype)):
+            view = engine_view(t)
+            inner = rt.coordinator.submit_group(names, [view], op, [view], group=group)
+            return Handle(inner, [t], lambda res: res, group is None)
     packed = [compression.compress(_scale(t.detach() if t.requires_grad else t, prescale))  # (gradients need none)
               for t in tensors]
     srcs = [c.contiguous().reshape(1) if c.dim() == 0 else c.contiguous() for c, _ in packed]  # 0-d as [1]
