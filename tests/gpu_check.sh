@@ -11,7 +11,8 @@
 # time); the script exits 1 when any step failed.  A step's log and JSON from an earlier run in DIR
 # are removed before it runs.  More steps, run only when named: train1
 # (bench train at one rank, where DDP uses NCCL), phases (tests/gpu_step_phases.py: a training step's
-# host time by phase, plain against tunelab), profile (tests/gpu_call_profile.py at 1 and 2 ranks).
+# host time by phase, plain against tunelab), profile (tests/gpu_call_profile.py at 1 and 2 ranks),
+# cycles (tests/gpu_step_phases.py at one rank for cycle times from 1 to 100 ms).
 set -u
 DIR=${1:-${OUT:-gpu-check}}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -67,6 +68,11 @@ for s in $STEPS; do
                 --rounds 3 --json "$DIR/train1.json" --no-report ;;
         phases)  # a training step's host time by phase, plain torch against the DistributedOptimizer
             step phases 180 bash -c 'python3 tests/gpu_step_phases.py plain && python3 tests/gpu_step_phases.py tunelab' ;;
+        cycles)  # one rank's step against the cycle time: how many engine calls run during backward,
+            # and what they cost the autograd thread (its hooks wait for the GIL while the coordinator holds it)
+            step cycles 200 bash -c 'python3 tests/gpu_step_phases.py plain --steps 20 &&
+                for c in 1 2 5 10 20 100; do
+                    python3 tests/gpu_step_phases.py tunelab --steps 20 --knob cycle_time_ms=$c || exit 1; done' ;;
         profile)  # one engine call's time and where its host time goes, at 1 and 2 ranks
             step profile 180 bash -c 'M=$(dirname "$(python3 -c "import sys; print(sys.executable)")")/mpiexec
                 python3 tests/gpu_call_profile.py --out "$1" --top 14 &&
@@ -75,7 +81,7 @@ for s in $STEPS; do
             step tune 420 tunelab tune --model resnet50 --device cuda --image-size 224 --batch-size 32 \
                 --json "$DIR/tune.json" --no-report ;;
         *)
-            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile)" >&2
+            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile cycles)" >&2
             exit 2 ;;
     esac
 done
