@@ -100,11 +100,24 @@ def _dlpack_buffer(obj: Any) -> DeviceBuffer | None:
     return _interface_buffer(cupy.from_dlpack(obj))
 
 
+_LIBRARIES: dict[type, str] = {}
+
+
+def library(owner: Any) -> str:
+    """The top-level package of ``owner``'s type ("torch", "cupy", "numba", ...), read once per type
+    (it is asked for every gradient a hook submits)."""
+    cls = type(owner)
+    name = _LIBRARIES.get(cls)
+    if name is None:
+        name = _LIBRARIES[cls] = cls.__module__.split(".")[0]
+    return name
+
+
 def producer_stream_handle(owner: Any) -> int:
     """The raw ``cudaStream_t`` a tensor's producer queues its work on: the calling thread's current
     stream of the tensor's library (torch's, of the tensor's device; CuPy's), 0 (the legacy default
     stream) for others.  Current streams are per thread: read it in the thread that submits the tensor."""
-    module = type(owner).__module__.split(".")[0]
+    module = library(owner)
     if module == "torch":
         return _torch_stream_handle(owner)
     if module == "cupy":
@@ -129,7 +142,7 @@ def _torch_stream_handle(tensor: Any) -> int:
 
 def device_index(owner: Any) -> int | None:
     """The CUDA device a tensor lives on, where its library says (torch, CuPy); None otherwise."""
-    module = type(owner).__module__.split(".")[0]
+    module = library(owner)
     if module == "torch":
         return owner.device.index
     if module == "cupy":
@@ -199,7 +212,7 @@ def empty_like(buf: DeviceBuffer) -> Any:
     """A new device array shaped like ``buf``, of the owner's kind (torch, CuPy, Numba; numpy under
     the simulator)."""
     owner = buf.owner
-    module = type(owner).__module__.split(".")[0]
+    module = library(owner)
     if module == "torch":
         import torch
 

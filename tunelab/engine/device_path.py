@@ -253,20 +253,18 @@ class DevicePath:
         Marks are numbered in the order they are recorded (under the lock), and carry the recording
         thread, so a call can tell which of its marks on one stream of one thread came last."""
         handle = _device.producer_stream_handle(buf.owner)
-        with self._marks_lock:
-            event = self._free_marks.pop() if self._free_marks else None
-        if event is None:  # no mark left: the call records one on this producer's stream when it starts
-            return _device.with_ready(buf, (None, handle))
-        try:
-            stream = self._stream_of(handle)
-            with self._marks_lock:
+        stream = self._stream_of(handle)
+        with self._marks_lock:  # (one section: taking a mark, recording it and numbering it)
+            if not self._free_marks:  # none left: the call records one on this stream when it starts
+                return _device.with_ready(buf, (None, handle))
+            event = self._free_marks.pop()
+            try:
                 self.kernels.record(event, stream)
-                self._mark_count += 1
-                order = self._mark_count
-        except BaseException:
-            with self._marks_lock:
+            except BaseException:
                 self._free_marks.append(event)
-            raise
+                raise
+            self._mark_count += 1
+            order = self._mark_count
         return _device.with_ready(buf, (event, stream, order, threading.get_ident()))
 
     def wait_producers(self) -> None:
