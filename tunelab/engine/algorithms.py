@@ -72,7 +72,7 @@ def oneshot(path: DataPath, layout: Layout, call: Call, me: int, what: str) -> N
     path.copy(as_bytes(layout.pack_rows(0, count, int(addrs[me])), isz))
     path.order(what)
     if layout.single and call.factor == 1.0:  # straight into the output
-        path.reduce(int(layout.dst_addrs[0]), addrs, count, dtype, call.op)
+        path.reduce(layout.dst(0), addrs, count, dtype, call.op)
     else:
         tmp = path.scratch(count * isz)
         path.reduce(tmp, addrs, count, dtype, call.op)

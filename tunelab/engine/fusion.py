@@ -72,25 +72,55 @@ def address(a: Any) -> int:
 
 
 class Layout:
-    """A bucket: tensors ``srcs`` (read) and ``dsts`` (written), C-contiguous, one dtype, any shape."""
+    """A bucket: tensors ``srcs`` (read) and ``dsts`` (written), C-contiguous, one dtype, any shape.
+    Sizes and addresses stay Python lists until a row table needs them as arrays (a fused call of a
+    few gradients would spend more in numpy's small-array calls than in its arithmetic)."""
 
     def __init__(self, srcs: Sequence[np.ndarray], dsts: Sequence[np.ndarray]) -> None:
         self.dtype = srcs[0].dtype
         self.itemsize = self.dtype.itemsize
-        counts = np.array([a.size for a in srcs], dtype=np.int64)
-        self.ends = np.cumsum(counts)
-        self.starts = self.ends - counts
-        self.count = int(self.ends[-1]) if len(counts) else 0
-        self.src_addrs = np.array([address(a) for a in srcs], dtype=np.int64)
-        self.dst_addrs = np.array([address(a) for a in dsts], dtype=np.int64)
+        self._sizes = [int(a.size) for a in srcs]
+        self.count = sum(self._sizes)
+        self._src = [address(a) for a in srcs]
+        self._dst = [address(a) for a in dsts]
         self.single = len(srcs) == 1
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def _rows(self, lo: int, hi: int, buf_addr: int, tensor_addrs: np.ndarray,
-              to_buffer: bool) -> np.ndarray:
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, ends, source addresses, destination addresses) as int64 arrays, made once."""
+        if self._arrays is None:
+            counts = np.array(self._sizes, dtype=np.int64)
+            ends = np.cumsum(counts)
+            self._arrays = (ends - counts, ends, np.array(self._src, dtype=np.int64),
+                            np.array(self._dst, dtype=np.int64))
+        return self._arrays
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self._tables()[0]
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self._tables()[1]
+
+    @property
+    def src_addrs(self) -> np.ndarray:
+        return self._tables()[2]
+
+    @property
+    def dst_addrs(self) -> np.ndarray:
+        return self._tables()[3]
+
+    def dst(self, i: int) -> int:
+        """Where tensor ``i``'s result goes."""
+        return self._dst[i]
+
+    def _rows(self, lo: int, hi: int, buf_addr: int, to_buffer: bool) -> np.ndarray:
         if self.single:  # the common case of one tensor: no searching
-            tensor = int(tensor_addrs[0]) + lo * self.itemsize
+            tensor = (self._src[0] if to_buffer else self._dst[0]) + lo * self.itemsize
             row = (tensor, buf_addr, hi - lo) if to_buffer else (buf_addr, tensor, hi - lo)
             return np.array([row] if hi > lo else [], dtype=np.int64).reshape(-1, 3)
+        tensor_addrs = self.src_addrs if to_buffer else self.dst_addrs
         first = int(np.searchsorted(self.ends, lo, side="right"))
         last = int(np.searchsorted(self.starts, hi, side="left"))
         starts, ends = self.starts[first:last], self.ends[first:last]
@@ -103,14 +133,14 @@ class Layout:
 
     def copy_rows(self) -> np.ndarray:
         """Byte rows copying every source straight to its destination (skipping in-place tensors)."""
-        nbytes = (self.ends - self.starts) * self.itemsize
-        keep = (self.src_addrs != self.dst_addrs) & (nbytes > 0)
-        return np.stack([self.src_addrs[keep], self.dst_addrs[keep], nbytes[keep]], axis=1)
+        isz = self.itemsize
+        rows = [(s, d, n * isz) for s, d, n in zip(self._src, self._dst, self._sizes) if s != d and n > 0]
+        return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
     def pack_rows(self, lo: int, hi: int, buf_addr: int) -> np.ndarray:
         """Rows copying bucket elements [lo, hi) from the sources into a buffer at ``buf_addr``."""
-        return self._rows(lo, hi, buf_addr, self.src_addrs, to_buffer=True)
+        return self._rows(lo, hi, buf_addr, to_buffer=True)
 
     def unpack_rows(self, lo: int, hi: int, buf_addr: int) -> np.ndarray:
         """Rows copying bucket elements [lo, hi) from a buffer at ``buf_addr`` to the destinations."""
-        return self._rows(lo, hi, buf_addr, self.dst_addrs, to_buffer=False)
+        return self._rows(lo, hi, buf_addr, to_buffer=False)
