@@ -289,22 +289,27 @@ class DevicePath:
         stream in this thread (the caller's, or the coordinator's)."""
         if self.index is not None:
             self.kernels.use_device(self.index)  # this thread's current device (threads differ)
-        marks = [b.ready for b in inputs if b.ready is not None and b.ready[0] is not None]
-        here = self._producer_stream(inputs[0].owner)
-        unmarked = {id(s): s for s in (self._stream_of(b.ready[1]) if b.ready is not None
-                                       else self._producer_stream(b.owner)
-                                       for b in inputs if b.ready is None or b.ready[0] is None)}
-        self._marked = list({id(m[0]): m[0] for m in marks}.values())  # all go back to the stock at end
         # Events recorded on one stream complete in the order they were recorded: the last mark of each
         # producer stream covers that stream's earlier ones (a call fusing a model's gradients waits
         # on one event, not on one per gradient).  Streams are told apart by handle *and* recording
         # thread: a default-stream handle (0, or 2 under per-thread default streams) names a different
-        # stream in each thread.
+        # stream in each thread.  (One pass over the inputs: this runs for every call.)
+        marked: dict[int, Any] = {}  # all go back to the stock at end
         last: dict[tuple[int, int], tuple] = {}
-        for m in marks:
-            key = (id(m[1]), m[3])
-            if key not in last or m[2] > last[key][2]:
-                last[key] = m
+        unmarked: dict[int, Any] = {}
+        for b in inputs:
+            r = b.ready
+            if r is not None and r[0] is not None:
+                marked[id(r[0])] = r[0]
+                key = (id(r[1]), r[3])
+                m = last.get(key)
+                if m is None or r[2] > m[2]:
+                    last[key] = r
+            else:
+                stream = self._stream_of(r[1]) if r is not None else self._producer_stream(b.owner)
+                unmarked[id(stream)] = stream
+        here = self._producer_stream(inputs[0].owner)
+        self._marked = list(marked.values())
         self._waited = [m[0] for m in last.values()]
         while len(self._ready_more) < len(unmarked) - 1:
             self._ready_more.append(self.kernels.new_event())
@@ -313,7 +318,10 @@ class DevicePath:
             self._waited.append(event)
         # the results are ordered before the producers' streams and this thread's current one (where a
         # framework that synchronised a side stream into its own goes on)
-        self._consumers = list({id(s): s for s in [*(m[1] for m in marks), *unmarked.values(), here]}.values())
+        consumers = {id(m[1]): m[1] for m in last.values()}
+        consumers.update(unmarked)
+        consumers.setdefault(id(here), here)
+        self._consumers = list(consumers.values())
         for event in self._waited:
             self.kernels.wait_event(self.stream, event)
         with self._marks_lock:  # a stock of marks for the submitting threads, made in this one
