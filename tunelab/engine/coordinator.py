@@ -131,6 +131,9 @@ class Coordinator:
                  stall_timeout_s: float | None = None) -> None:
         self.engine = engine
         self.comm = engine.topology.world.Dup()
+        from mpi4py import MPI  # (here, once: an import statement costs microseconds on every cycle)
+
+        self._word, self._band = MPI.UINT64_T, MPI.BAND
         self.rank, self.size = self.comm.rank, self.comm.size
         self.stall_timeout_s = stall_timeout_s or engine.config.timeout_s
         self.timeline = Timeline.for_rank(timeline_path, self.rank)
@@ -344,8 +347,6 @@ class Coordinator:
             r.handle._complete(exc)
 
     def _cycle(self) -> bool:
-        from mpi4py import MPI
-
         self.cycles += 1
         # (before pending is read: a later waiter's or submit's tensor is in this cycle, or wakes the next;
         # before the timeline swap is read, for the same reason)
@@ -381,17 +382,18 @@ class Coordinator:
         if joined and self._join_cycle < 0:
             self._join_cycle = self.cycles
         flags |= _ALL_JOINED if joined else _NOT_JOINED
+        # The exchange: 1 + nwords little-endian 64-bit words (the flags, then one bit per name),
+        # AND-reduced.  Built and read as one Python int: numpy's small-array calls cost more than the
+        # words themselves, and this runs every cycle while the framework wants the GIL.
         nwords = (len(self._names) + 63) // 64
-        words = np.empty(1 + nwords, dtype=np.uint64)
-        words[0] = flags
         if joined:  # ready for anything: the others' bits decide
-            words[1:] = ~np.uint64(0)
-        else:
-            words[1:] = np.frombuffer(mask.to_bytes(8 * nwords, "little"), dtype="<u8")
-        agreed = np.empty_like(words)
-        req = self.comm.Iallreduce(words, agreed, op=MPI.BAND)
+            mask = (1 << (64 * nwords)) - 1
+        words = bytearray(((mask << 64) | flags).to_bytes(8 * (1 + nwords), "little"))
+        agreed = bytearray(len(words))
+        req = self.comm.Iallreduce([words, self._word], [agreed, self._word], op=self._band)
         wait_or_timeout(req, self.engine.config.timeout_s, f"negotiation cycle {self.cycles}", self.rank)
-        flags = int(agreed[0])
+        both = int.from_bytes(agreed, "little")
+        flags = both & 0xFFFF_FFFF_FFFF_FFFF
         if flags & _ALL_JOINED:
             self._finish_join()
             return False
@@ -399,8 +401,12 @@ class Coordinator:
             self._apply_knobs(self._bcast(requested if self.rank == 0 else None, "the knob change"))
         if not flags & _NO_STALL:
             self._report_stall(pending, now)
-        bits = np.unpackbits(agreed[1:].view(np.uint8), bitorder="little")[:len(self._names)]
-        ready = np.flatnonzero(bits).tolist()
+        bits = (both >> 64) & ((1 << len(self._names)) - 1)
+        ready = []  # the set bits, lowest first
+        while bits:
+            low = bits & -bits
+            ready.append(low.bit_length() - 1)
+            bits ^= low
         if not flags & _NO_NEW_NAMES:
             ready += self._negotiate_new_names(pending, joined)
             self._deliver_rejected()
