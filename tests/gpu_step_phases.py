@@ -7,7 +7,8 @@ One rank, ResNet-50 on the GPU.  Each step is timed on the host in phases: zero_
 layer's forward, the rest of the forward, backward, the optimizer step, and the wait for the device at
 the end; the medians are printed (ms), and for tunelab the engine calls a step took (its gradients
 fused into that many allreduces), the host time its gradient hooks took (their sum per step, and per
-gradient) and the coordinator's engine calls took (per step).  ``--switch-us`` sets Python's GIL switch
+gradient) and the coordinator's engine calls took (per step), and the coordinator's cycles per step with
+the CPU time (not wall time, which includes waits for the GIL) each cycle spends besides its calls.  ``--switch-us`` sets Python's GIL switch
 interval first; ``--knob NAME=VALUE`` (repeatable) sets a knob before the first step, e.g.
 ``--knob cycle_time_ms=100``: with a cycle longer than backward, the gradients wait for ``step()``
 and the hooks run with no coordinator work beside them.
@@ -45,7 +46,7 @@ def main() -> int:
     x = torch.randn(a.batch, 3, a.image, a.image, device=dev)
     y = torch.randint(0, 1000, (a.batch,), device=dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    spent = {"hook": 0.0, "hooks": 0, "engine": 0.0}
+    spent = {"hook": 0.0, "hooks": 0, "engine": 0.0, "cycles": 0, "cycle_cpu": 0.0, "execute_cpu": 0.0}
     if a.mode == "tunelab":
         import tunelab.torch as tl
         from tunelab import runtime as _rt
@@ -63,6 +64,26 @@ def main() -> int:
                 spent["hooks"] += 1
 
         _DistributedMixin._tl_hook = timed_hook
+        from tunelab.engine.coordinator import Coordinator
+
+        cycle, execute = Coordinator._cycle, Coordinator._execute
+
+        def timed_cycle(self):  # the coordinator thread's CPU time (not wall: it waits for the GIL)
+            t0 = time.thread_time()
+            try:
+                return cycle(self)
+            finally:
+                spent["cycle_cpu"] += time.thread_time() - t0
+                spent["cycles"] += 1
+
+        def timed_execute(self, ids):
+            t0 = time.thread_time()
+            try:
+                return execute(self, ids)
+            finally:
+                spent["execute_cpu"] += time.thread_time() - t0
+
+        Coordinator._cycle, Coordinator._execute = timed_cycle, timed_execute
         tl.init()
         opt = tl.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         engine = _rt.current().engine
@@ -106,7 +127,7 @@ def main() -> int:
         step()
     engine = _rt.current().engine if a.mode == "tunelab" else None
     calls = engine._calls if engine is not None else 0
-    spent.update(hook=0.0, hooks=0, engine=0.0)
+    spent.update(hook=0.0, hooks=0, engine=0.0, cycles=0, cycle_cpu=0.0, execute_cpu=0.0)
     phases = np.array([step() for _ in range(a.steps)])
     med = np.median(phases, axis=0)
     names = ("zero_grad", "first_layer", "forward_rest", "backward", "opt_step", "device_wait")
@@ -115,7 +136,10 @@ def main() -> int:
         fused = (f"  engine calls/step {(engine._calls - calls) / a.steps:.1f}"
                  f"  hooks/step {spent['hook'] * 1e3 / a.steps:.1f} ms"
                  f" ({spent['hook'] * 1e6 / max(spent['hooks'], 1):.0f} us each)"
-                 f"  engine/step {spent['engine'] * 1e3 / a.steps:.1f} ms")
+                 f"  engine/step {spent['engine'] * 1e3 / a.steps:.1f} ms"
+                 f"  cycles/step {spent['cycles'] / a.steps:.1f}"
+                 f" ({(spent['cycle_cpu'] - spent['execute_cpu']) * 1e6 / max(spent['cycles'], 1):.0f} us CPU each"
+                 " besides the calls)")
         if a.knob:
             fused += "  knobs " + " ".join(a.knob)
     print(f"{a.mode:8s} switch={sys.getswitchinterval() * 1e6:.0f}us  total {np.median(phases.sum(1)):6.1f} ms  "
