@@ -12,7 +12,8 @@
 # are removed before it runs.  More steps, run only when named: train1
 # (bench train at one rank, where DDP uses NCCL), phases (tests/gpu_step_phases.py: a training step's
 # host time by phase, plain against tunelab), profile (tests/gpu_call_profile.py at 1 and 2 ranks),
-# cycles (tests/gpu_step_phases.py at one rank for cycle times from 1 to 100 ms).
+# cycles (tests/gpu_step_phases.py at one rank for cycle times from 1 to 100 ms), gil (the same at a 1 ms
+# cycle for GIL switch intervals from 5000 to 50 us).
 set -u
 DIR=${1:-${OUT:-gpu-check}}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -73,6 +74,11 @@ for s in $STEPS; do
             step cycles 200 bash -c 'python3 tests/gpu_step_phases.py plain --steps 20 &&
                 for c in 1 2 5 10 20 100; do
                     python3 tests/gpu_step_phases.py tunelab --steps 20 --knob cycle_time_ms=$c || exit 1; done' ;;
+        gil)  # one rank's step at a 1 ms cycle against Python's GIL switch interval (5000 us by default):
+            # how long the autograd thread waits for the GIL behind the coordinator's thread
+            step gil 200 bash -c 'python3 tests/gpu_step_phases.py plain --steps 20 &&
+                for s in 5000 1000 200 50; do
+                    python3 tests/gpu_step_phases.py tunelab --steps 20 --switch-us $s || exit 1; done' ;;
         profile)  # one engine call's time and where its host time goes, at 1 and 2 ranks
             step profile 180 bash -c 'M=$(dirname "$(python3 -c "import sys; print(sys.executable)")")/mpiexec
                 python3 tests/gpu_call_profile.py --out "$1" --top 14 &&
@@ -81,7 +87,7 @@ for s in $STEPS; do
             step tune 420 tunelab tune --model resnet50 --device cuda --image-size 224 --batch-size 32 \
                 --json "$DIR/tune.json" --no-report ;;
         *)
-            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile cycles)" >&2
+            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile cycles gil)" >&2
             exit 2 ;;
     esac
 done

@@ -665,6 +665,13 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
         out["checks"] += 1
         if bit_mismatches(download(dev), reference(x, "sum")):
             out["failures"].append(f"{lay} coordinator in-place: wrong")
+        # ...and through the single-tensor submit a gradient hook uses, an average
+        x = exact_inputs(700, np.dtype(np.float32), comm.size, seed + 3)
+        dev = upload(x[comm.rank])
+        coord.submit_one("grad.v", dev, "average").wait(timeout=120)
+        out["checks"] += 1
+        if bit_mismatches(download(dev), reference(x, "average")):
+            out["failures"].append(f"{lay} coordinator submit_one: wrong")
         coord.shutdown()
         if engine.topology.num_nodes == 1 and not oneshot:  # staging grown between calls, nothing read between
             steps = [({"oneshot_max_bytes": 1 << 10}, 40),   # one-shot: its last launch reads peers' slots

@@ -274,6 +274,19 @@ def case_torch_optimizer_misuse(comm) -> dict:
                 return real(*args, **kw)
 
             setattr(optimizer_module, name, flaky)
+            # a plain gradient goes straight to the coordinator's single-tensor submit: fail that too
+            from tunelab import runtime as tl_runtime
+
+            coordinator = tl_runtime.current().coordinator
+            real_one = coordinator.submit_one
+
+            def flaky_one(name, view, op, real=real_one, calls=calls):
+                calls.append([view.__array_interface__["data"][0]])
+                if len(calls) == 1:
+                    raise RuntimeError("injected submit failure")
+                return real(name, view, op)
+
+            coordinator.submit_one = flaky_one
             try:
                 if passes > 1:  # the failure ends the last pass early: that step is refused, zero_grad starts over
                     loss(model, 0).backward()
@@ -292,6 +305,7 @@ def case_torch_optimizer_misuse(comm) -> dict:
                     opt.step()
             finally:
                 setattr(optimizer_module, name, real)
+                del coordinator.submit_one
             out["same_after"][key + "_first"] = same(model)
         elif key == "zero_grad":
             loss(model, 0).backward()
@@ -362,11 +376,13 @@ def case_torch_optimizer_recovery(comm) -> dict:
 
     # a reduction whose wait raises on every rank (as a RankMismatchError does): step() raises once, and
     # the optimizer takes the next step
-    import tunelab.torch.optimizer as optimizer_module
+    # (injected where the hooks hand gradients over: the coordinator's single-tensor submit)
+    from tunelab import runtime as tl_runtime
 
     model = tiny_model()
     opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    real, calls = optimizer_module.allreduce_async_, []
+    coordinator = tl_runtime.current().coordinator
+    real, calls = coordinator.submit_one, []
 
     class Failing:
         def wait(self):
@@ -376,7 +392,7 @@ def case_torch_optimizer_recovery(comm) -> dict:
         calls.append(1)
         return Failing() if len(calls) == 1 else real(*args, **kw)
 
-    optimizer_module.allreduce_async_ = flaky
+    coordinator.submit_one = flaky
     try:
         loss(model, 0).backward()
         try:
@@ -385,7 +401,8 @@ def case_torch_optimizer_recovery(comm) -> dict:
         except RuntimeError as exc:
             out["errors"]["failed_wait"] = str(exc)
     finally:
-        optimizer_module.allreduce_async_ = real
+        del coordinator.submit_one
+    out["errors"]["failed_wait_calls"] = len(calls)
     opt.zero_grad()
     loss(model, 1).backward()
     opt.step()

@@ -27,7 +27,6 @@ import dataclasses
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -102,23 +101,23 @@ class Handle:
         self._latch.release()
 
 
-@dataclass
 class _Request:
-    name: str
-    array: np.ndarray
-    handle: Handle
-    op: str
-    group: str | None
-    out_view: Any = None  # the output as a device buffer (device tensors only)
-    since: float = field(default_factory=time.monotonic)
-    meta: tuple = field(init=False)  # what ranks agree on, compared with the cache's every cycle
+    """One submitted tensor: what it reduces, where its result goes and what ranks agree on (``meta``,
+    compared with the name cache's every cycle).  A plain slotted class: one is built for every
+    gradient a hook submits, and a dataclass's default factories and ``__post_init__`` cost more."""
 
-    def __post_init__(self) -> None:
-        dtype = self.array.dtype
-        name = _DTYPE_NAMES.get(dtype)
-        if name is None:  # (numpy builds a dtype's name in Python: microseconds, on every gradient)
-            name = _DTYPE_NAMES[dtype] = dtype.name
-        self.meta = (name, self.array.shape, self.op, self.group, self.out_view is not None)
+    __slots__ = ("array", "group", "handle", "meta", "name", "op", "out_view", "since")
+
+    def __init__(self, name: str, array: Any, handle: Handle, op: str, group: str | None,
+                 out_view: Any = None) -> None:
+        self.name, self.array, self.handle, self.op, self.group = name, array, handle, op, group
+        self.out_view = out_view  # the output as a device buffer (device tensors only)
+        self.since = time.monotonic()
+        dtype = array.dtype
+        dname = _DTYPE_NAMES.get(dtype)
+        if dname is None:  # (numpy builds a dtype's name in Python: microseconds, on every gradient)
+            dname = _DTYPE_NAMES[dtype] = dtype.name
+        self.meta = (dname, array.shape, op, group, out_view is not None)
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
@@ -203,6 +202,31 @@ class Coordinator:
             reqs.append(_Request(name, src, Handle(name, out, self), op, group))
         for r in reqs:  # here, not in the coordinator's thread, where it would fail every later call
             check_reducible(r.array.dtype, r.op == "average")
+        self._enqueue(reqs)
+        return [r.handle for r in reqs]
+
+    def submit_one(self, name: str, array: Any, op: str) -> Handle:
+        """Queue one tensor for an in-place allreduce under ``name``: what a gradient hook submits,
+        for every gradient of every step, without :meth:`submit_group`'s lists and output checks.
+        ``array`` is a C-contiguous numpy array or a device buffer (``device_buffer``), reduced where
+        it lies."""
+        self._raise_if_failed()
+        if op not in _OPS:
+            raise ValueError(f"unknown reduction {op!r}; choose from {', '.join(_OPS)}")
+        if type(array) is np.ndarray:
+            if not array.flags.c_contiguous:
+                raise ValueError(f"{name!r} must be C-contiguous to be reduced in place")
+            r = _Request(name, array, Handle(name, array, self), op, None)
+        else:
+            view = device_buffer(array)
+            src = self.engine.mark_ready(view)  # here, in the submitting thread
+            r = _Request(name, src, Handle(name, array, self), op, None, view)
+        check_reducible(r.array.dtype, op == "average")
+        self._enqueue([r])
+        return r.handle
+
+    def _enqueue(self, reqs: list[_Request]) -> None:
+        """Make ``reqs`` pending (all or none), and wake an idle coordinator."""
         with self._lock:
             if self._error is not None:  # (failed since the check above: _fail has emptied pending)
                 raise self._error
@@ -216,7 +240,6 @@ class Coordinator:
             if self._idle:  # (once: the flag is cleared until the next cycle finds nothing to do)
                 self._idle = False
                 self._wake.set()
-        return [r.handle for r in reqs]
 
     def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
         """Ask for new knobs.  Rank 0's request is applied by every rank at the same cycle; requests

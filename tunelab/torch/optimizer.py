@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, Sum
-from ._convert import Compression
+from ..reduce_ops import Average, Sum, resolve_op
+from ._convert import Compression, engine_view
 from .collectives import allgather
 from .ops import Handle, allreduce_async_, grouped_allreduce_async
 
@@ -35,6 +35,7 @@ class _DistributedMixin:
                   compression: type, backward_passes_per_step: int, op: str,
                   groups: int | Sequence[Sequence[torch.nn.Parameter]] | None,
                   predivide: float = 1.0, sparse_as_dense: bool = False) -> None:
+        op = resolve_op(op)  # (None: Average, as everywhere)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if predivide != 1.0 and op != Average:
@@ -49,6 +50,8 @@ class _DistributedMixin:
         self._tl_group_of = {p: gi for gi, members in enumerate(self._tl_groups) for p in members}
         self._tl_params = params
         self._tl_compression = compression
+        # gradients sent as they are (no compression, no factor on the way): the hook's direct path
+        self._tl_direct = compression is Compression.none and self._tl_predivide == 1.0
         self._tl_passes = backward_passes_per_step
         self._tl_op = op
         # One record per parameter, looked up once per hook (a tensor's hash runs in Python)
@@ -85,7 +88,14 @@ class _DistributedMixin:
             p.grad.div_(self._tl_passes * self._tl_predivide)
             slot.scaled = True  # (once, if the submit below raises and synchronize() tries again)
         if slot.group is None:
-            slot.handle = allreduce_async_(p.grad, name=slot.name, op=op, compression=self._tl_compression)
+            g = p.grad
+            if self._tl_direct and g.dim() and g.is_contiguous():
+                # the common case, for every gradient of every step: reduced in place with nothing to
+                # undo, so straight to the coordinator (the hook runs on the autograd thread, which
+                # on a GPU waits for nothing else: its host time is the step's)
+                slot.handle = _rt.current().coordinator.submit_one(slot.name, engine_view(g), op)
+            else:
+                slot.handle = allreduce_async_(g, name=slot.name, op=op, compression=self._tl_compression)
             slot.submitted = True
             return
         slot.submitted = True  # (its group goes out with its last member)
