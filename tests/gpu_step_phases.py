@@ -17,6 +17,9 @@ and the hooks run with no coordinator work beside them.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import os
+import pstats
 import sys
 import time
 
@@ -36,6 +39,9 @@ def main() -> int:
     p.add_argument("--image", type=int, default=224)
     p.add_argument("--device", default="cuda")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--profile", type=int, default=0, metavar="TOP",
+                   help="after the table, the TOP functions the hooks and the coordinator's engine calls "
+                        "spend their own time in (cProfile in each thread; it slows them, so not with timings)")
     a = p.parse_args()
     if a.switch_us is not None:
         sys.setswitchinterval(a.switch_us * 1e-6)
@@ -54,12 +60,18 @@ def main() -> int:
         from tunelab.torch.optimizer import _DistributedMixin
 
         hook = _DistributedMixin._tl_hook
+        profiles = {"hooks": cProfile.Profile(), "engine calls": cProfile.Profile()} if a.profile else {}
 
         def timed_hook(self, p):  # (patched before the optimizer registers its hooks)
             t0 = time.perf_counter()
+            prof = profiles.get("hooks")
+            if prof is not None:
+                prof.enable()  # (this thread's: the autograd thread's)
             try:
                 return hook(self, p)
             finally:
+                if prof is not None:
+                    prof.disable()
                 spent["hook"] += time.perf_counter() - t0
                 spent["hooks"] += 1
 
@@ -78,9 +90,14 @@ def main() -> int:
 
         def timed_execute(self, ids):
             t0 = time.thread_time()
+            prof = profiles.get("engine calls")
+            if prof is not None:
+                prof.enable()  # (the coordinator thread's)
             try:
                 return execute(self, ids)
             finally:
+                if prof is not None:
+                    prof.disable()
                 spent["execute_cpu"] += time.thread_time() - t0
 
         Coordinator._cycle, Coordinator._execute = timed_cycle, timed_execute
@@ -146,7 +163,23 @@ def main() -> int:
           + "  ".join(f"{n} {v:5.1f}" for n, v in zip(names, med)) + fused)
     if a.mode == "tunelab":
         tl.shutdown()
+        for what, prof in profiles.items():
+            _print_profile(what, prof, a.profile)
     return 0
+
+
+def _print_profile(what: str, prof: cProfile.Profile, top: int) -> None:
+    """The ``top`` functions by own time, in microseconds per call of what was profiled (its calls
+    counted as the profile's calls of the patched entry point)."""
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])  # (cc, nc, tottime, cumtime, callers)
+    entries = max((nc for (f, _, name), (cc, nc, *_ ) in stats.stats.items()
+                   if name in ("_tl_hook", "_execute")), default=1)
+    total = sum(v[2] for _, v in rows)
+    print(f"# {what}: {entries} profiled, {total * 1e6 / entries:.1f} us own time each (under cProfile)")
+    for (file, line, name), (_, nc, tt, ct, _) in rows[:top]:
+        print(f"  {tt * 1e6 / entries:7.2f} us  {nc / entries:5.1f} calls  {name}  "
+              f"{os.path.basename(file)}:{line}")
 
 
 if __name__ == "__main__":

@@ -466,6 +466,35 @@ def case_coordinator_fuses_a_cycle(comm: MPI.Comm, cycle_ms: float = 40.0, burst
             "stuck_cycles": stuck_cycles}
 
 
+def case_coordinator_stays_awake_through_a_backward_pass(comm: MPI.Comm, cycle_ms: float = 20.0) -> dict:
+    """Tensors submitted 5 ms apart for 0.3 s (a backward pass's gradients, closer than a cycle), then a
+    pause of 8 cycles, then one more: how often a submit had to wake an idle coordinator in each part,
+    and whether every result is the sum over ranks."""
+    from tunelab.engine.coordinator import Coordinator
+
+    engine = Engine(comm, load_engine_config(cycle_time_ms=cycle_ms))
+    coord = Coordinator(engine)
+    coord.submit("warm", np.ones(16, np.float32)).wait(60)  # (a first call compiles its kernels)
+    comm.Barrier()
+    time.sleep(8 * cycle_ms / 1000.0)  # idle before the pass begins
+    wakes0, cycles0, handles = coord.wakes, coord.cycles, []
+    for i in range(60):
+        handles.append(coord.submit(f"g{i}", np.full(16, comm.rank + i, np.float32)))
+        time.sleep(0.005)
+    wakes_pass, cycles_pass = coord.wakes - wakes0, coord.cycles - cycles0
+    time.sleep(8 * cycle_ms / 1000.0)  # the pass is over: the coordinator goes idle again
+    before = coord.wakes
+    handles.append(coord.submit("after", np.full(16, comm.rank + 60, np.float32)))
+    time.sleep(0.005)
+    wakes_after = coord.wakes - before
+    wrong = 0
+    for i, h in enumerate(handles):
+        wrong += int(np.count_nonzero(h.wait(30) != sum(r + i for r in range(comm.size))))
+    coord.shutdown()
+    engine.close()
+    return {"wakes_pass": wakes_pass, "cycles_pass": cycles_pass, "wakes_after": wakes_after, "wrong": wrong}
+
+
 def case_coordinator_changed_call(comm: MPI.Comm) -> dict:
     """A name reused with another shape: reduced at its new shape when every rank changed it alike (a
     joined rank's zeros too), rejected on every rank with RankMismatchError when they disagree; and

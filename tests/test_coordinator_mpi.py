@@ -31,6 +31,20 @@ def test_timeline_is_chrome_trace_json_with_allreduces_and_knob_changes(tmp_path
 
 
 @pytest.mark.parametrize("n", [1, 2])
+def test_a_coordinator_stays_on_its_cycle_while_tensors_keep_coming(n):
+    """Gradients 5 ms apart within 20 ms cycles: the coordinator keeps cycling through the pass instead
+    of going idle after each cycle that emptied its queue (then every cycle's first submit had to wake
+    it: a cost on the framework's thread, about 15 times in this pass); after a pause it does go idle,
+    and the next submit wakes it once."""
+    results = run_ok("coordinator_stays_awake_through_a_backward_pass", n, limit_s=90)
+    for rank, res in enumerate(results):
+        assert res["wrong"] == 0, (rank, res)
+        assert res["cycles_pass"] >= 10, (rank, res)  # (0.3 s of 20 ms cycles)
+        assert res["wakes_pass"] <= 2, (rank, res)  # the pass's first submit, and slack for a slow host
+        assert res["wakes_after"] == 1, (rank, res)
+
+
+@pytest.mark.parametrize("n", [1, 2])
 def test_tensors_submitted_within_a_cycle_share_one_engine_call(n):
     """A submit wakes an idle coordinator, but the cycle still starts on the cycle grid: 8 tensors
     submitted 2 ms apart within a 40 ms cycle are fused into one call, or two where a cycle boundary

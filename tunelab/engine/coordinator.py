@@ -50,6 +50,7 @@ _ALL_JOINED = 32  # AND: everybody has joined
 _ALL_WAITING = 64  # AND: a thread of every rank is blocked on a handle
 _OPS = ("sum", "average", "min", "max")
 _IDLE_FACTOR = 10
+_QUIET_CYCLES = 3  # empty cycles in a row before a rank goes idle
 CACHE_CAPACITY = 4096  # names kept negotiated before some are forgotten (see Coordinator._forget_names)
 
 
@@ -159,7 +160,10 @@ class Coordinator:
         self._hurried = False  # a thread began waiting on a handle: the next cycle starts at once
         self._waiters = 0      # threads blocked on a handle now: cycles keep starting at once...
         self._stuck = False    # ...unless every rank has one and the last cycle completed nothing
-        self._idle = False  # nothing pending here: sleep longer, but wake on the next submit
+        self._idle = False  # nothing pending here for a while: sleep longer, but wake on the next submit
+        self._quiet = 0     # cycles in a row that found nothing pending, before or after they ran
+        self._had_work = False  # the last cycle found something pending when it began
+        self.wakes = 0      # submits that woke an idle coordinator
         self._thread = threading.Thread(target=self._run, name="tunelab-coordinator", daemon=True)
         self._thread.start()
 
@@ -239,6 +243,7 @@ class Coordinator:
                 self._pending[r.name] = r
             if self._idle:  # (once: the flag is cleared until the next cycle finds nothing to do)
                 self._idle = False
+                self.wakes += 1
                 self._wake.set()
 
     def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
@@ -336,8 +341,15 @@ class Coordinator:
                 cycle_s = self.engine.knobs.cycle_time_ms / 1000.0
                 with self._lock:
                     # Idle ranks (between backward passes) cycle 10x slower to leave the cores to the
-                    # framework; a submit wakes them.  With work in flight the cycle is exact.
-                    self._idle = idle = not self._pending and not self._shutdown and not self._joined
+                    # framework; a submit wakes them.  With work in flight the cycle is exact, and a
+                    # rank stays on it for a few empty cycles after its last work: during backward the
+                    # next gradient comes within a cycle or two, and a hook that must wake the
+                    # coordinator pays for it (an Event's condition in Python, and a thread woken to
+                    # contend for the GIL), about once per cycle had every empty cycle gone idle.
+                    busy = self._had_work or bool(self._pending)
+                    self._quiet = 0 if busy else self._quiet + 1
+                    self._idle = idle = (self._quiet >= _QUIET_CYCLES and not self._shutdown
+                                         and not self._joined)
                 sleep_s = cycle_s
                 if idle:  # (well inside the time a peer's negotiation waits for this rank)
                     sleep_s = min(cycle_s * _IDLE_FACTOR, max(cycle_s, self.engine.config.timeout_s / 4))
@@ -380,6 +392,7 @@ class Coordinator:
             pending = list(self._pending.values())
             shutdown = self._shutdown
             requested = self._requested
+        self._had_work = bool(pending)
         now = time.monotonic()
         flags = 0
         # bit i of the set is tensor id i, for a request that matches what its name was negotiated with
