@@ -60,7 +60,10 @@ def main() -> int:
         from tunelab.torch.optimizer import _DistributedMixin
 
         hook = _DistributedMixin._tl_hook
-        profiles = {"hooks": cProfile.Profile(), "engine calls": cProfile.Profile()} if a.profile else {}
+        # one profiler per thread; from Python 3.12 cProfile watches every thread at once (one tool of
+        # sys.monitoring per process), so there one profile covers the measured steps, all threads
+        per_thread = a.profile and sys.version_info < (3, 12)
+        profiles = {"hooks": cProfile.Profile(), "engine calls": cProfile.Profile()} if per_thread else {}
 
         def timed_hook(self, p):  # (patched before the optimizer registers its hooks)
             t0 = time.perf_counter()
@@ -145,7 +148,13 @@ def main() -> int:
     engine = _rt.current().engine if a.mode == "tunelab" else None
     calls = engine._calls if engine is not None else 0
     spent.update(hook=0.0, hooks=0, engine=0.0, cycles=0, cycle_cpu=0.0, execute_cpu=0.0)
+    everything = cProfile.Profile() if a.profile and a.mode == "tunelab" and not profiles else None
+    if everything is not None:
+        everything.enable()
     phases = np.array([step() for _ in range(a.steps)])
+    if everything is not None:
+        everything.disable()
+        profiles["steps (every thread)"] = everything
     med = np.median(phases, axis=0)
     names = ("zero_grad", "first_layer", "forward_rest", "backward", "opt_step", "device_wait")
     fused = ""
@@ -164,17 +173,18 @@ def main() -> int:
     if a.mode == "tunelab":
         tl.shutdown()
         for what, prof in profiles.items():
-            _print_profile(what, prof, a.profile)
+            _print_profile(what, prof, a.profile, a.steps if what.startswith("steps") else None)
     return 0
 
 
-def _print_profile(what: str, prof: cProfile.Profile, top: int) -> None:
-    """The ``top`` functions by own time, in microseconds per call of what was profiled (its calls
-    counted as the profile's calls of the patched entry point)."""
+def _print_profile(what: str, prof: cProfile.Profile, top: int, entries: int | None) -> None:
+    """The ``top`` functions by own time, in microseconds per call of what was profiled (``entries``,
+    else its calls counted as the profile's calls of the patched entry point)."""
     stats = pstats.Stats(prof)
     rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])  # (cc, nc, tottime, cumtime, callers)
-    entries = max((nc for (f, _, name), (cc, nc, *_ ) in stats.stats.items()
-                   if name in ("_tl_hook", "_execute")), default=1)
+    if entries is None:
+        entries = max((nc for (_, _, name), (_, nc, *_) in stats.stats.items()
+                       if name in ("_tl_hook", "_execute")), default=1)
     total = sum(v[2] for _, v in rows)
     print(f"# {what}: {entries} profiled, {total * 1e6 / entries:.1f} us own time each (under cProfile)")
     for (file, line, name), (_, nc, tt, ct, _) in rows[:top]:
