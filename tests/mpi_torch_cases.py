@@ -261,6 +261,11 @@ def case_torch_optimizer_misuse(comm) -> dict:
             attempt(key, lambda m=model: loss(m, 1).backward())
             opt.synchronize()  # what was submitted is reduced; the optimizer starts clean
             opt.step()
+            # The refused pass had already added its gradient into a tensor being reduced in place (a
+            # post-accumulate hook runs after the sum), before or after this rank's engine read or
+            # wrote it: the misused step's weights may differ between ranks.  A script that goes on
+            # re-broadcasts them; what is checked is that the next step reduces alike everywhere.
+            tl.broadcast_parameters(model.state_dict(), root_rank=0)
         elif key.endswith("submit_fails"):  # the first submit raises: step() must submit it again
             import tunelab.torch.optimizer as optimizer_module
 
