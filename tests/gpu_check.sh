@@ -68,7 +68,9 @@ for s in $STEPS; do
             step train1 180 tunelab bench train --device cuda --np 1 --image-size 224 --batch-size 32 --iters 20 \
                 --rounds 3 --json "$DIR/train1.json" --no-report ;;
         phases)  # a training step's host time by phase, plain torch against the DistributedOptimizer
-            step phases 180 bash -c 'python3 tests/gpu_step_phases.py plain && python3 tests/gpu_step_phases.py tunelab' ;;
+            # (then where the host time goes, by function: cProfile slows it, so a run of its own)
+            step phases 240 bash -c 'python3 tests/gpu_step_phases.py plain && python3 tests/gpu_step_phases.py tunelab &&
+                python3 tests/gpu_step_phases.py tunelab --steps 10 --profile 20' ;;
         cycles)  # one rank's step against the cycle time: how many engine calls run during backward,
             # and what they cost the autograd thread (its hooks wait for the GIL while the coordinator holds it)
             step cycles 200 bash -c 'python3 tests/gpu_step_phases.py plain --steps 20 &&
