@@ -95,22 +95,6 @@ class Layout:
                             np.array(self._dst, dtype=np.int64))
         return self._arrays
 
-    @property
-    def starts(self) -> np.ndarray:
-        return self._tables()[0]
-
-    @property
-    def ends(self) -> np.ndarray:
-        return self._tables()[1]
-
-    @property
-    def src_addrs(self) -> np.ndarray:
-        return self._tables()[2]
-
-    @property
-    def dst_addrs(self) -> np.ndarray:
-        return self._tables()[3]
-
     def dst(self, i: int) -> int:
         """Where tensor ``i``'s result goes."""
         return self._dst[i]
@@ -120,10 +104,11 @@ class Layout:
             tensor = (self._src[0] if to_buffer else self._dst[0]) + lo * self.itemsize
             row = (tensor, buf_addr, hi - lo) if to_buffer else (buf_addr, tensor, hi - lo)
             return np.array([row] if hi > lo else [], dtype=np.int64).reshape(-1, 3)
-        tensor_addrs = self.src_addrs if to_buffer else self.dst_addrs
-        first = int(np.searchsorted(self.ends, lo, side="right"))
-        last = int(np.searchsorted(self.starts, hi, side="left"))
-        starts, ends = self.starts[first:last], self.ends[first:last]
+        all_starts, all_ends, srcs, dsts = self._tables()
+        tensor_addrs = srcs if to_buffer else dsts
+        first = int(np.searchsorted(all_ends, lo, side="right"))
+        last = int(np.searchsorted(all_starts, hi, side="left"))
+        starts, ends = all_starts[first:last], all_ends[first:last]
         s = np.maximum(starts, lo)
         n = np.minimum(ends, hi) - s
         tensor = tensor_addrs[first:last] + (s - starts) * self.itemsize

@@ -64,7 +64,10 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
         t = tensors[0]
         if t.dim() and t.is_contiguous() and not (op == Average and _integer_dtype(t.dtype)):
             view = engine_view(t)
-            inner = rt.coordinator.submit_group(names, [view], op, [view], group=group)
+            if group is None:  # (the coordinator's single-tensor submit, as the optimizer's hooks use)
+                inner = [rt.coordinator.submit_one(names[0], view, op)]
+            else:
+                inner = rt.coordinator.submit_group(names, [view], op, [view], group=group)
             return Handle(inner, [t], lambda res: res, group is None)
     packed = [compression.compress(_scale(t.detach() if t.requires_grad else t, prescale))  # (gradients need none)
               for t in tensors]
