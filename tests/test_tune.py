@@ -237,6 +237,10 @@ def test_knob_sizes_that_are_not_round_are_not_printed_as_round():
         "fusion=1.00MiB cycle=1ms segment=4MiB")
     assert "fusion=68.1MiB" in describe(Knobs(fusion_threshold_bytes=69712 * 1024))
     assert "fusion=516KiB" in describe(Knobs(fusion_threshold_bytes=516 * 1024))
+    # three integer digits: no bare decimal point ("228.MiB"), and still not a round size's spelling
+    assert "fusion=228.3MiB cycle" in describe(Knobs(fusion_threshold_bytes=(228 << 20) + 300_000))
+    assert "fusion=1000.0MiB cycle" in describe(Knobs(fusion_threshold_bytes=(1000 << 20) + 4096))
+    assert "segment=12.0MiB" in describe(Knobs(segment_bytes=(12 << 20) + 4096))
 
 
 def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_applies(tmp_path, monkeypatch):

@@ -65,12 +65,14 @@ def human_size(nbytes: float) -> str:
 def knob_size(nbytes: int) -> str:
     """A knob's size as tune's progress and reports show it: exact where that is short ("4MiB",
     "516KiB"); else to three digits, zeros kept so that a rounded size never reads as a round one
-    ("68.1MiB" for 69712KiB, "1.00MiB" for 1025KiB)."""
+    ("68.1MiB" for 69712KiB, "1.00MiB" for 1025KiB, "228.3MiB" for 233765KiB)."""
     exact = format_size(nbytes)
     if nbytes >= 1 << 20 and not exact.endswith(("MiB", "GiB")):
         unit, suffix = (1 << 30, "GiB") if nbytes >= 1 << 30 else (1 << 20, "MiB")
         value = nbytes / unit
-        return f"{value:#.3g}{suffix}" if value < 1000 else f"{value:.0f}{suffix}"
+        # ("#" keeps the zeros of "1.00"; from 100 on one decimal, since "228." is no number and
+        # "228" would read as exact)
+        return f"{value:#.3g}{suffix}" if value < 100 else f"{value:.1f}{suffix}"
     return exact
 
 
