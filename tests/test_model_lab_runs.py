@@ -125,10 +125,9 @@ def test_a_crossover_the_segment_knob_shows_on_a_fitted_layout(model_file: Path,
     16 MiB).  Small buffers take the flat path's recursive doubling (up to 32 KiB) or a ring of few
     steps, while hierarchical pays two ordering points of 4 ranks on 2 cores: flat is faster below a
     crossover, hierarchical above it.  Measured (the median over runs) at 80 and 61 KiB, predicted at
-    52 KiB for both: factors 0.65 and 0.85, within the issue's 2; the same winner at all 11 sizes.  From
-    1 MiB every point of the 1 MiB pieces is within 15 %; with 256 KiB pieces hierarchical is
-    over-predicted by 17-20 % (the model charges a piece's ordering points more than they cost here),
-    flat and MPI within 15 %."""
+    52 KiB for both: factors 0.66 and 0.86, within the issue's 2; the same winner at all 11 sizes.  From
+    1 MiB every point is within 15 %, hierarchical with 256 KiB pieces within 5 % (over-predicted by
+    17-20 % while every ordering point of a piece paid a wake-up: ``costs.shm_wakes``)."""
     for files, factor in ((SEGMENTS_2X2["256k"], 0.65), (SEGMENTS_2X2["1m"], 0.85)):
         check = _check(model_file, tmp_path, files)
         capsys.readouterr()
@@ -139,25 +138,25 @@ def test_a_crossover_the_segment_knob_shows_on_a_fitted_layout(model_file: Path,
         assert 0.5 <= cross["factor"] <= 2.0 and cross["factor"] >= factor - 0.01, cross
         big = [p for p in check["points"] if p["size"] >= 1 << 20]
         errors = [(p["source"], p["algorithm"], p["size"], round(p["rel_error"], 3)) for p in big]
-        steady = [p for p in big if files is SEGMENTS_2X2["1m"] or p["algorithm"] != "hierarchical"]
-        assert len(big) == 15 and all(abs(p["rel_error"]) <= 0.15 for p in steady), errors
-        assert all(abs(p["rel_error"]) < 0.20 for p in big if p not in steady), errors
+        assert len(big) == 15 and all(abs(p["rel_error"]) <= 0.15 for p in big), errors
+        assert all(abs(p["rel_error"]) <= 0.06 for p in big if p["algorithm"] == "hierarchical"), errors
 
 
 def test_small_segments_on_8_ranks(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """256 KiB pieces with 8 ranks on 2 cores, held out twice (another knob; 4 x 2 another host count).
     On 4 x 2 (five runs, 12 sizes from 64 KiB to 16 MiB) each piece's ordering points and ring steps wait
     for cores, and from a few pieces on the flat ring overtakes hierarchical: model and measurement name
-    a crossover the same way round, but measured at 2.35 MiB and predicted at 353 KiB (a factor of 0.15:
-    the model charges a piece too much there, and the flat ring too little), the same winner at 11 of
-    12 sizes.  The five runs on their own cross at 1.11-3.10 MiB, four of them within a factor of 2 of
-    the median's 2.35 MiB.  From 1 MiB MPI is within 10 %, hierarchical over-predicted by 13-23 %, flat
-    under by 2-21 %.  On 2 x 4 (two runs, 7 sizes) hierarchical wins at every size, measured and predicted; it
-    is over-predicted by 22-56 %, flat and MPI within 16 % from 1 MiB."""
+    a crossover the same way round, but measured at 2.35 MiB and predicted at 406 KiB (a factor of 0.17:
+    the model charges the flat ring too little there), the same winner at all 12 sizes.  The five runs
+    on their own cross at 1.11-3.10 MiB, four of them within a factor of 2 of the median's 2.35 MiB.
+    From 1 MiB MPI is within 10 %, hierarchical within 10 % (over by 13-23 % while every ordering point
+    of a piece paid a wake-up: ``costs.shm_wakes``), flat under by 2-21 %.  On 2 x 4 (two runs, 7 sizes)
+    hierarchical wins at every size, measured and predicted; it is over-predicted by 14-32 % (22-56 %
+    before), flat and MPI within 16 % from 1 MiB."""
     check = _check(model_file, tmp_path, SEGMENTS_4X2)
     capsys.readouterr()
     [cross] = check["crossover"]
-    assert cross["repeats"] == 5 and cross["sizes"] == 12 and cross["winners_agree"] == 11, cross
+    assert cross["repeats"] == 5 and cross["sizes"] == cross["winners_agree"] == 12, cross
     own = sorted(cross["repeat_crossovers"])
     assert cross["repeats_within_2x"] == 4 and 1.0 < own[0] / (1 << 20) < 1.2 and 3.0 < own[-1] / (1 << 20) < 3.2, cross
     for side in ("measured", "predicted"):
@@ -165,7 +164,7 @@ def test_small_segments_on_8_ranks(model_file: Path, tmp_path: Path, capsys: pyt
     big = [p for p in check["points"] if p["size"] >= 1 << 20]
     errors = [(p["source"], p["algorithm"], p["size"], round(p["rel_error"], 3)) for p in big]
     assert len(big) == 21 and all(abs(p["rel_error"]) <= 0.10 for p in big if p["algorithm"] == "mpi"), errors
-    assert all(abs(p["rel_error"]) < 0.25 for p in big if p["algorithm"] == "hierarchical"), errors
+    assert all(abs(p["rel_error"]) <= 0.10 for p in big if p["algorithm"] == "hierarchical"), errors
     assert all(abs(p["rel_error"]) < 0.25 for p in big if p["algorithm"] == "flat"), errors
     check = _check(model_file, tmp_path, SEGMENTS_2X4)
     capsys.readouterr()
@@ -175,7 +174,7 @@ def test_small_segments_on_8_ranks(model_file: Path, tmp_path: Path, capsys: pyt
         assert cross[side].startswith("no crossover: hierarchical is faster"), cross
     big = [p for p in check["points"] if p["size"] >= 1 << 20]
     assert all(abs(p["rel_error"]) <= 0.16 for p in big if p["algorithm"] != "hierarchical"), big
-    assert all(abs(p["rel_error"]) < 0.6 for p in check["points"] if p["algorithm"] == "hierarchical"), big
+    assert all(abs(p["rel_error"]) < 0.35 for p in check["points"] if p["algorithm"] == "hierarchical"), big
 
 
 def test_small_calls_with_a_core_per_rank_by_route(model_file: Path) -> None:
