@@ -32,6 +32,15 @@ def test_engine_view_says_what_the_interface_says(dtype, shape):
     assert buf.owner is not None and buf.owner.data_ptr() == t.data_ptr()
 
 
+def test_engine_view_refuses_a_uint16_tensor_rather_than_reading_it_as_bfloat16():
+    """Its ``__cuda_array_interface__`` says "<u2", which the engine reads as bfloat16 (CuPy's way)."""
+    _cuda()
+    from tunelab.torch._convert import engine_view
+
+    with pytest.raises(TypeError, match="cannot reduce dtype uint16"):
+        engine_view(torch.zeros(4, dtype=torch.uint16, device="cuda"))
+
+
 def test_engine_view_of_a_slice_points_at_the_slice_and_refuses_strided_views():
     _cuda()
     from tunelab.torch._convert import engine_view

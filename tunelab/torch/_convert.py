@@ -47,8 +47,8 @@ def engine_view(t: torch.Tensor) -> Any:
 
     if t.requires_grad:  # (a tensor that requires no gradient is its own detached view)
         t = t.detach()
-    dtype = _DEVICE_DTYPES.get(t.dtype)
-    if dtype is not None and t.is_contiguous():
+    dtype = device_dtype(t.dtype)
+    if t.is_contiguous():
         # what the interface would say, read from the tensor itself: torch builds the interface in
         # Python (tens of microseconds, on every gradient of every step)
         return DeviceBuffer(t.data_ptr(), t.numel(), dtype, tuple(t.shape), t)
@@ -56,6 +56,20 @@ def engine_view(t: torch.Tensor) -> Any:
         buf = device_buffer(t.view(torch.int16))
         return dataclasses.replace(buf, dtype=np.dtype(_np_bfloat16()), owner=t)
     return dataclasses.replace(device_buffer(t), owner=t)
+
+
+def device_dtype(dtype: torch.dtype) -> np.dtype:
+    """The engine's element type of a CUDA tensor of ``dtype``; TypeError, as for a host tensor, for a
+    type it does not reduce.  Decided here, by torch's own dtype, and not by the tensor's
+    ``__cuda_array_interface__``: that reads ``uint16`` as bfloat16 (CuPy's arrays, which have no
+    bfloat16, hold it so), and a torch.uint16 gradient would be summed as bfloat16 bits."""
+    found = _DEVICE_DTYPES.get(dtype)
+    if found is None:
+        from ..dtypes import supported_names
+
+        raise TypeError(f"tunelab cannot reduce dtype {str(dtype).removeprefix('torch.')}; "
+                        f"supported: {', '.join(supported_names())}")
+    return found
 
 
 # The engine's element types by torch dtype (bfloat16 as tunelab's numpy bfloat16).
