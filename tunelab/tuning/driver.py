@@ -275,13 +275,37 @@ class Driver:
                                           f"({1 + self.plan.min_gain:.2f}x)")
         if self.plan.lock_from_exploration and self._forced is None and not self._remeasured():
             # (once a re-measurement had its say in this search, it decides: exploration alone does not)
-            explored, iv = self._explored_interval(self._finalists[0])
+            pick, what = self._finalists[0], "its exploration blocks"
+            explored, iv = self._explored_interval(pick)
+            if iv is None:  # the model's pick was never measured: the best explored one may do
+                pick, what = self._explored_stand_in(pick), "the best explored configuration's blocks"
+                explored, iv = self._explored_interval(pick) if pick is not None else (explored, None)
             if iv is not None and iv.low >= 1.0 + self.plan.min_gain:
-                return self._lock(self._finalists[0], iv,
-                                  f"its exploration blocks clear the minimum gain ({1 + self.plan.min_gain:.2f}x) "
+                return self._lock(pick, iv,
+                                  f"{what} clear the minimum gain ({1 + self.plan.min_gain:.2f}x) "
                                   f"with an interval simultaneous over the {explored} configurations explored")
         self._remeasure_steps = self._choose_remeasure_steps(self._finalists)
         return self._queue_round()
+
+    def _explored_stand_in(self, pick: Knobs) -> Knobs | None:
+        """For a pick the model proposes but nobody measured: the explored configuration it believes
+        best, when the model expects the pick to beat it by no more than ``near_best`` (what the
+        promising stop calls nothing better elsewhere).  Locked on its own exploration blocks, if they
+        clear the minimum gain with the simultaneous interval, it saves a round spent confirming a guess
+        worth at most that much more (the gain it is locked with is measured, the pick's is not).  Not
+        when the model also holds trials from before this search (a retune, a stored profile): they ran
+        on another host state, or before the optimum moved, so its comparison of the two is not this
+        search's to trust."""
+        told_here = sum(1 for s in self.samples if s.epoch == self.epoch and s.told is not None)
+        if self.plan.near_best is None or len(self.strategy.observations) > told_here:
+            return None
+        explored = {s.knobs for s in self.samples
+                    if s.epoch == self.epoch and s.role == "candidate" and s.knobs != self.default}
+        best = next((k for k in self.strategy.ranked() if k in explored), None)
+        if best is None:
+            return None
+        ahead = self.strategy.estimate(pick)[0] - self.strategy.estimate(best)[0]
+        return best if ahead <= math.log1p(self.plan.near_best) else None
 
     def _remeasured(self) -> bool:
         """Whether this search (epoch) has re-measured anything yet."""
