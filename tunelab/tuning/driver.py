@@ -304,8 +304,10 @@ class Driver:
         best = next((k for k in self.strategy.ranked() if k in explored), None)
         if best is None:
             return None
-        ahead = self.strategy.estimate(pick)[0] - self.strategy.estimate(best)[0]
-        return best if ahead <= math.log1p(self.plan.near_best) else None
+        (mean, sd), (mean_best, _) = self.strategy.estimate(pick), self.strategy.estimate(best)
+        if not math.isfinite(sd):  # (a strategy with no model of what it did not measure)
+            return None
+        return best if mean - mean_best <= math.log1p(self.plan.near_best) else None
 
     def _remeasured(self) -> bool:
         """Whether this search (epoch) has re-measured anything yet."""
