@@ -226,17 +226,25 @@ def test_a_measured_gain_is_remeasured_before_the_search_gives_up():
     assert not any(s.phase == "remeasure" for s in driver.samples)
 
 
-class _SecondThoughts(STRATEGIES["random"]):
-    """Random proposals with ``fast`` planted among them; it recommends ``slow`` (never explored) until
-    the driver has re-measured something, then ``fast``."""
+class _Planted(STRATEGIES["random"]):
+    """Random proposals with ``fast`` planted among them (the second)."""
 
-    def __init__(self, space, seed, fast, slow, driver_of):
+    def __init__(self, space, seed, fast):
         super().__init__(space, seed)
-        self.fast, self.slow, self.driver_of, self.asked = fast, slow, driver_of, 0
+        self.fast, self.asked = fast, 0
 
     def ask(self):
         self.asked += 1
         return self.fast if self.asked == 2 else super().ask()
+
+
+class _SecondThoughts(_Planted):
+    """``fast`` planted; it recommends ``slow`` (never explored) until the driver has re-measured
+    something, then ``fast``."""
+
+    def __init__(self, space, seed, fast, slow, driver_of):
+        super().__init__(space, seed, fast)
+        self.slow, self.driver_of = slow, driver_of
 
     def recommend(self):
         remeasured = any(s.phase == "remeasure" for s in self.driver_of().samples)
@@ -270,17 +278,13 @@ def test_after_a_re_measurement_exploration_blocks_alone_do_not_lock():
     assert d.knobs == fast and "simultaneous" in d.reason
 
 
-class _Unmeasured(STRATEGIES["random"]):
-    """Random proposals with ``fast`` planted among them; it recommends ``guess`` (never explored) and
-    expects it ``ahead`` (log units) of ``fast``, the rest behind both."""
+class _Unmeasured(_Planted):
+    """``fast`` planted; it recommends ``guess`` (never explored) and expects it ``ahead`` (log units)
+    of ``fast``, the rest behind both."""
 
     def __init__(self, space, seed, fast, guess, ahead):
-        super().__init__(space, seed)
-        self.fast, self.guess, self.ahead, self.asked = fast, guess, ahead, 0
-
-    def ask(self):
-        self.asked += 1
-        return self.fast if self.asked == 2 else super().ask()
+        super().__init__(space, seed, fast)
+        self.guess, self.ahead = guess, ahead
 
     def recommend(self):
         return self.guess
