@@ -240,6 +240,7 @@ def test_knob_sizes_that_are_not_round_are_not_printed_as_round():
     # three integer digits: no bare decimal point ("228.MiB"), and still not a round size's spelling
     assert "fusion=228.3MiB cycle" in describe(Knobs(fusion_threshold_bytes=(228 << 20) + 300_000))
     assert "fusion=1000.0MiB cycle" in describe(Knobs(fusion_threshold_bytes=(1000 << 20) + 4096))
+    assert "fusion=100.0MiB cycle" in describe(Knobs(fusion_threshold_bytes=int(99.96 * (1 << 20))))
     assert "segment=12.0MiB" in describe(Knobs(segment_bytes=(12 << 20) + 4096))
 
 

@@ -70,9 +70,10 @@ def knob_size(nbytes: int) -> str:
     if nbytes >= 1 << 20 and not exact.endswith(("MiB", "GiB")):
         unit, suffix = (1 << 30, "GiB") if nbytes >= 1 << 30 else (1 << 20, "MiB")
         value = nbytes / unit
-        # ("#" keeps the zeros of "1.00"; from 100 on one decimal, since "228." is no number and
-        # "228" would read as exact)
-        return f"{value:#.3g}{suffix}" if value < 100 else f"{value:.1f}{suffix}"
+        # ("#" keeps the zeros of "1.00"; from three integer digits on, 99.96 included, one decimal,
+        # since "228." is no number and "228" would read as exact)
+        text = f"{value:#.3g}"
+        return (f"{value:.1f}" if text.endswith(".") or "e" in text else text) + suffix
     return exact
 
 
