@@ -237,6 +237,21 @@ def test_a_profile_report_reads_retunes_and_runs_with_other_pins(tmp_path: Path)
     assert "the search ended (every knob is pinned)" in text and "budget" not in text
 
 
+def test_a_lock_from_exploration_says_so_rather_than_naming_re_measurements() -> None:
+    """A lock whose interval rests on exploration blocks (no round was spent) does not claim
+    re-measurements: the report names the blocks it rests on and the simultaneous confidence."""
+    from tunelab.report.tuning import outcome_text
+
+    iv = {"gain": 1.3, "low": 1.2, "high": 1.4, "n": 2}
+    base = {"adopted": True, "gain_interval": iv, "samples_to_lock": 9, "steps_to_lock": 40, "seconds_to_lock": 30.0,
+            "converged": True, "stop_reason": "converged (a promising configuration: 1.300x estimated)"}
+    text = outcome_text({"outcome": {**base, "locked_from": "exploration"}})
+    assert "from its 2 exploration blocks paired with the default, at a confidence that holds for every" in text
+    assert "re-measurement" not in text.replace("no re-measurement", "")
+    text = outcome_text({"outcome": {**base, "locked_from": "re-measurement"}})
+    assert "from 2 re-measurements paired with the default" in text
+
+
 def test_the_trials_table_shows_sizes_as_tune_prints_them_and_the_locked_table_exactly() -> None:
     from tunelab.knobs import Knobs
     from tunelab.report.tuning import tuning_section

@@ -11,6 +11,7 @@ from tunelab.tuning import noise, stats
 from tunelab.tuning.driver import Driver
 from tunelab.tuning.plan import Plan
 from tunelab.tuning.replay import Drift, Objective, simulate, synthetic
+from tunelab.tuning.result import locked_from
 from tunelab.tuning.session import TuningSession
 from tunelab.tuning.space import search_space
 from tunelab.tuning.strategies import STRATEGIES, CoordinateDescent, HorovodProtocol, make_strategy
@@ -319,10 +320,13 @@ def test_an_unmeasured_pick_little_ahead_of_the_best_explored_one_is_not_worth_a
     driver = search(0.015)
     d = driver.decisions[0]
     assert d.adopted and d.knobs == fast and d.reason.startswith("the best explored configuration's blocks"), d.reason
+    assert locked_from(driver, d) == "exploration"  # (what the report says its interval rests on)
     assert not [s for s in driver.samples if s.phase == "remeasure"] and d.interval.low >= 1.01
     assert d.interval.n == len([s for s in driver.samples if s.knobs == fast and s.role == "candidate"])
     driver = search(0.05)  # expected 5 % ahead: worth a round
     assert [s for s in driver.samples if s.knobs == guess and s.phase == "remeasure"]
+    d = driver.decisions[0]
+    assert locked_from(driver, d) == ("re-measurement" if d.adopted else None)
     from tunelab.tuning.strategies import Observation
     driver = search(0.015, warm=[Observation(guess, 0.3, 0.01)])  # a stored trial: the model's to vouch for
     assert [s for s in driver.samples if s.knobs == guess and s.phase == "remeasure"]

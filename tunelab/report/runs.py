@@ -41,7 +41,7 @@ def _outcome(data: dict[str, Any]) -> dict[str, Any]:
     """The decision, its interval, its cost and the drift seen (runs recorded before intervals: empty)."""
     if "gain_interval" not in data:
         return {}
-    keys = ("adopted", "gain_interval", "decision", "converged", "stop_reason", "samples_to_lock",
+    keys = ("adopted", "gain_interval", "locked_from", "decision", "converged", "stop_reason", "samples_to_lock",
             "steps_to_lock", "seconds_to_lock", "drift")
     out = {k: data.get(k) for k in keys}
     up = data.get("runner_up")

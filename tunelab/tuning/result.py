@@ -29,6 +29,7 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
         "best": _config(decision.knobs, locked_scores),
         "gain": decision.interval.gain if decision.adopted and decision.interval else 1.0,
         "gain_interval": decision.interval.as_dict() if decision.adopted and decision.interval else None,
+        "locked_from": locked_from(driver, decision),
         "steps_to_lock": decision.steps, "samples_to_lock": decision.samples,
         "seconds_to_lock": decision.seconds,
         "locked_final": {"score": float(np.median(final)), "scores": final},
@@ -51,6 +52,16 @@ def evidence(driver: Driver, decision: Decision) -> list[Any]:
         return [s for s in epoch if s.role == "reference"]
     mine = [s for s in epoch if s.knobs == decision.knobs and s.role == "candidate"]
     return [s for s in mine if s.phase == "remeasure"] or mine
+
+
+def locked_from(driver: Driver, decision: Decision) -> str | None:
+    """What a lock's interval rests on: ``re-measurement`` blocks, or ``exploration`` blocks (a lock from
+    exploration, at a confidence that holds for every configuration explored); None when the default
+    was kept or the lock was loaded, not searched."""
+    if not decision.adopted or decision.interval is None:
+        return None
+    phases = {s.phase for s in evidence(driver, decision)}
+    return "re-measurement" if "remeasure" in phases else "exploration" if "explore" in phases else None
 
 
 def record_sample(store: Any, profile_id: int, run_id: str, s: Any) -> None:
