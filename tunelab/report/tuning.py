@@ -51,12 +51,14 @@ def outcome_text(run: dict[str, Any]) -> str:
                 + f" {ending}" + (f" ({reason})." if said else "."))
     if out.get("adopted") and iv:
         n = iv.get("n")
-        source = (f" from {n} re-measurement{'s' if n != 1 else ''} paired with the default" if n is not None
-                  else " (as the profile store recorded it)")
-        if n is not None and out.get("locked_from") == "exploration":
+        if n is None:
+            source = " (as the profile store recorded it)"
+        elif out.get("locked_from") == "exploration":
             source = (f" from its {n} exploration block{'s' if n != 1 else ''} paired with the default, at a "
                       "confidence that holds for every configuration explored at once (no re-measurement "
                       "was needed)")
+        else:
+            source = f" from {n} re-measurement{'s' if n != 1 else ''} paired with the default"
         return (f"Locked a tuned configuration: {iv['gain']:.2f}x the default's throughput, 90 % interval "
                 f"[{iv['low']:.2f}, {iv['high']:.2f}]{source}." + cost)
     up = out.get("runner_up_interval")

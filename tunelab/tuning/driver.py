@@ -277,9 +277,10 @@ class Driver:
             # (once a re-measurement had its say in this search, it decides: exploration alone does not)
             pick, what = self._finalists[0], "its exploration blocks"
             explored, iv = self._explored_interval(pick)
-            if iv is None:  # the model's pick was never measured: the best explored one may do
-                pick, what = self._explored_stand_in(pick), "the best explored configuration's blocks"
-                explored, iv = self._explored_interval(pick) if pick is not None else (explored, None)
+            stand_in = self._explored_stand_in(pick) if iv is None else None  # (a pick never measured)
+            if stand_in is not None:
+                pick, what = stand_in, "the best explored configuration's blocks"
+                explored, iv = self._explored_interval(pick)
             if iv is not None and iv.low >= 1.0 + self.plan.min_gain:
                 return self._lock(pick, iv,
                                   f"{what} clear the minimum gain ({1 + self.plan.min_gain:.2f}x) "
@@ -299,8 +300,7 @@ class Driver:
         told_here = sum(1 for s in self.samples if s.epoch == self.epoch and s.told is not None)
         if self.plan.near_best is None or len(self.strategy.observations) > told_here:
             return None
-        explored = {s.knobs for s in self.samples
-                    if s.epoch == self.epoch and s.role == "candidate" and s.knobs != self.default}
+        explored = self._explored_configs()
         best = next((k for k in self.strategy.ranked() if k in explored), None)
         if best is None:
             return None
@@ -308,6 +308,11 @@ class Driver:
         if not math.isfinite(sd):  # (a strategy with no model of what it did not measure)
             return None
         return best if mean - mean_best <= math.log1p(self.plan.near_best) else None
+
+    def _explored_configs(self) -> set[Knobs]:
+        """The configurations this epoch measured as candidates, the default's aside."""
+        return {s.knobs for s in self.samples
+                if s.epoch == self.epoch and s.role == "candidate" and s.knobs != self.default}
 
     def _remeasured(self) -> bool:
         """Whether this search (epoch) has re-measured anything yet."""
@@ -317,9 +322,7 @@ class Driver:
         """The gain of ``knobs`` from its own exploration blocks, with a confidence level that holds for
         all ``m`` configurations explored in this epoch at once (Bonferroni: each at 1 - (1 - c) / m),
         so it stays valid for whichever one the search picked: no winner's curse."""
-        explored = {s.knobs for s in self.samples
-                    if s.epoch == self.epoch and s.role == "candidate" and s.knobs != self.default}
-        m = max(1, len(explored))
+        m = max(1, len(self._explored_configs()))
         return m, self.interval_of(knobs, phase="explore", confidence=1.0 - (1.0 - self.plan.confidence) / m)
 
     def _measured_above(self, goal: float) -> list[Knobs]:
