@@ -554,7 +554,7 @@ def case_torch_retune(comm, env_home: str) -> dict:
 
         store = ProfileStore()
         pid = store.upsert_profile(rt.profile_key(tl.model_signature(model), "torch"), "test hardware", {}, "tiny")
-        store.set_best(pid, loaded, 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.1, 1.4))
+        store.set_best(pid, loaded, 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.25, 1.1, 1.4))
     comm.Barrier()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -95,7 +95,7 @@ def test_best_and_gain(store):
 
 def test_best_keeps_the_gain_interval_steps_and_outcome(store, tmp_path):
     pid = new_profile(store)
-    store.set_best(pid, KNOBS, 112.0, 100.0, 0.02, "r1", gain_interval=(1.07, 1.18), steps=64, outcome="converged")
+    store.set_best(pid, KNOBS, 112.0, 100.0, 0.02, "r1", gain_interval=(1.12, 1.07, 1.18), steps=64, outcome="converged")
     best = store.best(KEY)
     assert (best.gain_low, best.gain_high, best.steps, best.outcome) == (1.07, 1.18, 64, "converged")
     assert best.interval_text() == "1.120x [1.070, 1.180]"
@@ -126,10 +126,52 @@ def test_a_schema_1_store_is_upgraded_in_place_keeping_its_best(tmp_path):
     store = ProfileStore(path)
     best = store.best_of(a)
     assert best.score == 102.0 and best.gain_low is None and best.steps is None
-    store.set_best(a, KNOBS, 110.0, 100.0, 0.01, "r9", gain_interval=(1.02, 1.2), steps=9, outcome="converged")
+    store.set_best(a, KNOBS, 110.0, 100.0, 0.01, "r9", gain_interval=(1.1, 1.02, 1.2), steps=9, outcome="converged")
     assert ProfileStore(path).best_of(a).gain_high == 1.2
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+    conn.close()
+
+
+def test_the_stored_gain_is_the_tuners_estimate_not_the_ratio_of_the_two_means(store, tmp_path):
+    """Under drift the locked configuration's mean over the default's mean can lie outside the paired
+    interval (an H100 run: 903.86 / 891.61 = 1.014 against 1.187x [1.088, 1.295]); the store keeps the
+    tuner's estimate, and every reader shows it with its interval."""
+    pid = new_profile(store)
+    store.set_best(pid, KNOBS, 903.86, 891.61, 0.02, "r1", gain_interval=(1.187, 1.088, 1.295), steps=163,
+                   outcome="budget exhausted")
+    best = store.best(KEY)
+    assert best.gain == 1.187 and best.estimate == 1.187 and best.interval_text() == "1.187x [1.088, 1.295]"
+    assert best.score == 903.86 and best.default_score == 891.61  # the means stay as measured
+    assert store.get(pid).best_gain == pytest.approx(1.187)
+    data = json.loads(json.dumps(store.export()))
+    assert data["profiles"][0]["best"]["gain"] == 1.187
+    other = ProfileStore(tmp_path / "other" / FILE_NAME)
+    other.merge(data)
+    assert other.best(KEY).gain == 1.187 and other.best(KEY).interval_text() == "1.187x [1.088, 1.295]"
+    with pytest.raises(ValueError, match="outside its interval"):
+        store.set_best(pid, KNOBS, 903.86, 891.61, 0.02, "r2", gain_interval=(1.014, 1.088, 1.295))
+    data["profiles"][0]["best"]["gain"] = 1.014
+    with pytest.raises(InvalidExport, match="gain must lie within"):
+        ProfileStore(tmp_path / "third" / FILE_NAME).merge(data)
+
+
+def test_a_schema_2_store_is_upgraded_and_its_locks_show_their_interval_alone(tmp_path):
+    path = tmp_path / FILE_NAME
+    store = ProfileStore(path)
+    pid = new_profile(store)
+    store.set_best(pid, KNOBS, 903.86, 891.61, 0.02, "r1", gain_interval=(1.187, 1.088, 1.295))
+    conn = sqlite3.connect(path)
+    with conn:  # back to what tunelab wrote before schema 3: no estimate
+        conn.execute("ALTER TABLE best DROP COLUMN gain")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    conn.close()
+    best = ProfileStore(path).best(KEY)
+    assert best.estimate is None and best.gain == pytest.approx(903.86 / 891.61)
+    assert best.interval_text() == "[1.088, 1.295]x"  # not 1.014x beside an interval that excludes it
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+    assert "gain" in {r[1] for r in conn.execute("PRAGMA table_info(best)")}
     conn.close()
 
 
@@ -171,7 +213,7 @@ def populated(store):
         trial(store, a, 100.0 + i, segment_bytes=(1 << 20) * (i + 1))
     trial(store, b, 50.0, phase="default")
     store.set_best(a, {**KNOBS, "segment_bytes": 3 << 20}, 102.0, 100.0, 0.01, "r1",
-                   gain_interval=(1.011, 1.030), steps=57, outcome="converged")
+                   gain_interval=(1.02, 1.011, 1.030), steps=57, outcome="converged")
     return a, b
 
 
@@ -430,6 +472,7 @@ def test_cli_errors_are_one_line(tmp_path):
     ("trials.knobs", "[1]", "the knobs of its trial"),
     ("best.knobs", "3", "its best config's knobs are not a JSON object"),
     ("best.default_score", "0", "its best config's scores are not positive numbers"),
+    ("best.gain", "'x'", "its best config's gain is not a positive number"),
 ])
 def test_a_damaged_row_is_one_line_naming_the_profile_and_delete_recovers(tmp_path, column, value, fragment):
     home = tmp_path / "home"

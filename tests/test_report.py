@@ -182,7 +182,7 @@ def test_a_profile_report_says_what_its_run_decided(tmp_path: Path, kept: bool) 
     if kept:
         store.set_best(pid, default, 95.0, 95.0, 0.02, "run-1", steps=40, outcome="budget exhausted")
     else:
-        store.set_best(pid, tuned, 110.0, 95.0, 0.02, "run-1", gain_interval=(1.05, 1.25), steps=40,
+        store.set_best(pid, tuned, 110.0, 95.0, 0.02, "run-1", gain_interval=(1.158, 1.05, 1.25), steps=40,
                        outcome="converged")
     run = run_from_profile(pid, store)
     text = outcome_text(run)

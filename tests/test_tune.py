@@ -163,7 +163,7 @@ def test_a_lock_from_exploration_reports_and_stores_the_blocks_it_rests_on(tmp_p
     pid = store.upsert_profile(ProfileKey("hw", "sig", "torch", 2), "host", {}, "tiny")
     iv = result["gain_interval"]
     store.set_best(pid, result["best"]["knobs"], result["best"]["score"], result["default"]["score"], 0.01, "run",
-                   gain_interval=(iv["low"], iv["high"]), steps=result["steps_to_lock"], outcome=result["outcome"])
+                   gain_interval=(iv["gain"], iv["low"], iv["high"]), steps=result["steps_to_lock"], outcome=result["outcome"])
     assert store.best(ProfileKey("hw", "sig", "torch", 2)).gain == pytest.approx(2.0, rel=0.1)
 
 

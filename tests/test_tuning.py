@@ -576,7 +576,7 @@ def test_a_retune_writes_its_trials_and_its_new_lock_back_to_the_profile_store(t
     store = ProfileStore(tmp_path / "profiles.db")
     key = ProfileKey("hw", "sig", "torch", 2)
     pid = store.upsert_profile(key, "host", {}, "model")
-    store.set_best(pid, PEAK.as_dict(), 12.0, 10.0, 0.01, "tune-run", gain_interval=(1.1, 1.3))
+    store.set_best(pid, PEAK.as_dict(), 12.0, 10.0, 0.01, "tune-run", gain_interval=(1.2, 1.1, 1.3))
     first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.02, seed=7)
     moved = PEAK.replace(fusion_threshold_bytes=0, cycle_time_ms=64.0)
     later = synthetic("after", SPACE, GRID, lambda k: peaked(moved, 0.4)(k) * (2.0 - peaked(PEAK)(k)),

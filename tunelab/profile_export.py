@@ -23,7 +23,8 @@ _TRIAL_FIELDS = {"uid": _STR, "knobs": _OBJ, "score": _NUM, "spread": _NUM, "ste
                  "seconds": _NUM, "run_id": _STR, "phase": _STR, "created": _STR}
 _BEST_FIELDS = {"knobs": _OBJ, "score": _NUM, "default_score": _NUM, "spread": _NUM, "run_id": _STR,
                 "updated": _STR}
-_BEST_OPTIONAL = {"gain_low": _NUM, "gain_high": _NUM, "steps": _INT, "outcome": _STR}  # schema 2
+_BEST_OPTIONAL = {"gain_low": _NUM, "gain_high": _NUM, "steps": _INT, "outcome": _STR,  # schema 2
+                  "gain": _NUM}  # schema 3: the tuner's estimate
 
 
 def validate_export(data: object) -> list[dict]:
@@ -54,6 +55,10 @@ def validate_export(data: object) -> list[dict]:
             optional = {k: v for k, v in _BEST_OPTIONAL.items() if p["best"].get(k) is not None}
             _check_fields(p["best"], optional, f"profiles[{i}].best")
             _check_knobs(p["best"]["knobs"], f"profiles[{i}].best.knobs")
+            b = p["best"]
+            if b.get("gain") is not None and not (b.get("gain_low") is not None and b.get("gain_high") is not None
+                                                  and b["gain_low"] <= b["gain"] <= b["gain_high"]):
+                raise InvalidExport(f"profiles[{i}].best.gain must lie within gain_low .. gain_high")
             if p["best"]["default_score"] <= 0:
                 raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
     return profiles

@@ -77,7 +77,7 @@ class Best:
     knobs: dict
     score: float
     default_score: float
-    gain: float     # score / default_score
+    gain: float     # the tuner's estimate where stored (schema 3), else score / default_score
     spread: float
     run_id: str
     updated: str
@@ -85,6 +85,8 @@ class Best:
     gain_high: float | None = None  # or stored by a tunelab before schema 2)
     steps: int | None = None        # training steps the search took until it locked
     outcome: str | None = None      # how the search ended: "converged", "budget exhausted", "retuned: ..."
+    estimate: float | None = None   # the tuner's gain estimate, paired with the default's blocks (the
+                                    # centre of gain_low .. gain_high); None before schema 3
 
     @property
     def ended(self) -> str | None:
@@ -106,9 +108,12 @@ class Best:
         return "no configuration cleared the minimum gain"
 
     def interval_text(self) -> str:
-        """'1.120x [1.070, 1.180]', or the plain ratio when no interval was stored."""
+        """'1.120x [1.070, 1.180]'; the plain ratio when no interval was stored, the interval alone when
+        no estimate was (schema 2: the ratio of the two means there can lie outside it)."""
         if self.gain_low is None or self.gain_high is None:
             return f"{self.gain:.3f}x"
+        if self.estimate is None:
+            return f"[{self.gain_low:.3f}, {self.gain_high:.3f}]x"
         return f"{self.gain:.3f}x [{self.gain_low:.3f}, {self.gain_high:.3f}]"
 
 
@@ -166,11 +171,15 @@ def trial_from_row(row: sqlite3.Row, path: Path) -> Trial:
 def best_from_row(row: sqlite3.Row, path: Path) -> Best:
     d = dict(row)
     knobs = stored_knobs(path, d["knobs"], d["profile_id"], "its best config's knobs are")
+    estimate = d.pop("gain", None)
     try:
-        gain = float(d["score"]) / float(d["default_score"])
+        ratio = float(d["score"]) / float(d["default_score"])
     except (TypeError, ValueError, ZeroDivisionError):
         raise damaged(path, d["profile_id"], "its best config's scores are not positive numbers") from None
-    return Best(**{**d, "knobs": knobs, "gain": gain})
+    if estimate is not None and not (isinstance(estimate, (int, float)) and estimate > 0):
+        raise damaged(path, d["profile_id"], "its best config's gain is not a positive number")
+    gain = ratio if estimate is None else float(estimate)
+    return Best(**{**d, "knobs": knobs, "gain": gain, "estimate": estimate})
 
 
 def stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:

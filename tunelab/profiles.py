@@ -39,7 +39,8 @@ from .profile_records import (  # noqa: F401 (DamagedProfileError: importable fr
     trial_from_row,
 )
 
-SCHEMA_VERSION = 2  # 2: the best config carries its gain interval, steps to lock and outcome
+SCHEMA_VERSION = 3  # 2: the best config carries its gain interval, steps to lock and outcome;
+                    # 3: and the tuner's gain estimate, the point its interval is around
 FILE_NAME = "profiles.sqlite"
 BUSY_TIMEOUT_S = 60.0
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -62,16 +63,19 @@ CREATE TABLE IF NOT EXISTS best (
     profile_id INTEGER PRIMARY KEY REFERENCES profiles(id) ON DELETE CASCADE,
     knobs TEXT NOT NULL, score REAL NOT NULL, default_score REAL NOT NULL, spread REAL NOT NULL,
     run_id TEXT NOT NULL, updated TEXT NOT NULL,
-    gain_low REAL, gain_high REAL, steps INTEGER, outcome TEXT)
+    gain_low REAL, gain_high REAL, steps INTEGER, outcome TEXT, gain REAL)
 """
-# What version 2 added to a version 1 file (upgraded in place when opened: nothing is lost).
-_UPGRADE_1_TO_2 = ("ALTER TABLE best ADD COLUMN gain_low REAL", "ALTER TABLE best ADD COLUMN gain_high REAL",
-                   "ALTER TABLE best ADD COLUMN steps INTEGER", "ALTER TABLE best ADD COLUMN outcome TEXT")
-_BEST_COLUMNS = "profile_id, knobs, score, default_score, spread, run_id, updated, gain_low, gain_high, steps, outcome"
+# What later versions added to the best table (an older file gains them when opened: nothing is lost,
+# the bests it holds have them empty): version 2 the interval, steps and outcome, version 3 the estimate.
+_ADDED_BEST_COLUMNS = (("gain_low", "REAL"), ("gain_high", "REAL"), ("steps", "INTEGER"), ("outcome", "TEXT"),
+                       ("gain", "REAL"))
+_BEST_COLUMNS = ("profile_id, knobs, score, default_score, spread, run_id, updated, gain_low, gain_high, steps, "
+                 "outcome, gain")
+_BEST_SLOTS = ", ".join("?" * len(_BEST_COLUMNS.split(",")))
 
 _SUMMARY_SQL = """
 SELECT p.*, (SELECT COUNT(*) FROM trials t WHERE t.profile_id = p.id) AS n_trials,
-       b.score AS best_score, b.score / b.default_score AS best_gain
+       b.score AS best_score, COALESCE(b.gain, b.score / b.default_score) AS best_gain
 FROM profiles p LEFT JOIN best b ON b.profile_id = p.id
 """
 _KEY_WHERE = "hardware_hash = ? AND model_signature = ? AND framework = ? AND world_size = ?"
@@ -126,22 +130,29 @@ class ProfileStore:
             return int(cur.lastrowid)
 
     def set_best(self, profile_id: int, knobs: dict, score: float, default_score: float, spread: float,
-                 run_id: str, gain_interval: tuple[float, float] | None = None, steps: int | None = None,
+                 run_id: str, gain_interval: tuple[float, float, float] | None = None, steps: int | None = None,
                  outcome: str | None = None) -> None:
         """Replace the profile's best config (what the next run of this key starts from), with the
-        tuner's gain interval (low, high), the steps it took and its outcome when known."""
+        tuner's gain (estimate, low, high), the steps it took and its outcome when known.  The estimate
+        is the tuner's (paired with the default's blocks), not ``score / default_score``: under drift the
+        two means can differ from it by more than the interval's width."""
         default = stored_number("default_score", default_score)
         if default <= 0:
             raise ValueError(f"default_score must be > 0, got {default_score!r}")
-        low, high = (None, None) if gain_interval is None else (stored_number("gain_low", gain_interval[0]),
-                                                               stored_number("gain_high", gain_interval[1]))
+        gain = low = high = None
+        if gain_interval is not None:
+            gain, low, high = (stored_number(name, v) for name, v in zip(("gain", "gain_low", "gain_high"),
+                                                                          gain_interval, strict=True))
+            if not low <= gain <= high:
+                raise ValueError(f"gain {gain!r} lies outside its interval [{low!r}, {high!r}]")
         now = _now()
         row = (int(profile_id), to_json(knobs), stored_number("score", score), default,
                stored_number("spread", spread), str(run_id), now, low, high,
-               None if steps is None else stored_count("steps", steps), None if outcome is None else str(outcome))
+               None if steps is None else stored_count("steps", steps), None if outcome is None else str(outcome),
+               gain)
         with self._write() as conn:
             self._touch(conn, row[0], now)
-            conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES ({_BEST_SLOTS})", row)
 
     def delete(self, profile_id: int) -> bool:
         """Remove a profile with its trials and best; False if there was no such profile."""
@@ -261,7 +272,7 @@ class ProfileStore:
             if version is not None and version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} has schema version {version}, newer than this tunelab "
                                  f"supports ({SCHEMA_VERSION}); upgrade tunelab to use it")
-            if version == 1:
+            if version is not None and version < SCHEMA_VERSION:
                 self._upgrade(conn)
             if version is None:
                 conn.execute("PRAGMA journal_mode = WAL")
@@ -273,12 +284,12 @@ class ProfileStore:
                 conn.execute("COMMIT")
 
     def _upgrade(self, conn: sqlite3.Connection) -> None:
-        """A version 1 store gains version 2's columns (empty for the bests it already holds)."""
+        """An older store gains the later versions' columns (empty for the bests it already holds)."""
         conn.execute("BEGIN IMMEDIATE")
         columns = {r[1] for r in conn.execute("PRAGMA table_info(best)")}
-        for statement in _UPGRADE_1_TO_2:
-            if statement.split()[5] not in columns:  # another process may have upgraded it meanwhile
-                conn.execute(statement)
+        for name, kind in _ADDED_BEST_COLUMNS:
+            if name not in columns:  # another process may have upgraded it meanwhile
+                conn.execute(f"ALTER TABLE best ADD COLUMN {name} {kind}")
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")
 
@@ -361,7 +372,8 @@ class ProfileStore:
                 "trials": [{k: v for k, v in vars(t).items() if k not in ("id", "profile_id")}
                            for t in self.trials(s.id)],
                 "best": None if best is None else {k: v for k, v in vars(best).items()
-                                                   if k not in ("profile_id", "gain")}}
+                                                   if k not in ("profile_id", "gain", "estimate")}
+                                             | ({} if best.estimate is None else {"gain": best.estimate})}
 
     def _import_profile(self, conn: sqlite3.Connection, p: dict) -> tuple[int, bool]:
         key = (p["hardware_hash"], p["model_signature"], p["framework"], p["world_size"])
@@ -380,10 +392,10 @@ class ProfileStore:
         here = conn.execute("SELECT score FROM best WHERE profile_id = ?", (profile_id,)).fetchone()
         if here is not None and here[0] >= b["score"]:
             return
-        conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES ({_BEST_SLOTS})",
                      (profile_id, to_json(b["knobs"]), float(b["score"]), float(b["default_score"]),
                       float(b["spread"]), b["run_id"], b["updated"], b.get("gain_low"), b.get("gain_high"),
-                      b.get("steps"), b.get("outcome")))
+                      b.get("steps"), b.get("outcome"), b.get("gain")))
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if best is None:
         print("best: none yet")
     else:
-        print(f"best: {best.score:.2f} samples/s, {best.gain:.3f}x vs default {best.default_score:.2f} "
+        print(f"best: {best.score:.2f} samples/s, {best.score / best.default_score:.3f}x the default's "
+              f"{best.default_score:.2f} "
               f"(spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
         if best.gain_low is not None or best.steps is not None or best.outcome:
             parts = [f"gain {best.interval_text()} (90 % interval)" if best.gain_low is not None else

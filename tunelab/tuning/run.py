@@ -365,7 +365,7 @@ class _Recorder:
         iv = result.get("gain_interval")
         self.store.set_best(self.profile_id, result["best"]["knobs"], result["best"]["score"],
                             result["default"]["score"], _mean_spread(result), self.run_id,
-                            gain_interval=(iv["low"], iv["high"]) if iv else None,
+                            gain_interval=(iv["gain"], iv["low"], iv["high"]) if iv else None,
                             steps=result["steps_to_lock"], outcome=result["outcome"])
 
 

@@ -103,7 +103,7 @@ class StoreWriter:
         iv = d.interval if d.adopted else None
         ok = self._write(lambda: self.store.set_best(
             self.profile_id, d.knobs.as_dict(), score, default, spread, self.run_id,
-            gain_interval=(iv.low, iv.high) if iv is not None else None, steps=d.steps, outcome=outcome(d)))
+            gain_interval=(iv.gain, iv.low, iv.high) if iv is not None else None, steps=d.steps, outcome=outcome(d)))
         return f"; saved to profile {self.profile_id}" if ok else ""
 
     def _write(self, write: Callable[[], object]) -> bool:
