@@ -56,13 +56,14 @@ def test_the_linked_two_node_replay_scenario_emulates_its_network():
 
 def test_a_complete_file_with_pinned_knobs_is_normalised(tmp_path):
     path = write(tmp_path, HEADER + 'framework = "tensorflow"\n[run]\nnp = 3\nranks_per_node = 1\n'
-                 '[data]\nimage_size = 32\nbatch_size = 2\n[tuning]\ntime_budget_s = 90\nmeasure_steps = 5\n'
+                 '[data]\nimage_size = 32\nbatch_size = 2\n[tuning]\ntime_budget_s = 90\nmeasure_steps = 5\nblock_seconds = 2\n'
                  '[knobs]\nfusion_threshold_bytes = "64MiB"\nhierarchical = true\ncycle_time_ms = 2\n'
                  '[replay]\nforward_ms = 1\n', name="mine.toml")
     s = load_scenario(str(path))
     assert s.name == "mine"  # from the file name when not given
     assert (s.framework, s.np, s.ranks_per_node, s.image_size, s.batch_size) == ("tensorflow", 3, 1, 32, 2)
     assert s.time_budget_s == 90.0 and isinstance(s.time_budget_s, float) and s.measure_steps == 5
+    assert s.block_seconds == 2.0 and s.as_params()["block_seconds"] == 2.0
     assert s.knobs == {"fusion_threshold_bytes": 64 * MiB, "hierarchical": True, "cycle_time_ms": 2.0}
     assert s.replay_forward_ms == 1.0 and s.replay_backward_ms == 250.0
 
@@ -80,6 +81,7 @@ BROKEN = [
     (HEADER + "[tuning]\nmeasure_steps = true\n", "[tuning].measure_steps must be a positive integer, got true"),
     (HEADER + "[tuning]\nwarmup_steps = -1\n", "[tuning].warmup_steps must be a non-negative integer"),
     (HEADER + "[tuning]\ntime_budget_s = 0\n", "[tuning].time_budget_s must be a positive number"),
+    (HEADER + "[tuning]\nblock_seconds = -1\n", "[tuning].block_seconds must be a positive number"),
     (HEADER + '[replay]\nbackward_ms = "fast"\n', '[replay].backward_ms must be a non-negative number'),
     (HEADER + "[replay]\nforward_ms = nan\n", "[replay].forward_ms must be a non-negative number"),
     (HEADER + '[knobs]\nfusion_threshold_bytes = "64 parsecs"\n', "[knobs].fusion_threshold_bytes must be a size in 0B .. 1GiB (bytes, or e.g. \"64MiB\"), got \"64 parsecs\""),

@@ -354,6 +354,49 @@ def test_re_measurement_blocks_grow_with_the_step_noise():
     assert {s.steps for s in fixed.samples if s.phase == "remeasure"} == {5}
 
 
+def test_blocks_last_a_second_where_steps_are_fast_sized_once_from_the_fastest_warm_up_step():
+    """A GPU step can take 30 ms where a CPU one takes a second: blocks of ``measure_steps`` steps would
+    last 0.1 s there, too short to tell a 10 % gain from step noise.  The driver sizes every block of a
+    run once, from the fastest warm-up step, to last at least ``block_seconds``."""
+    slow = synthetic("slow", SPACE, GRID, peaked(PEAK), noise=0.02, seed=1)  # steps of 0.8-1 s
+    fast = synthetic("fast", SPACE, GRID, lambda k: 40.0 * peaked(PEAK)(k), noise=0.02, seed=1)  # 20-25 ms
+    for land, expect in ((slow, 3), (fast, None)):
+        d = run(land, 0)
+        measured = [s.steps for s in d.samples if s.phase == "explore"]
+        if expect is None:  # ceil(1 s / the fastest of the two warm-up steps, both at the default: ~25 ms)
+            assert 38 <= d.block_steps <= 44
+            expect = d.block_steps
+        assert set(measured) == {expect} and d.block_steps == expect
+        remeasured = [s.steps for s in d.samples if s.phase == "remeasure"]
+        assert all(expect <= n <= 4 * expect for n in remeasured)
+    assert run(fast, 0, plan=Plan(block_seconds=None)).block_steps == 3
+    assert run(fast, 0, plan=Plan(block_seconds=0.5)).block_steps < 25
+    d = Driver(SPACE, lambda e: make_strategy("tunelab", SPACE, e), Plan(warmup_steps=3))
+    for step_s in (2.0, 0.1, 0.5, 0.2):  # a slow first step (allocation, autotuning) does not shrink blocks
+        d.step_done(step_s)
+    assert d.block_steps == 10
+    watched = Driver.watching(SPACE, lambda e: make_strategy("tunelab", SPACE, e), PEAK, Plan(warmup_steps=2))
+    for step_s in (0.05, 0.04, 0.3):  # its warm-up is the locked block's discarded steps
+        watched.step_done(step_s)
+    assert watched.block_steps == 25
+    with pytest.raises(ValueError, match="block_seconds"):
+        Plan(block_seconds=0.0)
+
+
+def test_second_long_blocks_find_a_planted_optimum_that_fast_noisy_steps_hide():
+    """Fast steps with 20 % noise each (ranks time-slicing one GPU): blocks of three steps find nothing
+    within 3 % of the best; blocks of a second do, and lock nothing worse than the default."""
+    land = synthetic("fast", SPACE, GRID, lambda k: 25.0 * peaked(PEAK, 0.15)(k), noise=0.2, seed=3,
+                     steps_per_visit=10)
+    best = max(land.true_score(k) for k in land.knobs)
+    found = {}
+    for seconds in (None, 1.0):
+        locked = [run(land, seed, plan=Plan(block_seconds=seconds, budget_samples=20)).locked for seed in range(8)]
+        found[seconds] = sum(land.true_score(k) >= 0.97 * best for k in locked)
+        assert all(land.true_score(k) >= 0.99 * land.true_score(land.space.base) for k in locked)
+    assert found[None] <= 1 and found[1.0] >= 3, found
+
+
 def test_time_budget_and_pinned_everything_end_exploration():
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     d = run(land, 0, plan=Plan(budget_samples=1000, time_budget_s=20.0)).decisions[0]

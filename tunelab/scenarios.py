@@ -15,7 +15,8 @@ Layout (all tables optional; ``workload`` and ``model`` required)::
     [run]     np, ranks_per_node, device ("cpu" or "cuda"), link_gbps, link_latency_us (an emulated link between
               emulated nodes: see tunelab.engine.link)
     [data]    image_size, batch_size, seq_len
-    [tuning]  budget_samples, time_budget_s, warmup_steps, discard_steps, measure_steps
+    [tuning]  budget_samples, time_budget_s, warmup_steps, discard_steps, measure_steps, block_seconds
+              (a measuring block lasts at least this long: more than measure_steps where steps are short)
     [knobs]   pinned knob values (sizes may be written "64MiB")
     [replay]  backward_ms, forward_ms
     [lab]     hosts, link_gbps, ranks_per_host: run on a lab of network namespaces (tunelab.lab), brought
@@ -50,7 +51,7 @@ _LAYOUT: dict[str | None, dict[str, str]] = {
             "link_latency_us": "link_latency_us", "device": "device"},
     "data": {"image_size": "image_size", "batch_size": "batch_size", "seq_len": "seq_len"},
     "tuning": {k: k for k in ("budget_samples", "time_budget_s", "warmup_steps", "discard_steps",
-                              "measure_steps")},
+                              "measure_steps", "block_seconds")},
     "replay": {"backward_ms": "replay_backward_ms", "forward_ms": "replay_forward_ms"},
     "lab": {"hosts": "lab_hosts", "link_gbps": "lab_link_gbps", "ranks_per_host": "lab_ranks_per_host"},
 }
@@ -86,6 +87,7 @@ class Scenario:
     warmup_steps: int = 2
     discard_steps: int = 1
     measure_steps: int = 3
+    block_seconds: float = 1.0
     knobs: dict[str, Any] = field(default_factory=dict)
     replay_backward_ms: float = 250.0
     replay_forward_ms: float = 100.0
@@ -183,7 +185,7 @@ def _check_value(name: str, value: Any) -> Any:
         latency = _number(value, "a non-negative number of microseconds", positive=False)
         check_link(latency_us=latency)
         return latency
-    if name == "time_budget_s" and value is not None:
+    if name in ("time_budget_s", "block_seconds") and value is not None:
         return _number(value, "a positive number of seconds", positive=True)
     return value
 

@@ -6,7 +6,9 @@ The live session (:mod:`.session`) feeds it the training loop's step times; ``be
 Phases (``Driver.phase``):
 
 1. ``warmup``: steps that are not measured;
-2. ``explore``: blocks of ``discard_steps`` (only after a knob change) + ``measure_steps`` steps.  The
+2. ``explore``: blocks of ``discard_steps`` (only after a knob change) + ``measure_steps`` steps, or more
+   where steps are short: a block lasts at least ``block_seconds`` (its step count is fixed once, from
+   the fastest warm-up step, so that every block of the run is as long; :attr:`Driver.block_steps`).  The
    first block is the default configuration, the *reference*; after every ``reference_every``
    candidate blocks the reference is measured again.  A candidate's score is its paired ratio to the
    reference (:mod:`.stats`), told to the strategy with its own variance (:mod:`.noise`: the step noise
@@ -94,6 +96,8 @@ class Driver:
         self._outside = 0
         self._noise: tuple[int, noise.Noise] | None = None
         self._forced: Knobs | None = None  # a finalist the model gave up on but a measurement did not
+        self._block_steps: int | None = None  # measured steps of a block, fixed once the warm-up is timed
+        self._fastest_s = math.inf               # the fastest step before then
         self._remeasure_steps = plan.measure_steps
 
     @classmethod
@@ -121,15 +125,20 @@ class Driver:
     def step_done(self, step_s: float) -> Knobs | None:
         self.steps += 1
         self.elapsed_s += step_s
+        block = self._block
+        if self._block_steps is None and (self.phase == "warmup" or (block is not None and block.discard_left > 0)):
+            self._fastest_s = min(self._fastest_s, step_s)  # a warm-up step (a watching driver's: discarded)
         if self.phase == "warmup":
             self._warmup_left -= 1
             return self._start(self._next_block()) if self._warmup_left <= 0 else None
-        block = self._block
         if block is None:
             return None
         if block.discard_left > 0:
             block.discard_left -= 1
             return None
+        if self._block_steps is None:  # the first measured step: size every block from the warm-up
+            self._block_steps = self._size_blocks(self._fastest_s)
+            self._remeasure_steps = self._block_steps
         block.times.append(step_s)
         if len(block.times) < self._steps_of(block):
             return None
@@ -152,7 +161,22 @@ class Driver:
         return knobs if changed else None
 
     def _steps_of(self, block: _Block) -> int:
-        return self._remeasure_steps if block.phase == "remeasure" else self.plan.measure_steps
+        return self._remeasure_steps if block.phase == "remeasure" else self.block_steps
+
+    @property
+    def block_steps(self) -> int:
+        """Measured steps of an exploration (and reference, and watched) block: ``plan.measure_steps``,
+        or as many as last ``plan.block_seconds`` at the fastest warm-up step where steps are short (a
+        fast GPU step; noise and drift grow with time, not with steps).  Fixed at the first measured step."""
+        return self._block_steps if self._block_steps is not None else self.plan.measure_steps
+
+    def _size_blocks(self, fastest_s: float) -> int:
+        """``plan.measure_steps``, or more when the fastest warm-up step (``fastest_s``; inf: none was
+        timed) takes less than ``plan.block_seconds / plan.measure_steps``."""
+        plan = self.plan
+        if plan.block_seconds is None or not math.isfinite(fastest_s) or fastest_s <= 0:
+            return plan.measure_steps
+        return max(plan.measure_steps, math.ceil(plan.block_seconds / fastest_s - 1e-9))
 
     def _choose_remeasure_steps(self, finalists: list[Knobs]) -> int:
         """Steps of each re-measurement block, chosen once as re-measurement starts: ``plan.remeasure_steps``
@@ -165,12 +189,12 @@ class Driver:
         if plan.remeasure_steps is not None:
             return plan.remeasure_steps
         if plan.remeasure_sigma is None or not finalists:
-            return plan.measure_steps
+            return self.block_steps
         model = self.noise()
         worst = max(model.step_var.get(k, model.pooled_var) for k in finalists)
         need = (worst + model.step_var.get(self.default, model.pooled_var)) / plan.remeasure_sigma ** 2
-        most = max(plan.measure_steps, plan.remeasure_max_steps or 4 * plan.measure_steps)
-        return int(min(most, max(plan.measure_steps, math.ceil(need))))
+        most = max(self.block_steps, plan.remeasure_max_steps or 4 * self.block_steps)
+        return int(min(most, max(self.block_steps, math.ceil(need))))
 
     def _finish(self, block: _Block) -> None:
         rates = self.samples_per_step / np.asarray(block.times)
@@ -413,7 +437,7 @@ class Driver:
                 return
             mine = mine[:self.plan.watch_baseline]
         centre = float(np.mean([s.log_score for s in mine]))
-        sigma = noise.sigma_of(self.noise(), locked, self.plan.measure_steps)
+        sigma = noise.sigma_of(self.noise(), locked, self.block_steps)
         half = self.plan.watch_z * sigma * math.sqrt(1.0 + 1.0 / len(mine))
         self._outside = self._outside + 1 if abs(sample.log_score - centre) > half else 0
         if self._outside >= self.plan.watch_sustain:
@@ -486,15 +510,15 @@ class Driver:
     def sigma(self) -> tuple[float, float]:
         """One reference block's noise (log units) and its degrees of freedom."""
         model = self.noise()
-        var = model.block_var(self.default, self.plan.measure_steps)
-        return noise.sigma_of(model, self.default, self.plan.measure_steps), model.df(var, model.tau2)
+        var = model.block_var(self.default, self.block_steps)
+        return noise.sigma_of(model, self.default, self.block_steps), model.df(var, model.tau2)
 
     def _pair(self, sample: Sample, bracket: bool = True) -> tuple[float, float, float] | None:
         """(paired log ratio, its step-noise variance, its block-noise variance) of a candidate block."""
         pair = stats.paired(float(sample.index), sample.log_score, self._refs(), bracket)
         if pair is None:
             return None
-        per_step = pair.per_step if pair.per_step is not None else pair.weight2 / self.plan.measure_steps
+        per_step = pair.per_step if pair.per_step is not None else pair.weight2 / self.block_steps
         steps_part, block_part = self.noise().pair_var(sample.knobs, sample.steps, self.default, pair.weight2,
                                                        per_step)
         return pair.log_ratio, steps_part, block_part

@@ -16,6 +16,9 @@ class Plan:
     warmup_steps: int = 2
     discard_steps: int = 1
     measure_steps: int = 3
+    block_seconds: float | None = 1.0  # a measuring block lasts at least about this long: measure_steps is
+                                       # raised to ceil(block_seconds / the fastest warm-up step), once per
+                                       # run (None: measure_steps as given)
     budget_samples: int = 14        # most blocks measured in exploration, the reference's included
     time_budget_s: float | None = None
     reference_every: int = 3        # candidate blocks between two blocks of the reference
@@ -47,8 +50,11 @@ class Plan:
         bad = [f"{k}={v}" for k, v in steps.items() if v is not None and (int(v) != v or v < 1)]
         if self.remeasure_sigma is not None and not self.remeasure_sigma > 0:
             bad.append(f"remeasure_sigma={self.remeasure_sigma}")
+        if self.block_seconds is not None and not (math.isfinite(self.block_seconds) and self.block_seconds > 0):
+            bad.append(f"block_seconds={self.block_seconds}")
         if bad:
-            raise ValueError(f"tuning plan: {', '.join(bad)} (steps must be whole numbers >= 1, the sigma > 0)")
+            raise ValueError(f"tuning plan: {', '.join(bad)} (steps must be whole numbers >= 1, the sigma and "
+                             "seconds > 0)")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
         "gain": decision.interval.gain if decision.adopted and decision.interval else 1.0,
         "gain_interval": decision.interval.as_dict() if decision.adopted and decision.interval else None,
         "locked_from": locked_from(driver, decision),
-        "steps_to_lock": decision.steps, "samples_to_lock": decision.samples,
+        "steps_to_lock": decision.steps, "samples_to_lock": decision.samples, "block_steps": driver.block_steps,
         "seconds_to_lock": decision.seconds,
         "locked_final": {"score": float(np.median(final)), "scores": final},
         "drift": drift_seen(driver, decision.epoch),

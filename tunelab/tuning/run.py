@@ -71,7 +71,8 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
 
     retune_steps = int(p.get("retune_steps") or 0)
     plan = Plan(warmup_steps=p["warmup_steps"], discard_steps=p["discard_steps"],
-                measure_steps=p["measure_steps"], budget_samples=p["budget_samples"],
+                measure_steps=p["measure_steps"], block_seconds=p.get("block_seconds", Plan().block_seconds),
+                budget_samples=p["budget_samples"],
                 time_budget_s=p.get("time_budget_s"), retune=retune_steps > 0)
     printer = _progress(p["budget_samples"], recorder) if comm.rank == 0 else None
     session = TuningSession(rt.coordinator, comm, workload.samples_per_step, space, strategy, plan, printer)
@@ -81,7 +82,9 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
         workload.step()
         session.step_done()
     _train_until_locked(workload, session)
-    final = _measure_locked(workload, comm, p.get("final_steps", 3 * p["measure_steps"]))
+    # three blocks' worth of steps (rank 0's driver sized the blocks)
+    block_steps = comm.bcast(session.driver.block_steps if comm.rank == 0 else None, root=0)
+    final = _measure_locked(workload, comm, p.get("final_steps", 3 * block_steps))
     if comm.rank != 0:
         return {}
     result = summarise(session.driver, final, workload, space, time.perf_counter() - t0, topo)
