@@ -182,6 +182,12 @@ def case_tf_retune(comm, env_home: str) -> dict:
 
     os.environ["TUNELAB_HOME"] = env_home
     loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    import dataclasses
+
+    from tunelab.tuning import watch
+    # this job's steps take milliseconds: watched blocks of a second would outlast the test, so it
+    # keeps the plan's 3-step blocks
+    watch.WATCH_PLAN = dataclasses.replace(watch.WATCH_PLAN, block_seconds=None)
     rt, model, opt, x, y = _tiny_job(comm, retune=True)
     r = tl.rank()
     if r == 0:

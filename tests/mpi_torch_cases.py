@@ -546,6 +546,12 @@ def case_torch_retune(comm, env_home: str) -> dict:
     os.environ["TUNELAB_HOME"] = env_home
     torch.set_num_threads(1)
     loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    import dataclasses
+
+    from tunelab.tuning import watch
+    # this job's steps take milliseconds: watched blocks of a second would outlast the test, so it
+    # keeps the plan's 3-step blocks
+    watch.WATCH_PLAN = dataclasses.replace(watch.WATCH_PLAN, block_seconds=None)
     tl.init(comm, retune=True)
     rt = tl._rt.current()
     model = tiny_model()

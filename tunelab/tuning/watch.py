@@ -34,7 +34,7 @@ WATCH_PLAN = Plan(retune=True)
 
 class ProfileWatch:
     def __init__(self, coordinator: Any, space: SearchSpace, loaded: Knobs, stored: list[Observation] | None = None,
-                 plan: Plan = WATCH_PLAN, strategy: str = "tunelab", seed: int = 0,
+                 plan: Plan | None = None, strategy: str = "tunelab", seed: int = 0,
                  clock: Callable[[], float] = time.perf_counter,
                  say: Callable[[str], None] = lambda line: print(line, flush=True),
                  writer: StoreWriter | None = None) -> None:
@@ -47,7 +47,7 @@ class ProfileWatch:
                 made.warm_start(stored)
             return made
 
-        self.driver = Driver.watching(space, strategy_of, loaded, plan,
+        self.driver = Driver.watching(space, strategy_of, loaded, plan or WATCH_PLAN,
                                       on_sample=writer.sample if writer is not None else None)
         self._last: float | None = None
         self._epoch, self._locks = 0, 1
