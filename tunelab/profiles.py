@@ -75,7 +75,8 @@ _BEST_SLOTS = ", ".join("?" * len(_BEST_COLUMNS.split(",")))
 
 _SUMMARY_SQL = """
 SELECT p.*, (SELECT COUNT(*) FROM trials t WHERE t.profile_id = p.id) AS n_trials,
-       b.score AS best_score, COALESCE(b.gain, b.score / b.default_score) AS best_gain
+       b.score AS best_score, CASE WHEN b.gain IS NULL THEN b.score / b.default_score
+            WHEN typeof(b.gain) IN ('real', 'integer') THEN b.gain END AS best_gain
 FROM profiles p LEFT JOIN best b ON b.profile_id = p.id
 """
 _KEY_WHERE = "hardware_hash = ? AND model_signature = ? AND framework = ? AND world_size = ?"
