@@ -27,7 +27,7 @@ Phases (``Driver.phase``):
    ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
    round, each round closed by a block of the reference.  These blocks are as long as the step noise
    measured so far asks for (the step-noise part of a round's paired ratio near ``remeasure_sigma``;
-   between ``measure_steps`` and ``remeasure_max_steps``; chosen as re-measurement starts):
+   between an exploration block's steps and ``remeasure_max_steps``; chosen as re-measurement starts):
    exploration screens with short blocks, the decision gets longer ones on a noisy host.  Their gains
    and confidence intervals rest on these fresh blocks only (not on the exploration that picked them,
    which favours the lucky).  The best finalist is adopted as soon as its interval's low end clears

@@ -30,7 +30,7 @@ class Plan:
     finalists: int = 1
     remeasure_steps: int | None = None  # measured steps of a re-measurement block (None: from remeasure_sigma)
     remeasure_sigma: float | None = 0.02  # ... as many as bring the step-noise part of a round's ratio to this
-    remeasure_max_steps: int | None = None  # ... at most (None: 4 x measure_steps), at least measure_steps
+    remeasure_max_steps: int | None = None  # ... at most (None: 4 x a block's steps), at least a block's steps
     max_rounds: int = 4
     futility_after: int = 2         # from this round on, finalists whose gain estimate is below the goal drop
     min_rounds: int = 1             # rounds before a finalist may be adopted
