@@ -166,9 +166,15 @@ def test_a_schema_2_store_is_upgraded_and_its_locks_show_their_interval_alone(tm
         conn.execute("ALTER TABLE best DROP COLUMN gain")
         conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     conn.close()
-    best = ProfileStore(path).best(KEY)
+    before = path.read_bytes()
+    reader = ProfileStore(path, create=False)  # a job looking up its profile: no write access needed
+    best = reader.best(KEY)
     assert best.estimate is None and best.gain == pytest.approx(903.86 / 891.61)
     assert best.interval_text() == "[1.088, 1.295]x"  # not 1.014x beside an interval that excludes it
+    assert reader.get(pid).best_gain == pytest.approx(903.86 / 891.61) and reader.export()["profiles"]
+    assert path.read_bytes() == before  # read as it is
+    reader.set_best(pid, KNOBS, 910.0, 891.61, 0.02, "r2", gain_interval=(1.19, 1.09, 1.3))  # a write upgrades
+    assert ProfileStore(path, create=False).best(KEY).interval_text() == "1.190x [1.090, 1.300]"
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
     assert "gain" in {r[1] for r in conn.execute("PRAGMA table_info(best)")}

@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -193,6 +194,12 @@ def test_a_profile_report_says_what_its_run_decided(tmp_path: Path, kept: bool) 
     else:
         assert text.startswith("Locked a tuned configuration: 1.16x the default's throughput, 90 % interval "
                                "[1.05, 1.25] (as the profile store recorded it)") and "converged" in text
+        conn = sqlite3.connect(tmp_path / "p.sqlite")
+        with conn:  # a lock stored before schema 3 kept no estimate, and 1.30 / 0.95 lies outside its interval
+            conn.execute("UPDATE best SET gain = NULL, score = 130.0")
+        conn.close()
+        assert outcome_text(run_from_profile(pid, store)).startswith(
+            "Locked a tuned configuration: 90 % interval [1.05, 1.25]x the default's throughput (as the profile")
     assert "ranged from 90.00 to 100.00 samples/s (10.5 % of its mean)" in drift_text(run)  # (100 - 90) / 95
 
 

@@ -57,8 +57,8 @@ def validate_export(data: object) -> list[dict]:
             _check_knobs(p["best"]["knobs"], f"profiles[{i}].best.knobs")
             b = p["best"]
             if b.get("gain") is not None and not (b.get("gain_low") is not None and b.get("gain_high") is not None
-                                                  and b["gain_low"] <= b["gain"] <= b["gain_high"]):
-                raise InvalidExport(f"profiles[{i}].best.gain must lie within gain_low .. gain_high")
+                                                  and 0 < b["gain_low"] <= b["gain"] <= b["gain_high"]):
+                raise InvalidExport(f"profiles[{i}].best.gain must lie within gain_low .. gain_high (> 0)")
             if p["best"]["default_score"] <= 0:
                 raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
     return profiles

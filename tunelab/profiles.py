@@ -79,6 +79,9 @@ SELECT p.*, (SELECT COUNT(*) FROM trials t WHERE t.profile_id = p.id) AS n_trial
             WHEN typeof(b.gain) IN ('real', 'integer') THEN b.gain END AS best_gain
 FROM profiles p LEFT JOIN best b ON b.profile_id = p.id
 """
+# An older store read as it is (no gain column): every best's gain is its ratio of means.
+_OLDER_SUMMARY_SQL = _SUMMARY_SQL.replace(_SUMMARY_SQL[_SUMMARY_SQL.index("CASE"):_SUMMARY_SQL.index(" AS best_gain")],
+                                          "b.score / b.default_score")
 _KEY_WHERE = "hardware_hash = ? AND model_signature = ? AND framework = ? AND world_size = ?"
 
 
@@ -98,6 +101,7 @@ class ProfileStore:
             path = tunelab_home() / FILE_NAME
         self.path = Path(path)
         self._absent = False  # no file yet, and opened to read: reads see an empty store in memory
+        self._older = False   # an older schema, opened to read: read as it is, upgraded by the first write
         self._open_or_create(create)
 
     # -- writes (each one transaction) ---------------------------------------------------------
@@ -144,8 +148,8 @@ class ProfileStore:
         if gain_interval is not None:
             gain, low, high = (stored_number(name, v) for name, v in zip(("gain", "gain_low", "gain_high"),
                                                                           gain_interval, strict=True))
-            if not low <= gain <= high:
-                raise ValueError(f"gain {gain!r} lies outside its interval [{low!r}, {high!r}]")
+            if not 0 < low <= gain <= high:
+                raise ValueError(f"gain {gain!r} lies outside its interval [{low!r}, {high!r}], or that is not > 0")
         now = _now()
         row = (int(profile_id), to_json(knobs), stored_number("score", score), default,
                stored_number("spread", spread), str(run_id), now, low, high,
@@ -274,7 +278,10 @@ class ProfileStore:
                 raise StoreError(f"{self.path} has schema version {version}, newer than this tunelab "
                                  f"supports ({SCHEMA_VERSION}); upgrade tunelab to use it")
             if version is not None and version < SCHEMA_VERSION:
-                self._upgrade(conn)
+                if create:
+                    self._upgrade(conn)
+                else:  # a job or command that only reads needs no write access to an older store
+                    self._older = True
             if version is None:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("BEGIN IMMEDIATE")
@@ -287,6 +294,9 @@ class ProfileStore:
     def _upgrade(self, conn: sqlite3.Connection) -> None:
         """An older store gains the later versions' columns (empty for the bests it already holds)."""
         conn.execute("BEGIN IMMEDIATE")
+        if (self._schema_version(conn, True) or 0) >= SCHEMA_VERSION:  # upgraded meanwhile (or newer)
+            conn.execute("COMMIT")
+            return
         columns = {r[1] for r in conn.execute("PRAGMA table_info(best)")}
         for name, kind in _ADDED_BEST_COLUMNS:
             if name not in columns:  # another process may have upgraded it meanwhile
@@ -338,6 +348,10 @@ class ProfileStore:
         if self._absent:  # opened to read, and now written: the store is created for real
             self._absent = False
             self._open_or_create(create=True)
+        if self._older:  # opened to read an older schema, and now written: upgraded first
+            with self._connect() as conn:
+                self._upgrade(conn)
+            self._older = False
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -354,7 +368,7 @@ class ProfileStore:
 
     def _summaries(self, clause: str, params: tuple) -> list[ProfileSummary]:
         with self._connect() as conn:
-            rows = conn.execute(f"{_SUMMARY_SQL} {clause}", params).fetchall()
+            rows = conn.execute(f"{_OLDER_SUMMARY_SQL if self._older else _SUMMARY_SQL} {clause}", params).fetchall()
         return [ProfileSummary(**{**dict(r), "hardware_facts": stored_object(
             self.path, r["hardware_facts"], r["id"], "its hardware facts are")}) for r in rows]
 

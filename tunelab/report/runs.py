@@ -124,7 +124,8 @@ def _outcome_of_best(best: Any, search: list[Any]) -> dict[str, Any]:
     if best.outcome is None:
         return {}
     adopted = best.gain_low is not None and best.gain_high is not None
-    interval = {"gain": best.gain, "low": best.gain_low, "high": best.gain_high, "n": None} if adopted else None
+    # (a lock stored before schema 3 has no estimate: the ratio of its two means may lie outside its interval)
+    interval = {"gain": best.estimate, "low": best.gain_low, "high": best.gain_high, "n": None} if adopted else None
     return {"adopted": adopted, "gain_interval": interval, "converged": best.ended == "converged",
             "decision": "" if adopted else best.kept_reason(),
             "stop_reason": best.ended, "retuned": best.retuned, "samples_to_lock": len(search) or None,

@@ -59,6 +59,9 @@ def outcome_text(run: dict[str, Any]) -> str:
                       "was needed)")
         else:
             source = f" from {n} re-measurement{'s' if n != 1 else ''} paired with the default"
+        if iv.get("gain") is None:  # stored before the store kept the estimate
+            return (f"Locked a tuned configuration: 90 % interval [{iv['low']:.2f}, {iv['high']:.2f}]x the "
+                    f"default's throughput{source}." + cost)
         return (f"Locked a tuned configuration: {iv['gain']:.2f}x the default's throughput, 90 % interval "
                 f"[{iv['low']:.2f}, {iv['high']:.2f}]{source}." + cost)
     up = out.get("runner_up_interval")
