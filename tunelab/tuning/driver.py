@@ -167,7 +167,8 @@ class Driver:
     def block_steps(self) -> int:
         """Measured steps of an exploration (and reference, and watched) block: ``plan.measure_steps``,
         or as many as last ``plan.block_seconds`` at the fastest warm-up step where steps are short (a
-        fast GPU step; noise and drift grow with time, not with steps).  Fixed at the first measured step."""
+        fast GPU step; noise and drift grow with time, not with steps).  Fixed at the first measured step;
+        with no warm-up step timed (a watching driver without warm-up steps) it stays ``measure_steps``."""
         return self._block_steps if self._block_steps is not None else self.plan.measure_steps
 
     def _size_blocks(self, fastest_s: float) -> int:

@@ -9,8 +9,8 @@ from .run import describe
 
 def print_tune_summary(result: dict) -> None:
     default, best, final = result["default"], result["best"], result["locked_final"]
-    each = f" of {result['block_steps']} measured steps" if result.get("block_steps") else ""
-    print(f"# {len(result['samples'])} blocks{each} in {result['seconds']:.0f} s; locked after "
+    each = f" (exploration blocks of {result['block_steps']} measured steps)" if result.get("block_steps") else ""
+    print(f"# {len(result['samples'])} blocks in {result['seconds']:.0f} s{each}; locked after "
           f"{result['samples_to_lock']} blocks, {result['steps_to_lock']} steps "
           f"({result['seconds_to_lock']:.0f} s); exploration ended: {result['stop_reason']}")
     print(f"default: {describe(Knobs(**default['knobs'])):<52} {default['score']:8.2f} samples/s "
