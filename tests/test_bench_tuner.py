@@ -15,6 +15,7 @@ from tunelab.bench.tuner import (
     Landscape,
     evaluate,
     exhaustive_pick,
+    plan_for,
     share_interval,
     truth_ceiling,
 )
@@ -329,3 +330,24 @@ def test_the_shipped_two_node_landscape_searches_hierarchical_jointly():
     assert land.space.names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes", "hierarchical")
     assert len(land.knobs) == 24 and all(p.size == 9 for p in land.step_pools)  # 3 visits x 3 steps
     assert land.knobs[int(land.means.argmax())].hierarchical  # behind a slow link the node-local stages pay
+
+
+@pytest.mark.mpi
+def test_bench_landscape_visits_last_a_tuning_block_where_steps_are_fast(tmp_path):
+    """A visit is measured as a tuning block is: on a workload whose steps take ~35 ms, block_seconds
+    (here 0.5) sets the visit's steps, recorded as the landscape's measure_steps, which its replay's plan
+    then uses."""
+    (tmp_path / "fast.toml").write_text(
+        'workload = "replay"\nmodel = "resnet50"\n[run]\nnp = 2\n[tuning]\nmeasure_steps = 3\nblock_seconds = 0.5\n'
+        '[replay]\nforward_ms = 10\nbackward_ms = 20\n')
+    out = tmp_path / "fast.json"
+    proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "landscape", "--scenario",
+                           str(tmp_path / "fast.toml"), "--grid", "fusion_threshold_bytes=0,64MiB", "--repeats", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    n = doc["measure_steps"]
+    assert n > 3 and doc["block_seconds"] == 0.5
+    visits = [v for p in doc["points"] for v in p["steps_s"]]
+    assert all(len(v) == n for v in visits) and sum(map(sum, visits)) / len(visits) > 0.4
+    assert plan_for(Landscape.from_dict(doc, "fast")).measure_steps == n

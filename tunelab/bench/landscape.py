@@ -4,7 +4,8 @@ A landscape is what a tuning strategy would see if it could measure every grid p
 is visited ``repeats`` times, in a freshly shuffled order per repeat (so slow drift on a shared
 machine spreads over all points instead of biasing the ones measured last), and every visit is
 measured exactly as a live tuning sample is (``discard_steps`` after the knob change, then
-``measure_steps`` timed steps, score = median samples/s).  ``tunelab bench tuner`` replays stored
+``measure_steps`` timed steps, or as many as last ``block_seconds`` where steps are short, sized once
+from the fastest warm-up step; score = median samples/s).  ``tunelab bench tuner`` replays stored
 landscapes to compare search strategies without running training again.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import random
 import time
@@ -103,6 +105,8 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
     """Visit every grid point ``repeats`` times; rank 0 changes the knobs, every rank runs the same steps."""
     import numpy as np
 
+    from ..tuning.plan import block_steps_for
+
     comm = rt.sync_comm
     space = grid_space(p["grid"], pinned, rt.topology.num_nodes, device=p.get("device") == "cuda")
     points = grid_points(p["grid"], space.base)
@@ -110,8 +114,14 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
     scores: list[list[float]] = [[] for _ in points]
     steps_s: list[list[list[float]]] = [[] for _ in points]  # every visit's measured step times
     load_before = os.getloadavg()[0]  # other work on the host skews a landscape: keep the evidence
+    fastest = math.inf
     for _ in range(p["warmup_steps"]):
+        t = time.perf_counter()
         workload.step()
+        fastest = min(fastest, time.perf_counter() - t)
+    # a visit is as long as a tuning block: at least block_seconds (rank 0's steps decide for every rank)
+    visit_steps = comm.bcast(block_steps_for(p["measure_steps"], p.get("block_seconds"), fastest)
+                             if comm.rank == 0 else None, root=0)
     t0 = time.perf_counter()
     for n, i in enumerate(order):
         if comm.rank == 0:
@@ -119,7 +129,7 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
         for _ in range(p["discard_steps"]):
             workload.step()
         times = []
-        for _ in range(p["measure_steps"]):
+        for _ in range(visit_steps):
             t = time.perf_counter()
             workload.step()
             times.append(time.perf_counter() - t)
@@ -130,7 +140,9 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
                   flush=True)
     if comm.rank != 0:
         return {}
-    result = _result(p, rt, workload, space, points, scores, order, time.perf_counter() - t0)
+    result = _result({**p, "measure_steps": visit_steps}, rt, workload, space, points, scores, order,
+                     time.perf_counter() - t0)
+    result["block_seconds"] = p.get("block_seconds")
     for point, visits in zip(result["points"], steps_s):
         point["steps_s"] = visits
     result["samples_per_step"] = workload.samples_per_step

@@ -51,7 +51,7 @@ import numpy as np
 
 from ..knobs import Knobs
 from . import noise, stats
-from .plan import Decision, Plan, Sample
+from .plan import Decision, Plan, Sample, block_steps_for
 from .space import SearchSpace
 from .strategies import Observation, Told
 
@@ -137,7 +137,7 @@ class Driver:
             block.discard_left -= 1
             return None
         if self._block_steps is None:  # the first measured step: size every block from the warm-up
-            self._block_steps = self._size_blocks(self._fastest_s)
+            self._block_steps = block_steps_for(self.plan.measure_steps, self.plan.block_seconds, self._fastest_s)
             self._remeasure_steps = self._block_steps
         block.times.append(step_s)
         if len(block.times) < self._steps_of(block):
@@ -171,13 +171,6 @@ class Driver:
         with no warm-up step timed (a watching driver without warm-up steps) it stays ``measure_steps``."""
         return self._block_steps if self._block_steps is not None else self.plan.measure_steps
 
-    def _size_blocks(self, fastest_s: float) -> int:
-        """``plan.measure_steps``, or more when the fastest warm-up step (``fastest_s``; inf: none was
-        timed) takes less than ``plan.block_seconds / plan.measure_steps``."""
-        plan = self.plan
-        if plan.block_seconds is None or not math.isfinite(fastest_s) or fastest_s <= 0:
-            return plan.measure_steps
-        return max(plan.measure_steps, math.ceil(plan.block_seconds / fastest_s - 1e-9))
 
     def _choose_remeasure_steps(self, finalists: list[Knobs]) -> int:
         """Steps of each re-measurement block, chosen once as re-measurement starts: ``plan.remeasure_steps``

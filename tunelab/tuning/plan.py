@@ -57,6 +57,15 @@ class Plan:
                              "seconds > 0)")
 
 
+def block_steps_for(measure_steps: int, block_seconds: float | None, fastest_s: float) -> int:
+    """Measured steps of a block: ``measure_steps``, or more when the fastest warm-up step (``fastest_s``;
+    inf: none was timed) is shorter than ``block_seconds / measure_steps``, so that a block lasts at least
+    ``block_seconds`` (None: no minimum).  The tuning driver and ``bench landscape``'s visits use it."""
+    if block_seconds is None or not math.isfinite(fastest_s) or fastest_s <= 0:
+        return measure_steps
+    return max(measure_steps, math.ceil(block_seconds / fastest_s - 1e-9))
+
+
 @dataclass(frozen=True)
 class Sample:
     index: int
