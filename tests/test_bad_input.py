@@ -335,6 +335,7 @@ def test_a_killed_rank_stops_the_job_with_one_line(tmp_path):
 @pytest.mark.parametrize("change,fragment", [
     (lambda d: d.update(discard_steps="x"), "discard_steps must be an integer >= 0"),
     (lambda d: d.update(measure_steps=0), "measure_steps must be an integer >= 1"),
+    (lambda d: d.update(block_seconds=-1), "block_seconds must be a positive number of seconds"),
     (lambda d: d["space"].update(names=["nope"]), "space.names has 'nope'"),
     (lambda d: d["space"].update(names="segment_bytes"), "space.names is not a list of knob names"),
     (lambda d: d.update(scenario=5), "scenario must be a scenario's name"),

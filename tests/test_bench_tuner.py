@@ -350,4 +350,5 @@ def test_bench_landscape_visits_last_a_tuning_block_where_steps_are_fast(tmp_pat
     assert n > 3 and doc["block_seconds"] == 0.5
     visits = [v for p in doc["points"] for v in p["steps_s"]]
     assert all(len(v) == n for v in visits) and sum(map(sum, visits)) / len(visits) > 0.4
-    assert plan_for(Landscape.from_dict(doc, "fast")).measure_steps == n
+    plan = plan_for(Landscape.from_dict(doc, "fast"))
+    assert plan.measure_steps == n and plan.block_seconds == 0.5

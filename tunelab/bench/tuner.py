@@ -41,13 +41,14 @@ __all__ = ["LANDSCAPE_DIR", "Landscape", "compare", "evaluate", "run_once"]
 
 
 def plan_for(landscape: Landscape, budget: int | None = None) -> Plan:
-    """The plan ``tunelab tune`` runs for the landscape's scenario: its budget and block sizes (``budget``
-    overrides; a landscape without a known scenario gets the defaults)."""
+    """The plan ``tunelab tune`` runs for the landscape's scenario: its budget and block sizes, as they were
+    recorded (``budget`` overrides; a landscape without a known scenario gets the defaults)."""
     rec = landscape.recorded or {}
     scenario_budget, _ = _scenario_budget(landscape)
     return Plan(budget_samples=budget or scenario_budget or Plan().budget_samples,
                 discard_steps=int(rec.get("discard_steps", Plan().discard_steps)),
-                measure_steps=int(rec.get("measure_steps", Plan().measure_steps)))
+                measure_steps=int(rec.get("measure_steps", Plan().measure_steps)),
+                block_seconds=float(rec.get("block_seconds", Plan().block_seconds)))
 
 
 def _scenario_budget(landscape: Landscape) -> tuple[int | None, str | None]:

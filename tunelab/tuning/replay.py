@@ -77,7 +77,8 @@ class Landscape:
             missing = {False, True} - {bool(getattr(k, flag)) for k in knobs}
             if missing:
                 raise TunelabError(f"landscape {name}: {flag} is searched but no point has {flag}={missing.pop()}")
-        recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps") if k in doc}
+        recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps", "block_seconds")
+                    if doc.get(k) is not None}
         if all(p.size for p in pools):
             visits = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
             drift = recording_drift(points, doc.get("order"))
@@ -151,6 +152,10 @@ def _header_problem(doc: object) -> str | None:
         value = doc.get(key, low)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             return f"{key} must be an integer >= {low}, got {value!r}"
+    seconds = doc.get("block_seconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not 0 < seconds < math.inf):
+        return f"block_seconds must be a positive number of seconds, got {seconds!r}"
     if "scenario" in doc and not isinstance(doc["scenario"], str):
         return f"scenario must be a scenario's name, got {doc['scenario']!r}"
     per_step = doc.get("samples_per_step", 1.0)
