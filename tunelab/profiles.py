@@ -73,15 +73,15 @@ _BEST_COLUMNS = ("profile_id, knobs, score, default_score, spread, run_id, updat
                  "outcome, gain")
 _BEST_SLOTS = ", ".join("?" * len(_BEST_COLUMNS.split(",")))
 
-_SUMMARY_SQL = """
+_SUMMARY_SQL_OF = """
 SELECT p.*, (SELECT COUNT(*) FROM trials t WHERE t.profile_id = p.id) AS n_trials,
-       b.score AS best_score, CASE WHEN b.gain IS NULL THEN b.score / b.default_score
-            WHEN typeof(b.gain) IN ('real', 'integer') THEN b.gain END AS best_gain
+       b.score AS best_score, {gain} AS best_gain
 FROM profiles p LEFT JOIN best b ON b.profile_id = p.id
 """
+_SUMMARY_SQL = _SUMMARY_SQL_OF.format(gain="CASE WHEN b.gain IS NULL THEN b.score / b.default_score "
+                                           "WHEN typeof(b.gain) IN ('real', 'integer') THEN b.gain END")
 # An older store read as it is (no gain column): every best's gain is its ratio of means.
-_OLDER_SUMMARY_SQL = _SUMMARY_SQL.replace(_SUMMARY_SQL[_SUMMARY_SQL.index("CASE"):_SUMMARY_SQL.index(" AS best_gain")],
-                                          "b.score / b.default_score")
+_OLDER_SUMMARY_SQL = _SUMMARY_SQL_OF.format(gain="b.score / b.default_score")
 _KEY_WHERE = "hardware_hash = ? AND model_signature = ? AND framework = ? AND world_size = ?"
 
 

@@ -138,7 +138,6 @@ class Driver:
             return None
         if self._block_steps is None:  # the first measured step: size every block from the warm-up
             self._block_steps = block_steps_for(self.plan.measure_steps, self.plan.block_seconds, self._fastest_s)
-            self._remeasure_steps = self._block_steps
         block.times.append(step_s)
         if len(block.times) < self._steps_of(block):
             return None
@@ -170,7 +169,6 @@ class Driver:
         fast GPU step; noise and drift grow with time, not with steps).  Fixed at the first measured step;
         with no warm-up step timed (a watching driver without warm-up steps) it stays ``measure_steps``."""
         return self._block_steps if self._block_steps is not None else self.plan.measure_steps
-
 
     def _choose_remeasure_steps(self, finalists: list[Knobs]) -> int:
         """Steps of each re-measurement block, chosen once as re-measurement starts: ``plan.remeasure_steps``
