@@ -73,7 +73,7 @@ def test_noise_reads_step_noise_inside_blocks_and_only_the_excess_between_refere
 
 
 def test_interval_is_a_t_interval_in_ratio_units():
-    iv = stats.interval([0.1] * 4, [0.02 ** 2] * 4, df=10, confidence=0.9)
+    iv = stats.interval_of_mean(0.1, 0.02 ** 2 / 4, df=10, confidence=0.9, n=4)  # 4 ratios of sigma 0.02
     assert iv.gain == pytest.approx(math.exp(0.1)) and iv.low < iv.gain < iv.high and iv.n == 4
     half = math.log(iv.high / iv.gain)
     assert half == pytest.approx(1.8125 * 0.02 / 2, rel=1e-3)  # t(0.95, 10) x sigma / sqrt(4)
@@ -81,6 +81,36 @@ def test_interval_is_a_t_interval_in_ratio_units():
 
 
 # ---- the driver on synthetic landscapes ----------------------------------------------------------------
+def test_a_re_measured_gain_counts_each_reference_block_once_in_its_variance():
+    """F R F R F R: each reference between two re-measurements is subtracted from both ratios, so the mean
+    ratio is one linear contrast of the blocks, and its variance is that contrast's, c' S c, with S the
+    blocks' own variances (independent blocks), not the sum of the ratios' variances as if independent
+    (which counts the shared references' noise at half its weight: too narrow an interval)."""
+    from tunelab.tuning.plan import Sample
+
+    cand = SPACE.base.replace(fusion_threshold_bytes=1 * MiB)
+    rng = np.random.default_rng(3)
+    driver = Driver(SPACE, lambda e: make_strategy("random", SPACE, 0), Plan())
+    roles = ["reference"] + ["candidate", "reference"] * 4
+    for role in roles:
+        knobs = cand if role == "candidate" else SPACE.base
+        logs = tuple(float(x) for x in rng.normal(0.03 if role == "candidate" else 0.0, 0.05, 8))
+        driver.samples.append(Sample(len(driver.samples), "remeasure", role, knobs, math.exp(np.mean(logs)), 0.0,
+                                     8, 1.0, 1.0, 0, None, logs))
+    model = driver.noise()
+    # the contrast: +1/4 on each candidate block, -1/8 on each reference next to one candidate, -1/4 on each
+    # reference between two of them
+    c = np.asarray([-1 / 8] + [1 / 4, -1 / 4] * 3 + [1 / 4, -1 / 8])
+    step_var = np.asarray([model.step_var[cand if r == "candidate" else SPACE.base] / 8 for r in roles])
+    steps_part, block_part = float(c @ np.diag(step_var) @ c), float(c @ (model.tau2 * np.eye(len(c))) @ c)
+    mean = float(c @ np.asarray([s.log_score for s in driver.samples]))
+    iv = driver.interval_of(cand)
+    assert math.log(iv.gain) == pytest.approx(mean)
+    half = noise.t_quantile(0.9, model.df(steps_part, block_part)) * math.sqrt(steps_part + block_part)
+    assert math.log(iv.gain / iv.low) == pytest.approx(half, rel=1e-9)
+    assert math.log(iv.high / iv.gain) == pytest.approx(half, rel=1e-9)
+
+
 def test_replay_is_bit_exact_for_a_seed():
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     a, b, c = run(land, 3), run(land, 3), run(land, 4)

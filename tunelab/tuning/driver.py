@@ -519,14 +519,23 @@ class Driver:
         """Gain of ``knobs`` over the reference from this epoch's blocks of ``phase`` (re-measured ones by
         default), bracketed, at ``confidence`` (the plan's by default); blocks next to a reference set
         aside as disturbed are left out with it."""
-        kept = {r[0] for r in self._refs()}  # once, not per block: it reads every block's steps
-        pairs = [self._pair(s) for s in self.samples
-                 if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch
-                 and not self._next_to_disturbed(float(s.index), kept)]
-        pairs = [p for p in pairs if p is not None]
+        refs = self._refs()  # once, not per block: it reads every block's steps
+        kept = {r[0]: r for r in refs}
+        blocks = [s for s in self.samples
+                  if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch
+                  and not self._next_to_disturbed(float(s.index), set(kept))]
+        pairs = [(s, stats.paired(float(s.index), s.log_score, refs)) for s in blocks]
+        pairs = [(s, p) for s, p in pairs if p is not None]
         if not pairs:
             return None
-        steps_part, block_part = sum(p[1] for p in pairs), sum(p[2] for p in pairs)
-        df = self.noise().df(steps_part, block_part)
-        return stats.interval([p[0] for p in pairs], [p[1] + p[2] for p in pairs], df,
-                              self.plan.confidence if confidence is None else confidence)
+        # the variance of the mean ratio, each block counted once: a reference block between two
+        # re-measurements is subtracted from both ratios, so its weight in the mean adds up
+        model, n = self.noise(), len(pairs)
+        ref_var = model.step_var.get(self.default, model.pooled_var)
+        weights = stats.reference_weights([p for _, p in pairs])
+        steps_part = sum(model.block_var(s.knobs, s.steps) for s, _ in pairs) / n ** 2 \
+            + sum(w * w * ref_var / max(1, kept[pos][2]) for pos, w in weights.items())
+        block_part = model.tau2 * (1.0 / n + sum(w * w for w in weights.values()))
+        mean = sum(p.log_ratio for _, p in pairs) / n
+        return stats.interval_of_mean(mean, steps_part + block_part, model.df(steps_part, block_part),
+                                      self.plan.confidence if confidence is None else confidence, n)

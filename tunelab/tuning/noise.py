@@ -13,7 +13,8 @@ A block's statistic is the mean of its measured steps' log samples/s.  Two thing
   mean square successive difference / 2 less their step noise, blended with a small prior.
 
 A paired ratio's variance is the candidate block's variance plus the interpolated reference's (its
-squared weights), each with ``tau^2``.  The t-quantile of an interval uses Welch-Satterthwaite degrees
+squared weights), each with ``tau^2``; the mean of several ratios that share reference blocks counts
+each block once, with its total weight (:meth:`.driver.Driver.interval_of`).  The t-quantile of an interval uses Welch-Satterthwaite degrees
 of freedom of the two parts.
 """
 

@@ -20,6 +20,7 @@ class Paired:
     log_ratio: float
     weight2: float  # sum of the references' squared interpolation weights (see :meth:`.noise.Noise.pair_var`)
     per_step: float | None = None  # sum of weight^2 / steps of those references (None: their steps not given)
+    weights: tuple[tuple[float, float], ...] = ()  # (position, weight) of each reference it was paired with
 
 
 @dataclass(frozen=True)
@@ -49,22 +50,30 @@ def paired(position: float, log_score: float, refs: list[tuple[float, ...]],
         r0, r1 = before[-1], after[0]
         w1 = (position - r0[0]) / (r1[0] - r0[0])
         per_step = (1.0 - w1) ** 2 / r0[2] + w1 ** 2 / r1[2] if len(r0) > 2 and len(r1) > 2 else None
-        return Paired(log_score - ((1.0 - w1) * r0[1] + w1 * r1[1]), (1.0 - w1) ** 2 + w1 ** 2, per_step)
+        return Paired(log_score - ((1.0 - w1) * r0[1] + w1 * r1[1]), (1.0 - w1) ** 2 + w1 ** 2, per_step,
+                      ((r0[0], 1.0 - w1), (r1[0], w1)))
     nearest = before[-1] if before else (after[0] if after else None)
     if nearest is None:
         return None
-    return Paired(log_score - nearest[1], 1.0, 1.0 / nearest[2] if len(nearest) > 2 else None)
+    return Paired(log_score - nearest[1], 1.0, 1.0 / nearest[2] if len(nearest) > 2 else None, ((nearest[0], 1.0),))
 
 
-def interval(log_ratios: list[float], variances: list[float], df: float, confidence: float) -> Interval | None:
-    """Mean paired log ratio and its t-interval (``df`` degrees of freedom), back in ratio units; each
-    ratio with its own variance.  None without ratios."""
-    if not log_ratios:
-        return None
+def reference_weights(pairs: list[Paired]) -> dict[float, float]:
+    """Each reference block's weight in the mean of ``pairs``' log ratios (by position).  Ratios that share
+    a reference block (a finalist re-measured between references: F R F R ...) are not independent: the
+    block between two of them is subtracted from both, so its weight in the mean is the sum of its
+    weights over the pairs, and its variance counts with that weight squared, not once per pair."""
+    n = len(pairs)
+    weights: dict[float, float] = {}
+    for p in pairs:
+        for position, w in p.weights:
+            weights[position] = weights.get(position, 0.0) + w / n
+    return weights
+
+
+def interval_of_mean(mean: float, variance: float, df: float, confidence: float, n: int) -> Interval:
+    """A mean log ratio of ``n`` pairs with the variance of that mean: its t-interval in ratio units."""
     from .noise import t_quantile
 
-    n = len(log_ratios)
-    mean = sum(log_ratios) / n
-    se = math.sqrt(sum(variances)) / n
-    half = t_quantile(confidence, df) * se
+    half = t_quantile(confidence, df) * math.sqrt(max(0.0, variance))
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
