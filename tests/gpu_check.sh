@@ -9,9 +9,9 @@
 # order): tests kernels allreduce tune train (tune first: bench train then also times the profile it
 # stored).  The summary at the end names each step's exit status and seconds (124: it ran out of
 # time); the script exits 1 when any step failed.  A step's log and JSON from an earlier run in DIR
-# are removed before it runs.  More steps, run only when named: tune1
-# and train1 (tune and bench train at one rank, where DDP uses NCCL), phases (tests/gpu_step_phases.py: a training step's
-# host time by phase, plain against tunelab), profile (tests/gpu_call_profile.py at 1 and 2 ranks),
+# are removed before it runs.  More steps, run only when named: train1 (bench train at one rank, where
+# DDP uses NCCL and tunelab's optimizer sends nothing), phases (tests/gpu_step_phases.py: a training step's
+# host time by phase, plain against tunelab's coordinator), profile (tests/gpu_call_profile.py at 1 and 2 ranks),
 # cycles (tests/gpu_step_phases.py at one rank for cycle times from 1 to 100 ms), gil (the same at a 1 ms
 # cycle for GIL switch intervals from 5000 to 50 us).
 set -u
@@ -88,11 +88,8 @@ for s in $STEPS; do
         tune)
             step tune 420 tunelab tune --model resnet50 --device cuda --image-size 224 --batch-size 32 \
                 --json "$DIR/tune.json" --no-report ;;
-        tune1)  # one rank (before train1, which then also times the profile it stored)
-            step tune1 300 tunelab tune --model resnet50 --device cuda --np 1 --image-size 224 --batch-size 32 \
-                --json "$DIR/tune1.json" --no-report ;;
         *)
-            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train tune1 train1 phases profile cycles gil)" >&2
+            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile cycles gil)" >&2
             exit 2 ;;
     esac
 done

@@ -93,12 +93,25 @@ def case_tf_training(comm, steps: int = 5) -> dict:
     n = tl.size()
     ref = reference(steps, n)
     out = {}
+    coordinator = tl._rt.current().coordinator
+    enqueue, gradients = coordinator._enqueue, []  # count the gradients handed to the coordinator
+
+    def counting(reqs):
+        gradients.extend(r.name for r in reqs if "gradients" in r.name)
+        return enqueue(reqs)
+
+    coordinator._enqueue = counting
     for label, use_fn, comp in (("function", True, tl.Compression.none), ("eager", False, tl.Compression.none),
                                 ("fp16", True, tl.Compression.fp16)):
+        gradients.clear()
         mine = custom_loop(steps, use_fn, comp)
-        out[label] = {"max_abs_diff": _max_diff(mine, ref), "digest": float(sum(float(w.sum()) for w in mine))}
+        out[label] = {"max_abs_diff": _max_diff(mine, ref), "digest": float(sum(float(w.sum()) for w in mine)),
+                      "gradients_submitted": len(gradients)}
+    gradients.clear()
     weights, losses = fit_run(epochs=2, batches=3)
-    out["fit"] = {"max_abs_diff": _max_diff(weights, fit_reference(2, 3, n)), "losses": losses}
+    out["fit"] = {"max_abs_diff": _max_diff(weights, fit_reference(2, 3, n)), "losses": losses,
+                  "gradients_submitted": len(gradients)}
+    coordinator._enqueue = enqueue
     x = tf.constant(np.arange(6, dtype=np.float32) + tl.rank())
     out["allreduce_sum"] = tl.allreduce(x, op=tl.Sum).numpy().tolist()
     out["allgather"] = tl.allgather(tf.fill([tl.rank() + 1], float(tl.rank()))).numpy().tolist()

@@ -67,12 +67,25 @@ def case_torch_training(comm, steps: int = 6) -> dict:
     torch.set_num_threads(1)
     tl.init(comm)
     out = {}
+    from tunelab import runtime
+
+    coordinator = runtime.current().coordinator
+    enqueue, gradients = coordinator._enqueue, []  # count the gradients handed to the coordinator
+
+    def counting(reqs):
+        gradients.extend(r.name for r in reqs if r.name.startswith("grad."))
+        return enqueue(reqs)
+
+    coordinator._enqueue = counting
     for mode, micro, kwargs in (("plain", 1, {}), ("bpps2", 2, {}),
-                                ("fp16", 1, {"compression": tl.Compression.fp16}), ("groups2", 1, {"groups": 2})):
+                                ("fp16", 1, {"compression": tl.Compression.fp16}), ("groups2", 1, {"groups": 2}),
+                                ("predivide4", 1, {"gradient_predivide_factor": 4.0})):
+        gradients.clear()
         mine = distributed_weights(steps, micro, **kwargs)
         ref = reference_weights(steps, tl.size(), micro)
         out[mode] = {"max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(mine, ref)),
-                     "digest": digest(mine)}
+                     "digest": digest(mine), "gradients_submitted": len(gradients)}
+    coordinator._enqueue = enqueue
     model = tiny_model()
     groups = [list(model.parameters())[:2], list(model.parameters())[4:]]
     opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=groups)
@@ -591,4 +604,4 @@ def case_torch_retune(comm, env_home: str) -> dict:
     return result
 
 
-from mpi_torch_parity_cases import case_torch_parity  # noqa: F401  (dispatched by mpi_cases.py)
+from mpi_torch_parity_cases import case_torch_optimizer_options, case_torch_parity  # noqa: F401  (dispatched by mpi_cases.py)

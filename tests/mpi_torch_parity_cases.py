@@ -194,15 +194,19 @@ def sparse_and_options(r: int, n: int) -> dict:
     def loss(m, idx, y):
         return ((m["head"](m["emb"](idx)) - y) ** 2).mean()
 
-    def run(dist: bool, clip: bool = False, **kw) -> list[torch.Tensor]:
+    def run(dist: bool, clip: bool = False, micro: int = 1, **kw) -> list[torch.Tensor]:
         m = model_and_data(0)
         opt = torch.optim.SGD(m.parameters(), lr=0.2)
         if dist:
-            opt = tl.DistributedOptimizer(opt, named_parameters=m.named_parameters(), load_profile=False, **kw)
+            opt = tl.DistributedOptimizer(opt, named_parameters=m.named_parameters(), load_profile=False,
+                                          backward_passes_per_step=micro, **kw)
         for step in range(3):
             opt.zero_grad()
-            if dist:
-                loss(m, *batch(step, r)).backward()
+            if dist:  # (in micro-batches: the mean of their mean losses is the batch's mean loss)
+                idx, y = batch(step, r)
+                for q in range(micro):
+                    part = slice(q * len(idx) // micro, (q + 1) * len(idx) // micro)
+                    loss(m, idx[part], y[part]).backward()
             else:  # mean of the ranks' mean losses = the distributed average of gradients
                 (sum(loss(m, *batch(step, q)) for q in range(n)) / n).backward()
             if clip:
@@ -227,6 +231,7 @@ def sparse_and_options(r: int, n: int) -> dict:
            "num_groups": diff(run(True, num_groups=2, sparse_as_dense=True), ref),
            # a sparse gradient in a group: it is allgathered, and its group's dense members still go out
            "sparse_grouped": diff(run(True, num_groups=1), ref),
+           "sparse_bpps2": diff(run(True, micro=2), ref),
            "clip": diff(run(True, clip=True, sparse_as_dense=True), run(False, clip=True))}
     out["clip_moved"] = diff(run(False, clip=True), ref) > 1e-4  # clipping changed the result
     try:
@@ -349,6 +354,15 @@ def timeline(r: int, n: int, path: str) -> dict:
     with open(path) as f:
         events = json.load(f)
     return {"spans": sum(e.get("name") == "allreduce" for e in events), "valid": True}
+
+
+def case_torch_optimizer_options(comm) -> dict:
+    """The optimizer's options alone (sparse gradients, predivide, groups, clipping), on any world size."""
+    torch.set_num_threads(1)
+    tl.init(comm)
+    out = sparse_and_options(tl.rank(), tl.size())
+    tl.shutdown()
+    return out
 
 
 def case_torch_parity(comm) -> dict:

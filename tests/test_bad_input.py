@@ -87,6 +87,14 @@ def test_a_tiny_link_speed_from_the_environment_is_refused(tmp_path):
     assert "TUNELAB_LINK_GBPS" in proc.stderr and "0.001 .. 100000 Gb/s" in proc.stderr
 
 
+def test_tuning_one_rank_is_a_usage_error(tmp_path):
+    """One rank's gradients are their own allreduce (the optimizers send nothing): nothing to tune, so
+    tune says so before launching anything, and writes no store."""
+    proc = tunelab("tune", "--model", "resnet50", "--np", "1", env={"TUNELAB_HOME": str(tmp_path)})
+    one_line_error(proc, 2, "tune needs 2 or more ranks")
+    assert not any(tmp_path.iterdir())
+
+
 # ---- model files ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):

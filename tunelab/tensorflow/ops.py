@@ -395,7 +395,11 @@ def allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op: str) -> tf.I
 def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
                      sparse_as_dense: bool) -> list[Any]:
     """Allreduce a list of gradients (None kept): dense ones in one request, IndexedSlices by allgather
-    unless ``sparse_as_dense``."""
+    unless ``sparse_as_dense``.  One rank in all: each gradient is its own allreduce (a sum or an
+    average over one rank), so it is returned as it is (dense where asked) without a request."""
+    if _rt.current().topology.size == 1:
+        return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
+                for g in grads]
     out = list(grads)
     dense = [i for i, g in enumerate(grads) if g is not None and
              (sparse_as_dense or not isinstance(g, tf.IndexedSlices))]

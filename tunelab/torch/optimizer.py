@@ -54,6 +54,11 @@ class _DistributedMixin:
         self._tl_direct = compression is Compression.none and self._tl_predivide == 1.0
         self._tl_passes = backward_passes_per_step
         self._tl_op = op
+        # One rank in all: the allreduce of a gradient is the gradient (a sum or an average over one
+        # rank), so nothing goes to the coordinator.  On a GPU a rank of its own pays for every engine
+        # call in host time during backward (the coordinator's thread holds the GIL that the autograd
+        # thread needs); here it pays for the hooks' bookkeeping alone.
+        self._tl_alone = _rt.current().topology.size == 1
         # One record per parameter, looked up once per hook (a tensor's hash runs in Python)
         self._tl_slots = {p: _Slot(f"grad.{self._tl_names[p]}", self._tl_group_of.get(p)) for p in params}
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
@@ -76,6 +81,16 @@ class _DistributedMixin:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         op = Sum if self._tl_predivide != 1.0 else self._tl_op
+        if self._tl_alone:
+            if p.grad.is_sparse and self._tl_sparse_as_dense:
+                p.grad = p.grad.to_dense()  # (what the optimizer is given does not depend on the world size)
+            if p.grad.is_sparse:  # (coalesced, as the allgather of several ranks leaves it)
+                p.grad = p.grad.coalesce() / self._tl_passes if self._tl_passes > 1 else p.grad.coalesce()
+            elif self._tl_passes > 1 and not slot.scaled:
+                p.grad.div_(self._tl_passes)
+                slot.scaled = True
+            slot.submitted = True  # (no predivide factor: it would divide and multiply back by the same f)
+            return
         if p.grad.is_sparse:
             if not self._tl_sparse_as_dense:
                 self._tl_sparse.append(p)  # reduced by allgather in synchronize(), in parameter order
@@ -142,7 +157,7 @@ class _DistributedMixin:
                 self._tl_drain()
             raise
         self._tl_drain()
-        if self._tl_predivide != 1.0:
+        if self._tl_predivide != 1.0 and not self._tl_alone:
             post = self._tl_predivide / _rt.current().topology.size
             sparse = {id(q) for q in self._tl_sparse}
             for p in self._tl_params:
