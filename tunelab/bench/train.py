@@ -1,7 +1,7 @@
 """``tunelab bench train``: training throughput of tunelab next to the framework's own data-parallel
 path (torch DDP, TensorFlow's MultiWorkerMirroredStrategy), measured in the same run (rank side).
 
-With torch, ``no-comm`` is the physical bound: every rank trains the same model on its own, with no
+``no-comm`` is the physical bound: every rank trains the same model on its own, with no
 communication at all, at the same time as its peers (so ranks that share cores or a GPU contend as
 they do in the real job).  With ``--device cuda`` each rank trains on its GPU (local rank modulo the
 visible GPUs); DDP runs over NCCL when every rank has a GPU of its own and over gloo when ranks
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 SYSTEMS = {"torch": ("tunelab-tuned", "tunelab", "no-comm", "ddp"),
-           "tensorflow": ("tunelab-tuned", "tunelab", "mwms")}
+           "tensorflow": ("tunelab-tuned", "tunelab", "no-comm", "mwms")}
 
 
 def run_rank(p: dict) -> dict:
@@ -268,6 +268,9 @@ def _tf_bench(p: dict) -> dict:
         for system in rotated(systems, r):
             if system == "mwms":
                 total, per_step, identical = _mwms_phase(comm, strategy, x, y, p)
+            elif system == "no-comm":
+                total, per_step = _tf_alone_phase(comm, x, y, p)
+                identical = True  # nothing is shared: each rank trains on its own data
             else:
                 total, per_step, identical = _tf_tunelab_phase(comm, x, y, p, tuned=system == "tunelab-tuned",
                                                                seen=knobs.setdefault(system, {}))
@@ -370,6 +373,25 @@ def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool,
         return total, per_step, _tf_weights_identical(comm, model)
     finally:
         tl.shutdown()
+
+
+def _tf_alone_phase(comm: Any, x: Any, y: Any, p: dict) -> tuple[float, list[float]]:
+    """The bound: the same model, optimizer and step in a ``tf.function``, each rank on its own (no
+    tape wrapper, no communication), all ranks at once."""
+    import keras
+    import tensorflow as tf
+
+    model, opt = _keras_model(p)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function(jit_compile=False)
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    return _timed(comm, step, p["steps"], p["warmup"])
 
 
 def _mwms_phase(comm: Any, strategy: Any, x: Any, y: Any, p: dict) -> tuple[float, list[float], bool]:
