@@ -236,3 +236,25 @@ def case_tf_retune(comm, env_home: str) -> dict:
 
 
 from mpi_tf_parity_cases import case_tf_parity  # noqa: F401  (dispatched by mpi_cases.py)
+
+
+def case_tf_inputs_kept(comm) -> dict:
+    """Host tensors reach the engine as read-only views of TensorFlow's own buffers (DLPack, no copy):
+    every engine path must leave them as they were.  On one node (the one-shot up to
+    ``oneshot_max_bytes``, the two-shot above) and on emulated nodes of one rank (recursive doubling
+    up to ``doubling_max_bytes``, the flat ring above), eagerly and in a graph; the sums are checked too."""
+    out = {}
+    for layout, settings in (("one node", {}), ("nodes of one rank", {"ranks_per_node": 1})):
+        tl.init(comm, **settings)
+        n, r = tl.size(), tl.rank()
+        for count in (6, 3000, 600_000):  # 24 B, 12 KiB, 2.3 MiB of float32
+            base = np.arange(count, dtype=np.float32) % 97 + r
+            x = tf.constant(base)
+            eager = tl.allreduce(x, op=tl.Sum)
+            graph = tf.function(lambda t: tl.allreduce(t, op=tl.Sum))(x)
+            want = (np.arange(count, dtype=np.float32) % 97) * n + n * (n - 1) / 2
+            out[f"{layout} {count}"] = {"kept": bool(np.array_equal(x.numpy(), base)),
+                                        "eager": bool(np.array_equal(eager.numpy(), want)),
+                                        "graph": bool(np.array_equal(graph.numpy(), want))}
+        tl.shutdown()
+    return out

@@ -45,7 +45,7 @@ def test_gpu_results_are_waited_for_before_tf_reads_them(monkeypatch: pytest.Mon
 
     def runtime(result):
         handle = SimpleNamespace(wait=lambda: result)
-        coordinator = SimpleNamespace(submit_group=lambda names, arrays, op, group=None: [handle])
+        coordinator = SimpleNamespace(submit_group=lambda names, arrays, op, outs=None, group=None: [handle])
         return SimpleNamespace(coordinator=coordinator, topology=SimpleNamespace(size=2))
 
     monkeypatch.setattr(ops._rt, "current", lambda: runtime(np.ones(3, np.float32)))

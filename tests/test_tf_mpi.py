@@ -146,3 +146,11 @@ def test_horovod_parity(n):
         assert lr["schedule"] == pytest.approx([0.1] * steps + [0.05] * steps + [0.025] * steps, rel=1e-6)
         assert lr["schedule_logged"] == pytest.approx([0.1, 0.05, 0.025], rel=1e-6)
         assert res["built"] == [True, False, False]
+
+
+def test_the_engine_reads_tensorflow_host_tensors_in_place_and_leaves_them_unchanged():
+    results = run_ok("tf_inputs_kept", 2, limit_s=300)
+    for res in results:
+        assert len(res) == 6
+        for key, checks in res.items():
+            assert checks == {"kept": True, "eager": True, "graph": True}, (key, checks)

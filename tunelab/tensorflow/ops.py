@@ -57,7 +57,10 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
         raise TypeError("a grouped integer average cannot mix integer and floating tensors")
     shapes = [a.shape for a in arrays]
     flat = [a.reshape(1) if a.ndim == 0 else a for a in arrays]  # 0-d as [1]
-    handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, group=group)
+    # host results land in buffers aligned as TensorFlow's own, which it can then take without a copy
+    outs = [_aligned_empty(f.shape, f.dtype) for f in flat] \
+        if not int_avg and all(isinstance(a, np.ndarray) for a in arrays) else None
+    handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, outs=outs, group=group)
     outs = [h.wait().reshape(shape) for h, shape in zip(handles, shapes)]
     if int_avg:  # (on a GPU these are CuPy kernels on CuPy's current stream: queued before the wait below)
         outs = [integer_average(o, rt.topology.size) for o in outs]
@@ -73,9 +76,38 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
     return outs
 
 
+# TensorFlow's kernels assume a tensor's data aligned to this many bytes (64 covers every build's
+# Eigen); a tensor made on a less aligned buffer aborts the process in the first kernel that reads it
+_TF_ALIGN = 64
+
+
+class _HostExport:
+    """A host tensor offered to numpy through DLPack: numpy reads TensorFlow's buffer in place."""
+
+    def __init__(self, t: tf.Tensor) -> None:
+        self.t = t
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return tf.experimental.dlpack.to_dlpack(self.t)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a ``_TF_ALIGN`` boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _TF_ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % _TF_ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _to_engine(t: tf.Tensor) -> Any:
     """A GPU tensor as a CuPy array on the same memory (DLPack, no copy), so the engine reduces it
-    on the device; anything else (and bfloat16, which CuPy cannot hold) as a numpy array."""
+    on the device; a host tensor as a read-only numpy view of its buffer (DLPack, no copy: the engine
+    reads its inputs and writes its results elsewhere), or a copy where DLPack cannot carry its dtype
+    (bfloat16, bool)."""
     # backing_device: where the memory is (TF keeps int32 in host memory even for a GPU op's output)
     where = getattr(t, "backing_device", None) or t.device or ""
     if "GPU" in where.upper() and t.dtype != tf.bfloat16:
@@ -83,7 +115,10 @@ def _to_engine(t: tf.Tensor) -> Any:
 
         _check_dlpack_device(where)
         return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
-    return np.asarray(t.numpy())  # 0-d tensors give numpy scalars: make them arrays
+    try:
+        return np.from_dlpack(_HostExport(t))
+    except (BufferError, RuntimeError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+        return np.asarray(t.numpy())  # 0-d tensors give numpy scalars: make them arrays
 
 
 @functools.lru_cache(maxsize=1)
@@ -121,7 +156,15 @@ def _check_dlpack_device(where: str) -> None:
 
 
 def _from_engine(a: Any) -> Any:
+    """A result as TensorFlow takes it: a host array aligned as its tensors are, as a tensor on the same
+    memory (DLPack, no copy); any other host array as it is (TensorFlow copies it); a CuPy array as a
+    GPU tensor on the same memory."""
     if isinstance(a, np.ndarray):
+        if a.size and a.flags.c_contiguous and a.ctypes.data % _TF_ALIGN == 0:
+            try:
+                return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+            except (BufferError, RuntimeError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+                pass
         return a
     return tf.experimental.dlpack.from_dlpack(a.toDlpack())  # back to a TF GPU tensor, no copy
 
