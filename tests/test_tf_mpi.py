@@ -154,3 +154,33 @@ def test_the_engine_reads_tensorflow_host_tensors_in_place_and_leaves_them_uncha
         assert len(res) == 6
         for key, checks in res.items():
             assert checks == {"kept": True, "eager": True, "graph": True}, (key, checks)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 7)])
+def test_host_tensors_cross_to_the_engine_and_back_without_copies(dtype, shape):
+    """A host tensor reaches the engine as a read-only view of its own buffer (DLPack), and a result in an
+    aligned buffer comes back as a tensor on that memory; bfloat16 (which numpy's DLPack cannot carry)
+    and empty tensors (nothing to share) are copied.  The values and dtypes survive both ways."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tunelab.tensorflow.ops import _TF_ALIGN, _aligned_empty, _from_engine, _to_engine
+
+    t = tf.cast(tf.reshape(tf.range(int(np.prod(shape))), shape), dtype)
+    a = _to_engine(t)
+    copied = dtype == "bfloat16" or a.size == 0
+    assert a.flags.writeable == copied and a.flags.owndata == copied  # a view of TensorFlow's buffer, else a copy
+    out = _aligned_empty(a.shape, a.dtype)
+    assert out.shape == a.shape and out.dtype == a.dtype and (out.size == 0 or out.ctypes.data % _TF_ALIGN == 0)
+    out[...] = a
+    back = _from_engine(out)
+    zero_copy = not copied and out.size > 0
+    assert isinstance(back, tf.Tensor) == zero_copy
+    if zero_copy:
+        out.flat[0] = 9  # the tensor is the buffer
+        assert float(tf.reshape(back, [-1])[0]) == 9
+        out.flat[0] = 0
+    back = tf.convert_to_tensor(back)
+    assert back.dtype == t.dtype and back.shape == t.shape
+    assert np.array_equal(back.numpy().astype(np.float64), t.numpy().astype(np.float64))

@@ -81,32 +81,47 @@ def test_interval_is_a_t_interval_in_ratio_units():
 
 
 # ---- the driver on synthetic landscapes ----------------------------------------------------------------
-def test_a_re_measured_gain_counts_each_reference_block_once_in_its_variance():
+def _contrast_interval(driver, cand, roles, steps, c):
+    """The interval of the contrast ``c`` over the blocks (independent, each its own variance: step
+    noise over its steps plus the block-level tau2), at the driver's confidence and Welch df."""
+    model = driver.noise()
+    step_var = np.asarray([model.step_var[cand if r == "candidate" else SPACE.base] / k for r, k in zip(roles, steps)])
+    c = np.asarray(c)
+    steps_part, block_part = float(c @ np.diag(step_var) @ c), float(c @ (model.tau2 * np.eye(len(c))) @ c)
+    mean = float(c @ np.asarray([s.log_score for s in driver.samples]))
+    return mean, noise.t_quantile(0.9, model.df(steps_part, block_part)) * math.sqrt(steps_part + block_part)
+
+
+@pytest.mark.parametrize("layout", ["alternating", "uneven"])
+def test_a_re_measured_gain_counts_each_reference_block_once_in_its_variance(layout):
     """F R F R F R: each reference between two re-measurements is subtracted from both ratios, so the mean
     ratio is one linear contrast of the blocks, and its variance is that contrast's, c' S c, with S the
     blocks' own variances (independent blocks), not the sum of the ratios' variances as if independent
-    (which counts the shared references' noise at half its weight: too narrow an interval)."""
+    (which counts the shared references' noise at half its weight: too narrow an interval).  The uneven
+    layout has references of 8, 12 and 4 steps, two candidates between one pair (weights 2/3 and 1/3),
+    and a last candidate with no reference after it (paired with the one before, weight 1)."""
     from tunelab.tuning.plan import Sample
 
     cand = SPACE.base.replace(fusion_threshold_bytes=1 * MiB)
+    if layout == "alternating":
+        roles, steps = ["reference"] + ["candidate", "reference"] * 4, [8] * 9
+        # +1/4 on each candidate, -1/8 on each reference next to one candidate, -1/4 between two
+        c = [-1 / 8] + [1 / 4, -1 / 4] * 3 + [1 / 4, -1 / 8]
+    else:
+        roles = ["reference", "candidate", "reference", "candidate", "candidate", "reference", "candidate"]
+        steps = [8, 8, 12, 8, 8, 4, 8]
+        # candidates at 1 (refs 0, 2: 1/2 each), 3 and 4 (refs 2, 5: 2/3 and 1/3, then 1/3 and 2/3), 6 (ref 5)
+        c = [-0.5 / 4, 1 / 4, -(0.5 + 2 / 3 + 1 / 3) / 4, 1 / 4, 1 / 4, -(1 / 3 + 2 / 3 + 1) / 4, 1 / 4]
     rng = np.random.default_rng(3)
     driver = Driver(SPACE, lambda e: make_strategy("random", SPACE, 0), Plan())
-    roles = ["reference"] + ["candidate", "reference"] * 4
-    for role in roles:
+    for role, k in zip(roles, steps):
         knobs = cand if role == "candidate" else SPACE.base
-        logs = tuple(float(x) for x in rng.normal(0.03 if role == "candidate" else 0.0, 0.05, 8))
+        logs = tuple(float(x) for x in rng.normal(0.03 if role == "candidate" else 0.0, 0.05, k))
         driver.samples.append(Sample(len(driver.samples), "remeasure", role, knobs, math.exp(np.mean(logs)), 0.0,
-                                     8, 1.0, 1.0, 0, None, logs))
-    model = driver.noise()
-    # the contrast: +1/4 on each candidate block, -1/8 on each reference next to one candidate, -1/4 on each
-    # reference between two of them
-    c = np.asarray([-1 / 8] + [1 / 4, -1 / 4] * 3 + [1 / 4, -1 / 8])
-    step_var = np.asarray([model.step_var[cand if r == "candidate" else SPACE.base] / 8 for r in roles])
-    steps_part, block_part = float(c @ np.diag(step_var) @ c), float(c @ (model.tau2 * np.eye(len(c))) @ c)
-    mean = float(c @ np.asarray([s.log_score for s in driver.samples]))
+                                     k, 1.0, 1.0, 0, None, logs))
+    mean, half = _contrast_interval(driver, cand, roles, steps, c)
     iv = driver.interval_of(cand)
-    assert math.log(iv.gain) == pytest.approx(mean)
-    half = noise.t_quantile(0.9, model.df(steps_part, block_part)) * math.sqrt(steps_part + block_part)
+    assert iv.n == roles.count("candidate") and math.log(iv.gain) == pytest.approx(mean)
     assert math.log(iv.gain / iv.low) == pytest.approx(half, rel=1e-9)
     assert math.log(iv.high / iv.gain) == pytest.approx(half, rel=1e-9)
 

@@ -115,10 +115,12 @@ def _to_engine(t: tf.Tensor) -> Any:
 
         _check_dlpack_device(where)
         return cupy.from_dlpack(tf.experimental.dlpack.to_dlpack(t))
-    try:
-        return np.from_dlpack(_HostExport(t))
-    except (BufferError, RuntimeError, TypeError, ValueError, tf.errors.InvalidArgumentError):
-        return np.asarray(t.numpy())  # 0-d tensors give numpy scalars: make them arrays
+    if t.dtype != tf.bfloat16:  # (numpy's DLPack has no bfloat16)
+        try:
+            return np.from_dlpack(_HostExport(t))
+        except (BufferError, RuntimeError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+            pass  # a dtype DLPack cannot carry: a copy, whose dtype the engine then accepts or refuses
+    return np.asarray(t.numpy())  # 0-d tensors give numpy scalars: make them arrays
 
 
 @functools.lru_cache(maxsize=1)
@@ -160,7 +162,7 @@ def _from_engine(a: Any) -> Any:
     memory (DLPack, no copy); any other host array as it is (TensorFlow copies it); a CuPy array as a
     GPU tensor on the same memory."""
     if isinstance(a, np.ndarray):
-        if a.size and a.flags.c_contiguous and a.ctypes.data % _TF_ALIGN == 0:
+        if a.size and a.dtype.kind in "biufc" and a.flags.c_contiguous and a.ctypes.data % _TF_ALIGN == 0:
             try:
                 return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
             except (BufferError, RuntimeError, TypeError, ValueError, tf.errors.InvalidArgumentError):

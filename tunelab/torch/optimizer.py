@@ -57,8 +57,9 @@ class _DistributedMixin:
         # One rank in all: the allreduce of a gradient is the gradient (a sum or an average over one
         # rank), so nothing goes to the coordinator.  On a GPU a rank of its own pays for every engine
         # call in host time during backward (the coordinator's thread holds the GIL that the autograd
-        # thread needs); here it pays for the hooks' bookkeeping alone.
-        self._tl_alone = _rt.current().topology.size == 1
+        # thread needs); here it pays for the hooks' bookkeeping alone.  (Read again at every submit,
+        # :meth:`_tl_sends_nothing`: an optimizer may outlive a shutdown and an init of another size.)
+        self._tl_alone = True
         # One record per parameter, looked up once per hook (a tensor's hash runs in Python)
         self._tl_slots = {p: _Slot(f"grad.{self._tl_names[p]}", self._tl_group_of.get(p)) for p in params}
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
@@ -81,7 +82,7 @@ class _DistributedMixin:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         op = Sum if self._tl_predivide != 1.0 else self._tl_op
-        if self._tl_alone:
+        if self._tl_sends_nothing():
             if p.grad.is_sparse and self._tl_sparse_as_dense:
                 p.grad = p.grad.to_dense()  # (what the optimizer is given does not depend on the world size)
             if p.grad.is_sparse:  # (coalesced, as the allgather of several ranks leaves it)
@@ -115,6 +116,11 @@ class _DistributedMixin:
             return
         slot.submitted = True  # (its group goes out with its last member)
         self._tl_group_member(p, slot.group, op)
+
+    def _tl_sends_nothing(self) -> bool:
+        """Whether this job has one rank in all, so a gradient is its own allreduce (``_tl_alone`` False
+        sends them all the same: a diagnostic of the coordinator's cost)."""
+        return self._tl_alone and _rt.current().topology.size == 1
 
     def _tl_group_member(self, p: torch.nn.Parameter, gi: int, op: str) -> None:
         """``p`` of group ``gi`` is ready; with the last member, the group's dense gradients go out."""
@@ -157,7 +163,7 @@ class _DistributedMixin:
                 self._tl_drain()
             raise
         self._tl_drain()
-        if self._tl_predivide != 1.0 and not self._tl_alone:
+        if self._tl_predivide != 1.0 and not self._tl_sends_nothing():
             post = self._tl_predivide / _rt.current().topology.size
             sparse = {id(q) for q in self._tl_sparse}
             for p in self._tl_params:

@@ -521,9 +521,10 @@ class Driver:
         aside as disturbed are left out with it."""
         refs = self._refs()  # once, not per block: it reads every block's steps
         kept = {r[0]: r for r in refs}
+        positions = set(kept)
         blocks = [s for s in self.samples
                   if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch
-                  and not self._next_to_disturbed(float(s.index), set(kept))]
+                  and not self._next_to_disturbed(float(s.index), positions)]
         pairs = [(s, stats.paired(float(s.index), s.log_score, refs)) for s in blocks]
         pairs = [(s, p) for s, p in pairs if p is not None]
         if not pairs:
