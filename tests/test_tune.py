@@ -211,6 +211,19 @@ def test_bench_train_notes_say_which_knobs_the_tuned_system_ran():
     assert _knob_notes({"tunelab": default}, {"rounds": 2}) == []  # no tuned system: nothing to say
 
 
+def test_bench_train_says_a_loaded_profile_once_per_run_not_once_per_round(capsys):
+    """The tuned system loads its profile in every round (each round starts tunelab afresh): its line is
+    printed in the first round only."""
+    from tunelab.bench.train import _said_once
+
+    seen: dict = {}
+    for _ in range(3):
+        with _said_once(seen):
+            print("tunelab: loaded tuned profile 1")
+        seen["cycle_time_ms"] = 100.0  # what a phase records of the knobs it ran
+    assert capsys.readouterr().out.count("loaded tuned profile") == 1
+
+
 def test_tune_progress_counts_each_search_against_its_own_budget(capsys):
     """A retune re-opens the search with a fresh budget: its blocks are numbered from 1 again, not all
     shown as the 'close' past the first search's budget."""

@@ -125,6 +125,15 @@ def _knobs_ran(seen: dict | None) -> None:
         seen.update(runtime.current().engine.knobs.as_dict())
 
 
+def _said_once(seen: dict | None) -> Any:
+    """Silence what a tunelab phase prints (the loaded profile's line on rank 0) once an earlier round of
+    the same system has run and said it (``seen`` holds the knobs it ran)."""
+    import contextlib
+    import io
+
+    return contextlib.redirect_stdout(io.StringIO()) if seen else contextlib.nullcontext()
+
+
 def _knob_notes(knobs: dict[str, dict], p: dict) -> list[str]:
     """What a reader needs to read the table: the tuned knobs, or that they are the defaults' own; and
     that one round gives no spread."""
@@ -212,9 +221,10 @@ def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict, tuned: bool,
     tl.init(comm, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
     try:
         tl.broadcast_parameters(model.state_dict(), root_rank=0)
-        opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                                      named_parameters=model.named_parameters(), load_profile=tuned,
-                                      model_name=p["model"])
+        with _said_once(seen):  # (the profile's line, once per run rather than once per round)
+            opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                                          named_parameters=model.named_parameters(), load_profile=tuned,
+                                          model_name=p["model"])
         total, per_step = _timed(comm, _train_step(model, opt, x, y), p["steps"], p["warmup"])
         _knobs_ran(seen)
         return total, per_step, _weights_identical(comm, model)
@@ -368,7 +378,8 @@ def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool,
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
 
-        total, per_step = _timed(comm, step, p["steps"], p["warmup"])
+        with _said_once(seen):  # (the profile is looked up while the step is traced, in warm-up)
+            total, per_step = _timed(comm, step, p["steps"], p["warmup"])
         _knobs_ran(seen)
         return total, per_step, _tf_weights_identical(comm, model)
     finally:
