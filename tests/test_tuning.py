@@ -72,6 +72,21 @@ def test_noise_reads_step_noise_inside_blocks_and_only_the_excess_between_refere
     assert 0.025 < math.sqrt(model.tau2) < 0.06 and model.df(1e-6, model.tau2) < 40
 
 
+def test_a_configuration_measured_in_few_steps_brings_few_degrees_of_freedom():
+    """Each configuration's step variance is its own, shrunk toward the pool: its degrees of freedom are
+    the blend's (Satterthwaite), few for a finalist of two short blocks, many for the reference."""
+    rng = np.random.default_rng(1)
+    blocks = [("few", list(rng.normal(0.0, 0.03, 3))) for _ in range(2)]
+    blocks += [("many", list(rng.normal(0.0, 0.03, 3))) for _ in range(40)]
+    model = noise.estimate(blocks, "many", [b for c, b in blocks if c == "many"])
+    assert model.df_steps == 2 + 2 * 2 + 40 * 2
+    assert 4 < model.df_of("few") < 25 and 60 < model.df_of("many") <= model.df_steps
+    assert model.df_of("never measured") == model.df_steps
+    # a sum of the two: dominated by the few-step finalist's term, it has about that term's df
+    assert model.steps_df([(1e-3, "few"), (1e-6, "many")]) == pytest.approx(model.df_of("few"), rel=0.01)
+    assert model.df(1e-3, 0.0, model.df_of("few")) == pytest.approx(model.df_of("few"))
+
+
 def test_interval_is_a_t_interval_in_ratio_units():
     iv = stats.interval_of_mean(0.1, 0.02 ** 2 / 4, df=10, confidence=0.9, n=4)  # 4 ratios of sigma 0.02
     assert iv.gain == pytest.approx(math.exp(0.1)) and iv.low < iv.gain < iv.high and iv.n == 4
@@ -85,11 +100,16 @@ def _contrast_interval(driver, cand, roles, steps, c):
     """The interval of the contrast ``c`` over the blocks (independent, each its own variance: step
     noise over its steps plus the block-level tau2), at the driver's confidence and Welch df."""
     model = driver.noise()
-    step_var = np.asarray([model.step_var[cand if r == "candidate" else SPACE.base] / k for r, k in zip(roles, steps)])
+    config = [cand if r == "candidate" else SPACE.base for r in roles]
+    step_var = np.asarray([model.step_var[k] / n for k, n in zip(config, steps)])
     c = np.asarray(c)
     steps_part, block_part = float(c @ np.diag(step_var) @ c), float(c @ (model.tau2 * np.eye(len(c))) @ c)
+    # the step part's df: Satterthwaite over the candidate's and the reference's own variance estimates
+    mine = sum(ci * ci * v for ci, v, k in zip(c, step_var, config) if k == cand)
+    theirs = steps_part - mine
+    df_steps = steps_part ** 2 / (mine ** 2 / model.df_of(cand) + theirs ** 2 / model.df_of(SPACE.base))
     mean = float(c @ np.asarray([s.log_score for s in driver.samples]))
-    return mean, noise.t_quantile(0.9, model.df(steps_part, block_part)) * math.sqrt(steps_part + block_part)
+    return mean, noise.t_quantile(0.9, model.df(steps_part, block_part, df_steps)) * math.sqrt(steps_part + block_part)
 
 
 @pytest.mark.parametrize("layout", ["alternating", "uneven"])

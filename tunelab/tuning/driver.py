@@ -534,9 +534,11 @@ class Driver:
         model, n = self.noise(), len(pairs)
         ref_var = model.step_var.get(self.default, model.pooled_var)
         weights = stats.reference_weights([p for _, p in pairs])
-        steps_part = sum(model.block_var(s.knobs, s.steps) for s, _ in pairs) / n ** 2 \
-            + sum(w * w * ref_var / max(1, kept[pos][2]) for pos, w in weights.items())
+        mine = sum(model.block_var(s.knobs, s.steps) for s, _ in pairs) / n ** 2
+        theirs = sum(w * w * ref_var / max(1, kept[pos][2]) for pos, w in weights.items())
+        steps_part = mine + theirs
         block_part = model.tau2 * (1.0 / n + sum(w * w for w in weights.values()))
+        df = model.df(steps_part, block_part, model.steps_df([(mine, knobs), (theirs, self.default)]))
         mean = sum(p.log_ratio for _, p in pairs) / n
-        return stats.interval_of_mean(mean, steps_part + block_part, model.df(steps_part, block_part),
+        return stats.interval_of_mean(mean, steps_part + block_part, df,
                                       self.plan.confidence if confidence is None else confidence, n)

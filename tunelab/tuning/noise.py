@@ -41,6 +41,21 @@ class Noise:
     df_steps: int
     tau2: float
     df_tau: int
+    step_df: dict[Hashable, float] | None = None  # each configuration's step variance's own degrees of freedom
+
+    def df_of(self, config: Hashable) -> float:
+        """Degrees of freedom of ``config``'s step variance: a configuration's own (its within-block df
+        and the pooled variance it is shrunk toward, blended by Satterthwaite), the pool's otherwise."""
+        return (self.step_df or {}).get(config, float(self.df_steps))
+
+    def steps_df(self, parts: Sequence[tuple[float, Hashable]]) -> float:
+        """Satterthwaite degrees of freedom of a sum of step-variance terms ``(coefficient x that
+        configuration's step variance, configuration)``: a finalist measured in few steps contributes few
+        degrees of freedom, however many the reference's blocks have."""
+        total = sum(v for v, _ in parts)
+        if total <= 0:
+            return float(self.df_steps)
+        return total ** 2 / sum(v * v / self.df_of(c) for v, c in parts)
 
     def block_var(self, config: Hashable, steps: int) -> float:
         """Variance of one block's mean log rate from its step noise alone."""
@@ -54,12 +69,14 @@ class Noise:
         steps_part = self.block_var(config, steps) + per_step * self.step_var.get(ref, self.pooled_var)
         return steps_part, self.tau2 * (1.0 + weight2)
 
-    def df(self, steps_part: float, block_part: float) -> float:
-        """Welch-Satterthwaite degrees of freedom of a sum of the two parts."""
+    def df(self, steps_part: float, block_part: float, df_steps: float | None = None) -> float:
+        """Welch-Satterthwaite degrees of freedom of a sum of the two parts (``df_steps``: the step part's,
+        when known better than the pool's, :meth:`steps_df`)."""
         total = steps_part + block_part
+        df_s = self.df_steps if df_steps is None else df_steps
         if total <= 0:
-            return float(self.df_steps)
-        return total ** 2 / (steps_part ** 2 / self.df_steps + block_part ** 2 / self.df_tau)
+            return float(df_s)
+        return total ** 2 / (steps_part ** 2 / df_s + block_part ** 2 / self.df_tau)
 
 
 def estimate(blocks: Sequence[tuple[Hashable, Sequence[float]]], ref: Hashable,
@@ -77,6 +94,12 @@ def estimate(blocks: Sequence[tuple[Hashable, Sequence[float]]], ref: Hashable,
     df_all = sum(dfs.values())
     pooled = (STEP_PRIOR_DF * STEP_PRIOR_SIGMA ** 2 + sum(ss.values())) / (STEP_PRIOR_DF + df_all)
     per_config = {c: (SHRINK_DF * pooled + ss[c]) / (SHRINK_DF + dfs[c]) for c in ss}
+    df_pool = STEP_PRIOR_DF + df_all
+    # each blend's own df (Satterthwaite): the pooled part with the pool's, its own part with its own;
+    # no more than the pool's (its own steps are in the pool too: the two parts are not independent)
+    per_df = {c: min(float(df_pool), _blend_df(SHRINK_DF * pooled / (SHRINK_DF + dfs[c]), df_pool,
+                                               ss[c] / (SHRINK_DF + dfs[c]), dfs[c]))
+              for c in ss}
     means = [sum(b) / len(b) for b in ref_blocks if b]
     diffs = [b - a for a, b in itertools.pairwise(means)]
     tau2 = TAU_PRIOR_SIGMA ** 2
@@ -85,7 +108,14 @@ def estimate(blocks: Sequence[tuple[Hashable, Sequence[float]]], ref: Hashable,
         expected = sum(step_var / len(b) for b in ref_blocks if b) / len(means)
         excess = max(0.0, sum(d * d / 2.0 for d in diffs) / len(diffs) - expected)
         tau2 = (TAU_PRIOR_DF * TAU_PRIOR_SIGMA ** 2 + len(diffs) * excess) / (TAU_PRIOR_DF + len(diffs))
-    return Noise(per_config, pooled, STEP_PRIOR_DF + df_all, tau2, TAU_PRIOR_DF + len(diffs))
+    return Noise(per_config, pooled, df_pool, tau2, TAU_PRIOR_DF + len(diffs), per_df)
+
+
+def _blend_df(a: float, df_a: float, b: float, df_b: float) -> float:
+    """Satterthwaite degrees of freedom of ``a + b``, two independent variance estimates."""
+    if a + b <= 0:
+        return float(df_a + df_b)
+    return (a + b) ** 2 / (a * a / df_a + (b * b / df_b if df_b > 0 else 0.0))
 
 
 def t_quantile(confidence: float, df: float) -> float:
