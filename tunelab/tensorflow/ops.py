@@ -106,8 +106,8 @@ def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 def _to_engine(t: tf.Tensor) -> Any:
     """A GPU tensor as a CuPy array on the same memory (DLPack, no copy), so the engine reduces it
     on the device; a host tensor as a read-only numpy view of its buffer (DLPack, no copy: the engine
-    reads its inputs and writes its results elsewhere), or a copy where DLPack cannot carry its dtype
-    (bfloat16, bool)."""
+    reads its inputs and writes its results elsewhere), or a copy where DLPack cannot carry it
+    (bfloat16, an empty tensor)."""
     # backing_device: where the memory is (TF keeps int32 in host memory even for a GPU op's output)
     where = getattr(t, "backing_device", None) or t.device or ""
     if "GPU" in where.upper() and t.dtype != tf.bfloat16:

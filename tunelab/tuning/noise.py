@@ -14,8 +14,9 @@ A block's statistic is the mean of its measured steps' log samples/s.  Two thing
 
 A paired ratio's variance is the candidate block's variance plus the interpolated reference's (its
 squared weights), each with ``tau^2``; the mean of several ratios that share reference blocks counts
-each block once, with its total weight (:meth:`.driver.Driver.interval_of`).  The t-quantile of an interval uses Welch-Satterthwaite degrees
-of freedom of the two parts.
+each block once, with its total weight (:meth:`.driver.Driver.interval_of`).  The t-quantile of an
+interval uses Welch-Satterthwaite degrees of freedom of the two parts, the step part's from the
+finalist's and the reference's own step variances (:meth:`Noise.steps_df`).
 """
 
 from __future__ import annotations
