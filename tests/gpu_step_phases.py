@@ -108,7 +108,7 @@ def main() -> int:
         opt = tl.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         # At one rank the optimizer sends nothing (a gradient is its own allreduce); this diagnostic times
         # the coordinator's host cost, what every rank of a larger job pays, so it sends them all the same.
-        opt._tl_alone = False
+        opt._tl_skip_alone = False
         engine = _rt.current().engine
         batch = engine.allreduce_batch
 

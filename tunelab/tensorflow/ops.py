@@ -58,9 +58,9 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
     shapes = [a.shape for a in arrays]
     flat = [a.reshape(1) if a.ndim == 0 else a for a in arrays]  # 0-d as [1]
     # host results land in buffers aligned as TensorFlow's own, which it can then take without a copy
-    outs = [_aligned_empty(f.shape, f.dtype) for f in flat] \
+    into = [_aligned_empty(f.shape, f.dtype) for f in flat] \
         if not int_avg and all(isinstance(a, np.ndarray) for a in arrays) else None
-    handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, outs=outs, group=group)
+    handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, outs=into, group=group)
     outs = [h.wait().reshape(shape) for h, shape in zip(handles, shapes)]
     if int_avg:  # (on a GPU these are CuPy kernels on CuPy's current stream: queued before the wait below)
         outs = [integer_average(o, rt.topology.size) for o in outs]

@@ -59,7 +59,7 @@ class _DistributedMixin:
         # call in host time during backward (the coordinator's thread holds the GIL that the autograd
         # thread needs); here it pays for the hooks' bookkeeping alone.  (Read again at every submit,
         # :meth:`_tl_sends_nothing`: an optimizer may outlive a shutdown and an init of another size.)
-        self._tl_alone = True
+        self._tl_skip_alone = True
         # One record per parameter, looked up once per hook (a tensor's hash runs in Python)
         self._tl_slots = {p: _Slot(f"grad.{self._tl_names[p]}", self._tl_group_of.get(p)) for p in params}
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
@@ -118,9 +118,9 @@ class _DistributedMixin:
         self._tl_group_member(p, slot.group, op)
 
     def _tl_sends_nothing(self) -> bool:
-        """Whether this job has one rank in all, so a gradient is its own allreduce (``_tl_alone`` False
-        sends them all the same: a diagnostic of the coordinator's cost)."""
-        return self._tl_alone and _rt.current().topology.size == 1
+        """Whether this job has one rank in all, so a gradient is its own allreduce and goes nowhere
+        (``_tl_skip_alone`` False sends them all the same: a diagnostic of the coordinator's cost)."""
+        return self._tl_skip_alone and _rt.current().topology.size == 1
 
     def _tl_group_member(self, p: torch.nn.Parameter, gi: int, op: str) -> None:
         """``p`` of group ``gi`` is ready; with the last member, the group's dense gradients go out."""

@@ -520,11 +520,10 @@ class Driver:
         default), bracketed, at ``confidence`` (the plan's by default); blocks next to a reference set
         aside as disturbed are left out with it."""
         refs = self._refs()  # once, not per block: it reads every block's steps
-        kept = {r[0]: r for r in refs}
-        positions = set(kept)
+        kept = {r[0] for r in refs}
         blocks = [s for s in self.samples
                   if s.knobs == knobs and s.phase == phase and s.role == "candidate" and s.epoch == self.epoch
-                  and not self._next_to_disturbed(float(s.index), positions)]
+                  and not self._next_to_disturbed(float(s.index), kept)]
         pairs = [(s, stats.paired(float(s.index), s.log_score, refs)) for s in blocks]
         pairs = [(s, p) for s, p in pairs if p is not None]
         if not pairs:
@@ -535,9 +534,9 @@ class Driver:
         ref_var = model.step_var.get(self.default, model.pooled_var)
         weights = stats.reference_weights([p for _, p in pairs])
         mine = sum(model.block_var(s.knobs, s.steps) for s, _ in pairs) / n ** 2
-        theirs = sum(w * w * ref_var / max(1, kept[pos][2]) for pos, w in weights.items())
+        theirs = sum(w * w * ref_var / (k or 1) for w, k in weights.values())
         steps_part = mine + theirs
-        block_part = model.tau2 * (1.0 / n + sum(w * w for w in weights.values()))
+        block_part = model.tau2 * (1.0 / n + sum(w * w for w, _ in weights.values()))
         df = model.df(steps_part, block_part, model.steps_df([(mine, knobs), (theirs, self.default)]))
         mean = sum(p.log_ratio for _, p in pairs) / n
         return stats.interval_of_mean(mean, steps_part + block_part, df,

@@ -113,10 +113,11 @@ def estimate(blocks: Sequence[tuple[Hashable, Sequence[float]]], ref: Hashable,
 
 
 def _blend_df(a: float, df_a: float, b: float, df_b: float) -> float:
-    """Satterthwaite degrees of freedom of ``a + b``, two independent variance estimates."""
+    """Satterthwaite degrees of freedom of ``a + b``, two independent variance estimates (``df_b`` >= 1: a
+    configuration's own within-block df)."""
     if a + b <= 0:
         return float(df_a + df_b)
-    return (a + b) ** 2 / (a * a / df_a + (b * b / df_b if df_b > 0 else 0.0))
+    return (a + b) ** 2 / (a * a / df_a + b * b / df_b)
 
 
 def t_quantile(confidence: float, df: float) -> float:

@@ -18,9 +18,19 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Paired:
     log_ratio: float
-    weight2: float  # sum of the references' squared interpolation weights (see :meth:`.noise.Noise.pair_var`)
-    per_step: float | None = None  # sum of weight^2 / steps of those references (None: their steps not given)
-    weights: tuple[tuple[float, float], ...] = ()  # (position, weight) of each reference it was paired with
+    refs: tuple[tuple[float, float, int | None], ...]  # (position, weight, steps or None) of each reference used
+
+    @property
+    def weight2(self) -> float:
+        """Sum of the references' squared interpolation weights (see :meth:`.noise.Noise.pair_var`)."""
+        return sum(w * w for _, w, _ in self.refs)
+
+    @property
+    def per_step(self) -> float | None:
+        """Sum of weight^2 / steps of those references (None: their steps not given)."""
+        if any(k is None for _, _, k in self.refs):
+            return None
+        return sum(w * w / k for _, w, k in self.refs)
 
 
 @dataclass(frozen=True)
@@ -46,28 +56,30 @@ def paired(position: float, log_score: float, refs: list[tuple[float, ...]],
     it).  With each reference's steps given, ``per_step`` weighs its share of the variance by them."""
     before = [r for r in refs if r[0] < position]
     after = [r for r in refs if r[0] > position]
+    def steps(r: tuple[float, ...]) -> int | None:
+        return int(r[2]) if len(r) > 2 else None
+
     if bracket and before and after:
         r0, r1 = before[-1], after[0]
         w1 = (position - r0[0]) / (r1[0] - r0[0])
-        per_step = (1.0 - w1) ** 2 / r0[2] + w1 ** 2 / r1[2] if len(r0) > 2 and len(r1) > 2 else None
-        return Paired(log_score - ((1.0 - w1) * r0[1] + w1 * r1[1]), (1.0 - w1) ** 2 + w1 ** 2, per_step,
-                      ((r0[0], 1.0 - w1), (r1[0], w1)))
+        return Paired(log_score - ((1.0 - w1) * r0[1] + w1 * r1[1]),
+                      ((r0[0], 1.0 - w1, steps(r0)), (r1[0], w1, steps(r1))))
     nearest = before[-1] if before else (after[0] if after else None)
     if nearest is None:
         return None
-    return Paired(log_score - nearest[1], 1.0, 1.0 / nearest[2] if len(nearest) > 2 else None, ((nearest[0], 1.0),))
+    return Paired(log_score - nearest[1], ((nearest[0], 1.0, steps(nearest)),))
 
 
-def reference_weights(pairs: list[Paired]) -> dict[float, float]:
-    """Each reference block's weight in the mean of ``pairs``' log ratios (by position).  Ratios that share
-    a reference block (a finalist re-measured between references: F R F R ...) are not independent: the
-    block between two of them is subtracted from both, so its weight in the mean is the sum of its
-    weights over the pairs, and its variance counts with that weight squared, not once per pair."""
+def reference_weights(pairs: list[Paired]) -> dict[float, tuple[float, int | None]]:
+    """Each reference block's weight in the mean of ``pairs``' log ratios, and its steps (by position).
+    Ratios that share a reference block (a finalist re-measured between references: F R F R ...) are not
+    independent: the block between two of them is subtracted from both, so its weight in the mean is the
+    sum of its weights over the pairs, and its variance counts with that weight squared, not once per pair."""
     n = len(pairs)
-    weights: dict[float, float] = {}
+    weights: dict[float, tuple[float, int | None]] = {}
     for p in pairs:
-        for position, w in p.weights:
-            weights[position] = weights.get(position, 0.0) + w / n
+        for position, w, k in p.refs:
+            weights[position] = (weights.get(position, (0.0, k))[0] + w / n, k)
     return weights
 
 
