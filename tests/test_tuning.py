@@ -453,16 +453,20 @@ def test_blocks_last_a_second_where_steps_are_fast_sized_once_from_the_fastest_w
 
 def test_second_long_blocks_find_a_planted_optimum_that_fast_noisy_steps_hide():
     """Fast steps with 20 % noise each (ranks time-slicing one GPU): blocks of three steps find nothing
-    within 3 % of the best; blocks of a second do, and lock nothing worse than the default."""
+    within 3 % of the best; blocks of a second do, and lock nothing worse than the default.  (With
+    three-step blocks a run can fail re-measurement and resume exploration several times, and every
+    re-measurement is a test at the plan's confidence: one of these runs locked a configuration 0.990
+    of the default's speed as 1.12x [1.02, 1.23] after its fourth.)  Over 40 seeds three-step blocks
+    land within 3 % in 5, second-long ones in 14."""
     land = synthetic("fast", SPACE, GRID, lambda k: 25.0 * peaked(PEAK, 0.15)(k), noise=0.2, seed=3,
                      steps_per_visit=10)
     best = max(land.true_score(k) for k in land.knobs)
     found = {}
     for seconds in (None, 1.0):
-        locked = [run(land, seed, plan=Plan(block_seconds=seconds, budget_samples=20)).locked for seed in range(8)]
+        locked = [run(land, seed, plan=Plan(block_seconds=seconds, budget_samples=20)).locked for seed in range(16)]
         found[seconds] = sum(land.true_score(k) >= 0.97 * best for k in locked)
-        assert all(land.true_score(k) >= 0.99 * land.true_score(land.space.base) for k in locked)
-    assert found[None] <= 1 and found[1.0] >= 3, found
+    assert all(land.true_score(k) >= 0.99 * land.true_score(land.space.base) for k in locked)  # second-long
+    assert found[None] <= 2 and found[1.0] >= 4, found
 
 
 def test_time_budget_and_pinned_everything_end_exploration():
@@ -566,9 +570,42 @@ def test_session_applies_the_drivers_knobs_and_ends_on_the_locked_ones():
     assert session.driver.samples[0].score == pytest.approx(speed(SPACE.base))
 
 
+def test_the_strategy_learns_each_candidates_bracketed_ratio_once_the_next_reference_is_measured():
+    """A host that slows down steadily (2 % of speed per block), noise-free steps, and three candidates
+    5, 10 and 15 % faster than the default.  Told right after its block, a candidate's ratio is against
+    the reference before it, so the slowdown since then reads as a loss (1-3 blocks: 2-6 %); once the
+    reference after it is measured, the strategy holds its bracketed ratio instead, in which a linear
+    drift cancels: exactly the planted gain, one observation per block (replaced, not added)."""
+    gains = [0.05, 0.10, 0.15]
+    cands = [SPACE.base.replace(fusion_threshold_bytes=f) for f in (256 << 10, 1 * MiB, 4 * MiB)]
+
+    class _Fixed(STRATEGIES["random"]):
+        def ask(self):
+            return cands[min(len(self.observations), 2)]
+
+    plan = Plan(warmup_steps=1, discard_steps=0, measure_steps=3, block_seconds=None, reference_every=3,
+                budget_samples=5)
+    driver = Driver(SPACE, lambda e: _Fixed(SPACE, e), plan)
+    told_before_ref = []
+    for _ in range(200):
+        block = len(driver.samples)
+        if driver.samples and driver.samples[-1].role == "candidate" and len(driver.samples) == 4:
+            told_before_ref = [o.value for o in driver.strategy.observations]
+        level = -0.02 * block + (gains[cands.index(driver.knobs)] if driver.knobs in cands else 0.0)
+        driver.step_done(math.exp(-level))
+        if len(driver.samples) >= 5:
+            break
+    assert [s.role for s in driver.samples] == ["reference", "candidate", "candidate", "candidate", "reference"]
+    assert told_before_ref == pytest.approx([g - 0.02 * k for g, k in zip(gains, (1, 2, 3))])
+    obs = driver.strategy.observations
+    assert [o.knobs for o in obs] == cands
+    assert [o.value for o in obs] == pytest.approx(gains)
+    assert [s.told for s in driver.samples[1:4]] == pytest.approx(gains)
+
+
 def test_a_disturbed_reference_block_is_set_aside():
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.02, seed=1)
-    driver = run(land, 0)
+    driver = run(land, 0, plan=Plan(explore_first=9))  # nine candidates at least: four references
     refs = driver._refs()
     assert driver.disturbed_references() == 0 and len(refs) >= 4
     # the host busy for a whole block: that reference reads 40 % slow and must not pair with anything

@@ -12,7 +12,9 @@ Phases (``Driver.phase``):
    first block is the default configuration, the *reference*; after every ``reference_every``
    candidate blocks the reference is measured again.  A candidate's score is its paired ratio to the
    reference (:mod:`.stats`), told to the strategy with its own variance (:mod:`.noise`: the step noise
-   of that configuration and of the reference, and what the host adds between blocks).  Once
+   of that configuration and of the reference, and what the host adds between blocks): first against
+   the reference before it, then, once the reference after it is measured, its bracketed ratio in its
+   place (``Plan.retell``: a linear drift cancels out of that one).  Once
    ``explore_first`` candidates are measured, exploration stops early, at a reference block, when the
    strategy's best configuration is *promising* (its estimated gain less ``confirm_z`` standard
    deviations clears the minimum gain) or when nothing can be (no configuration's estimate plus
@@ -99,6 +101,7 @@ class Driver:
         self._block_steps: int | None = None  # measured steps of a block, fixed once the warm-up is timed
         self._fastest_s = math.inf               # the fastest step before then
         self._remeasure_steps = plan.measure_steps
+        self._told_at: dict[int, int] = {}  # sample index -> the strategy's observation told for it
 
     @classmethod
     def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
@@ -207,19 +210,45 @@ class Driver:
             self._since_ref = 0
         if self.on_sample is not None:
             self.on_sample(sample)
+        if block.role == "reference" and self.plan.retell:
+            self._retell_bracketed(sample)
         if block.role == "locked":
             self._watch(sample)
 
     def _tell(self, sample: Sample) -> float | None:
-        """Provisional paired ratio against the reference blocks so far (the strategy learns now; the
-        lock decision later uses bracketed ratios), with its own variance; nothing for a block measured
-        right after a reference set aside as disturbed."""
+        """Provisional paired ratio against the reference blocks so far (the strategy learns now, and the
+        bracketed ratio replaces it when the next reference is measured: :meth:`_retell_bracketed`),
+        with its own variance; nothing for a block measured right after a reference set aside as
+        disturbed."""
         pair = None if self._next_to_disturbed(float(sample.index)) else self._pair(sample, bracket=False)
         if pair is None:  # (paired across a disturbed reference it would carry the disturbance)
             return None
         ratio, steps_part, block_part = pair
         self.strategy.tell(sample.knobs, ratio, steps_part + block_part)
+        self._told_at[sample.index] = len(self.strategy.observations) - 1
         return ratio
+
+    def _retell_bracketed(self, ref: Sample) -> None:
+        """The reference block that closes a run of candidates: the strategy gets their bracketed ratios,
+        with their variances, in place of the provisional ones (replaced, not added: the two estimate
+        the same block, and told twice it would count as two).  Told against the reference before it,
+        a candidate carries the host's drift since then; bracketed, a linear drift cancels.  A block
+        next to a reference set aside as disturbed keeps what it was told."""
+        earlier = [s.index for s in self._epoch_refs() if s.index < ref.index]
+        start = earlier[-1] if earlier else -1
+        kept = {r[0] for r in self._refs()}
+        for j in range(start + 1, ref.index):
+            s = self.samples[j]
+            if s.role != "candidate" or s.told is None or s.epoch != self.epoch or s.index not in self._told_at:
+                continue
+            if self._next_to_disturbed(float(s.index), kept):
+                continue
+            pair = self._pair(s, bracket=True)
+            if pair is None:
+                continue
+            ratio, steps_part, block_part = pair
+            self.strategy.retell(self._told_at[s.index], ratio, steps_part + block_part)
+            self.samples[j] = dataclasses.replace(s, told=ratio)
 
     # ---- what to measure next -------------------------------------------------------------------------
     def _next_block(self) -> tuple[Knobs, str, str] | None:
@@ -441,6 +470,7 @@ class Driver:
         self.epoch += 1
         self.strategy = self.make_strategy(self.epoch)
         self.strategy.warm_start(earlier)
+        self._told_at = {}
         self.stop_reason, self._explored, self._since_ref = "", 0, 0
         self._stint, self._stint_goal = 0, self.plan.explore_more
         self._epoch_start = (self.elapsed_s, self.steps)

@@ -39,6 +39,8 @@ class Plan:
     confidence: float = 0.9         # two-sided: the low end is a 95 % one-sided bound
     lock_from_exploration: bool = True  # lock without re-measuring when a simultaneous interval already clears
     retune: bool = False
+    retell: bool = True             # a candidate's bracketed ratio replaces its provisional one once the
+                                    # reference after it is measured
     watch_sustain: int = 4          # locked blocks in a row outside the interval that re-open the search
     watch_z: float = 3.0            # the watched interval: locked mean +- watch_z block sigmas
     watch_baseline: int = 4         # a profile loaded, not tuned here: its first locked blocks set the interval

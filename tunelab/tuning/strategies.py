@@ -47,6 +47,11 @@ class Told:
     def tell(self, knobs: Knobs, value: float, variance: float) -> None:
         self.observations.append(Observation(knobs, float(value), float(variance)))
 
+    def retell(self, i: int, value: float, variance: float) -> None:
+        """Replace the ``i``-th observation's value and variance (a better estimate of the same block)."""
+        o = self.observations[i]
+        self.observations[i] = Observation(o.knobs, float(value), float(variance))
+
     def warm_start(self, observations: list[Observation]) -> None:
         for o in observations:
             self.tell(o.knobs, o.value, o.variance)
@@ -173,6 +178,15 @@ class HorovodProtocol(Told):
         super().tell(knobs, value, variance)
         if all(getattr(knobs, n) == v for n, v in self.combos[self._combo].items()):
             self._search.tell(knobs, value, variance)
+
+    def retell(self, i: int, value: float, variance: float) -> None:
+        old = self.observations[i]
+        super().retell(i, value, variance)
+        mine = self._search.observations
+        for j, o in enumerate(mine):
+            if o == old:
+                self._search.retell(j, value, variance)
+                break
 
     def converged(self) -> bool:
         last = self._combo == len(self.combos) - 1

@@ -72,6 +72,10 @@ class Tuner(Told):
             self._design = qmc.LatinHypercube(d=len(self.space.names), seed=self.seed).random(n)
         return self._design
 
+    def retell(self, i: int, value: float, variance: float) -> None:
+        super().retell(i, value, variance)
+        self._model = None
+
     def converged(self) -> bool:
         return bool(self.space.names) and self._quiet >= self.patience
 
