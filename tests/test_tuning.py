@@ -506,6 +506,24 @@ def test_horovod_protocol_starts_from_its_fixed_points_per_boolean_combination()
     assert (asked[21].fusion_threshold_bytes, asked[21].cycle_time_ms) == (4 * MiB, 5.0)
 
 
+def test_a_retold_observation_replaces_the_first_in_every_model_that_holds_it():
+    """Horovod's protocol keeps its observations twice (all of them, and its current combination's GP's);
+    the GP strategy refits on the new value."""
+    h = HorovodProtocol(SPACE, seed=0)
+    asked = [h.ask() for _ in range(3)]
+    for i, k in enumerate(asked):
+        h.tell(k, 0.1 * i, 0.01)
+    h.retell(1, 0.5, 0.002)
+    assert [(o.value, o.variance) for o in h.observations] == [(0.0, 0.01), (0.5, 0.002), (0.2, 0.01)]
+    assert h._search.observations == h.observations
+    g = make_strategy("tunelab", SPACE, 0)
+    for i, k in enumerate(asked):
+        g.tell(k, 0.1 * i, 0.01)
+    before = g.estimate(asked[1])[0]
+    g.retell(1, 0.5, 0.002)
+    assert g.estimate(asked[1])[0] > before + 0.1 and len(g.observations) == 3
+
+
 def test_coordinate_descent_moves_one_knob_at_a_time_and_keeps_the_better_value():
     cd = CoordinateDescent(SPACE, seed=0, values_per_knob=3, sweeps=1)
     first = cd.ask()
