@@ -452,12 +452,12 @@ def test_blocks_last_a_second_where_steps_are_fast_sized_once_from_the_fastest_w
 
 
 def test_second_long_blocks_find_a_planted_optimum_that_fast_noisy_steps_hide():
-    """Fast steps with 20 % noise each (ranks time-slicing one GPU): blocks of three steps find nothing
-    within 3 % of the best; blocks of a second do, and lock nothing worse than the default.  (With
-    three-step blocks a run can fail re-measurement and resume exploration several times, and every
-    re-measurement is a test at the plan's confidence: one of these runs locked a configuration 0.990
-    of the default's speed as 1.12x [1.02, 1.23] after its fourth.)  Over 40 seeds three-step blocks
-    land within 3 % in 5, second-long ones in 14."""
+    """Fast steps with 20 % noise each (ranks time-slicing one GPU): blocks of three steps rarely find
+    anything within 3 % of the best, blocks of a second often do (over 40 seeds 4 and 14 runs; in
+    these 16, 0 and 4), and lock nothing worse than the default.  (With three-step blocks a run can
+    fail re-measurement and resume exploration several times, and every re-measurement is a test at
+    the plan's confidence: one run of the 40 locked a configuration 0.971 of the default's speed as
+    1.113x [1.011, 1.225] in its second.)"""
     land = synthetic("fast", SPACE, GRID, lambda k: 25.0 * peaked(PEAK, 0.15)(k), noise=0.2, seed=3,
                      steps_per_visit=10)
     best = max(land.true_score(k) for k in land.knobs)
@@ -466,7 +466,7 @@ def test_second_long_blocks_find_a_planted_optimum_that_fast_noisy_steps_hide():
         locked = [run(land, seed, plan=Plan(block_seconds=seconds, budget_samples=20)).locked for seed in range(16)]
         found[seconds] = sum(land.true_score(k) >= 0.97 * best for k in locked)
     assert all(land.true_score(k) >= 0.99 * land.true_score(land.space.base) for k in locked)  # second-long
-    assert found[None] <= 2 and found[1.0] >= 4, found
+    assert found[1.0] >= found[None] + 3, found
 
 
 def test_time_budget_and_pinned_everything_end_exploration():
@@ -619,6 +619,35 @@ def test_the_strategy_learns_each_candidates_bracketed_ratio_once_the_next_refer
     assert [o.knobs for o in obs] == cands
     assert [o.value for o in obs] == pytest.approx(gains)
     assert [s.told for s in driver.samples[1:4]] == pytest.approx(gains)
+
+
+def test_candidates_next_to_a_reference_found_disturbed_later_are_withdrawn_from_the_strategy():
+    """The second reference block runs 40 % slow (the host busy for a whole block).  It can be set
+    aside only once four references exist, after the candidates on both sides of it were told; then
+    they are withdrawn from what the strategy models (their ratios against it read 14-53 % gains where
+    every candidate is 2 % faster), and the others keep their bracketed 2 %."""
+    cands = [SPACE.base.replace(fusion_threshold_bytes=f, cycle_time_ms=c)
+             for f in (256 << 10, 1 * MiB, 4 * MiB, 16 * MiB) for c in (1.0, 4.0, 16.0)]
+
+    class _Fixed(STRATEGIES["random"]):
+        def ask(self):
+            return cands[len(self.observations) % len(cands)]
+
+    plan = Plan(warmup_steps=1, discard_steps=0, measure_steps=3, block_seconds=None, reference_every=3,
+                budget_samples=16, explore_first=12)
+    driver = Driver(SPACE, lambda e: _Fixed(SPACE, e), plan)
+    rng = np.random.default_rng(0)
+    while len(driver.samples) < 17:
+        block = len(driver.samples)
+        level = math.log(0.6) if block == 4 else (0.0 if driver.knobs == SPACE.base else 0.02)
+        driver.step_done(math.exp(-(level + rng.normal(0.0, 0.003))))
+    assert "".join(s.role[0] for s in driver.samples) == "rcccrcccrcccrcccr"
+    assert driver.disturbed_references() == 1
+    told = [s.told for s in driver.samples if s.role == "candidate"]
+    assert told[:6] == [None] * 6 and told[6:] == pytest.approx([0.02] * 6, abs=0.006)
+    assert [o.value for o in driver.strategy.live] == pytest.approx([0.02] * 6, abs=0.006)
+    assert len(driver.strategy.observations) == 12  # withdrawn, not removed: indices still point right
+    assert driver.strategy.ranked() and all(k in cands[6:] for k in driver.strategy.ranked())
 
 
 def test_a_disturbed_reference_block_is_set_aside():

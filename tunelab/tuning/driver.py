@@ -229,26 +229,30 @@ class Driver:
         return ratio
 
     def _retell_bracketed(self, ref: Sample) -> None:
-        """The reference block that closes a run of candidates: the strategy gets their bracketed ratios,
-        with their variances, in place of the provisional ones (replaced, not added: the two estimate
-        the same block, and told twice it would count as two).  Told against the reference before it,
-        a candidate carries the host's drift since then; bracketed, a linear drift cancels.  A block
-        next to a reference set aside as disturbed keeps what it was told."""
-        earlier = [s.index for s in self._epoch_refs() if s.index < ref.index]
-        start = earlier[-1] if earlier else -1
-        kept = {r[0] for r in self._refs()}
-        for j in range(start + 1, ref.index):
-            s = self.samples[j]
-            if s.role != "candidate" or s.told is None or s.epoch != self.epoch or s.index not in self._told_at:
+        """At each reference block: the strategy gets every candidate's ratio of this search as the
+        references now bracket it, with its variance, in place of what it was told (replaced, not
+        added: the two estimate the same block, and told twice it would count as two).  Told against
+        the reference before it, a candidate carries the host's drift since then; bracketed, a linear
+        drift cancels.  A candidate next to a reference set aside as disturbed (which may be known only
+        references later: the robust spread needs four) is withdrawn, its value no longer told; one
+        whose neighbour is no longer set aside is told again."""
+        refs = self._refs()
+        kept = {r[0] for r in refs}
+        for index, told_at in self._told_at.items():
+            if index >= ref.index:
                 continue
-            if self._next_to_disturbed(float(s.index), kept):
+            s = self.samples[index]
+            if self._next_to_disturbed(float(index), kept):
+                if s.told is not None:
+                    self.strategy.retell(told_at, 0.0, math.inf)
+                    self.samples[index] = dataclasses.replace(s, told=None)
                 continue
-            pair = self._pair(s, bracket=True)
+            pair = self._pair(s, bracket=True, refs=refs)
             if pair is None:
                 continue
             ratio, steps_part, block_part = pair
-            self.strategy.retell(self._told_at[s.index], ratio, steps_part + block_part)
-            self.samples[j] = dataclasses.replace(s, told=ratio)
+            self.strategy.retell(told_at, ratio, steps_part + block_part)
+            self.samples[index] = dataclasses.replace(s, told=ratio)
 
     # ---- what to measure next -------------------------------------------------------------------------
     def _next_block(self) -> tuple[Knobs, str, str] | None:
@@ -342,8 +346,7 @@ class Driver:
         when the model also holds trials from before this search (a retune, a stored profile): they ran
         on another host state, or before the optimum moved, so its comparison of the two is not this
         search's to trust."""
-        told_here = sum(1 for s in self.samples if s.epoch == self.epoch and s.told is not None)
-        if self.plan.near_best is None or len(self.strategy.observations) > told_here:
+        if self.plan.near_best is None or len(self.strategy.observations) > len(self._told_at):
             return None
         explored = self._explored_configs()
         best = next((k for k in self.strategy.ranked() if k in explored), None)
@@ -466,7 +469,7 @@ class Driver:
 
     def _reopen(self) -> None:
         earlier = [Observation(o.knobs, o.value, o.variance + self.plan.warm_start_noise ** 2)
-                   for o in self.strategy.observations]
+                   for o in self.strategy.live]
         self.epoch += 1
         self.strategy = self.make_strategy(self.epoch)
         self.strategy.warm_start(earlier)
@@ -535,9 +538,11 @@ class Driver:
         var = model.block_var(self.default, self.block_steps)
         return noise.sigma_of(model, self.default, self.block_steps), model.df(var, model.tau2)
 
-    def _pair(self, sample: Sample, bracket: bool = True) -> tuple[float, float, float] | None:
-        """(paired log ratio, its step-noise variance, its block-noise variance) of a candidate block."""
-        pair = stats.paired(float(sample.index), sample.log_score, self._refs(), bracket)
+    def _pair(self, sample: Sample, bracket: bool = True,
+              refs: list[tuple[float, float, int]] | None = None) -> tuple[float, float, float] | None:
+        """(paired log ratio, its step-noise variance, its block-noise variance) of a candidate block
+        (``refs``: :meth:`_refs`, when the caller has them already)."""
+        pair = stats.paired(float(sample.index), sample.log_score, self._refs() if refs is None else refs, bracket)
         if pair is None:
             return None
         per_step = pair.per_step if pair.per_step is not None else pair.weight2 / self.block_steps

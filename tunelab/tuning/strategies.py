@@ -48,9 +48,16 @@ class Told:
         self.observations.append(Observation(knobs, float(value), float(variance)))
 
     def retell(self, i: int, value: float, variance: float) -> None:
-        """Replace the ``i``-th observation's value and variance (a better estimate of the same block)."""
+        """Replace the ``i``-th observation's value and variance (a better estimate of the same block);
+        an infinite variance withdraws it (a block found next to a disturbed reference): it stays in
+        ``observations``, where indices point, and leaves :attr:`live`, which the models read."""
         o = self.observations[i]
         self.observations[i] = Observation(o.knobs, float(value), float(variance))
+
+    @property
+    def live(self) -> list[Observation]:
+        """The observations not withdrawn."""
+        return [o for o in self.observations if math.isfinite(o.variance)]
 
     def warm_start(self, observations: list[Observation]) -> None:
         for o in observations:
@@ -58,7 +65,7 @@ class Told:
 
     def ranked(self) -> list[Knobs]:
         means: dict[Knobs, list[float]] = {}
-        for o in self.observations:
+        for o in self.live:
             means.setdefault(o.knobs, []).append(o.value)
         return sorted(means, key=lambda k: -float(np.mean(means[k])))
 
@@ -73,7 +80,7 @@ class Told:
     def estimate(self, knobs: Knobs) -> tuple[float, float]:
         """(value, standard deviation) believed for ``knobs``: here the inverse-variance mean of its own
         observations ((0, inf) if it has none)."""
-        mine = [o for o in self.observations if o.knobs == knobs]
+        mine = [o for o in self.live if o.knobs == knobs]
         if not mine:
             return 0.0, math.inf
         weights = [1.0 / max(o.variance, 1e-12) for o in mine]
@@ -136,7 +143,7 @@ class CoordinateDescent(Told):
 
     def _finish_line(self) -> None:
         means: dict[Knobs, list[float]] = {}
-        for o in self.observations:
+        for o in self.live:
             means.setdefault(o.knobs, []).append(o.value)
 
         def value(k: Knobs) -> float:  # the default is the reference: 0 by definition until measured

@@ -48,7 +48,7 @@ class Tuner(Told):
 
     def ask(self) -> Knobs:
         self._asked += 1
-        fresh = self._asked <= self.initial_points or len(self.observations) < 2
+        fresh = self._asked <= self.initial_points or len(self.live) < 2
         if not self.space.names:
             return self.space.base
         if fresh:
@@ -81,8 +81,8 @@ class Tuner(Told):
 
     def ranked(self) -> list[Knobs]:
         """Measured configurations, best posterior mean first (a noisy lucky sample is not trusted)."""
-        distinct = list(dict.fromkeys(o.knobs for o in self.observations))
-        if len(self.observations) < 2 or not self.space.names:
+        distinct = list(dict.fromkeys(o.knobs for o in self.live))
+        if len(self.live) < 2 or not self.space.names:
             return super().ranked()
         mu, _ = self.fit().predict(np.asarray([self.space.unit_point(k) for k in distinct]))
         return [distinct[i] for i in np.argsort(-mu, kind="stable")]
@@ -90,7 +90,7 @@ class Tuner(Told):
     def recommend(self) -> Knobs | None:
         """The configuration the model believes fastest, measured or not, among the measured ones and points
         around the best of them, by posterior mean less half a standard deviation (no wild guesses)."""
-        if len(self.observations) < 2 or not self.space.names:
+        if len(self.live) < 2 or not self.space.names:
             return super().recommend()
         model = self.fit()
         d = len(self.space.names)
@@ -103,26 +103,27 @@ class Tuner(Told):
 
     def estimate(self, knobs: Knobs) -> tuple[float, float]:
         """The posterior mean and standard deviation at ``knobs`` (neighbours inform it too)."""
-        if len(self.observations) < 2 or not self.space.names:
+        if len(self.live) < 2 or not self.space.names:
             return super().estimate(knobs)
         mu, sd = self.fit().predict(np.asarray([self.space.unit_point(knobs)]))
         return float(mu[0]), float(sd[0])
 
     def upper_bound(self, z: float) -> float:
         """The highest posterior mean + ``z`` sd over the measured points and a random pool."""
-        if len(self.observations) < 2 or not self.space.names:
+        if len(self.live) < 2 or not self.space.names:
             return super().upper_bound(z)
         mu, sd = self.fit().predict(np.concatenate([self._x(), self._candidate_pool()]))
         return float(np.max(mu + z * sd))
 
     def fit(self) -> _Model:
-        if self._model is None or self._model.n != len(self.observations):
-            self._model = _Model.fit(self._x(), np.asarray([o.value for o in self.observations]),
-                                     np.asarray([o.variance for o in self.observations]), self.seed)
+        live = self.live
+        if self._model is None or self._model.n != len(live):
+            self._model = _Model.fit(self._x(), np.asarray([o.value for o in live]),
+                                     np.asarray([o.variance for o in live]), self.seed)
         return self._model
 
     def _x(self) -> np.ndarray:
-        return np.asarray([self.space.unit_point(o.knobs) for o in self.observations], dtype=np.float64)
+        return np.asarray([self.space.unit_point(o.knobs) for o in self.live], dtype=np.float64)
 
     def _candidate_pool(self) -> np.ndarray:
         d = len(self.space.names)
