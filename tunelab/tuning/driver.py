@@ -36,7 +36,8 @@ Phases (``Driver.phase``):
    ``1 + min_gain``; finalists whose high end cannot, or that are clearly behind the leader, are
    dropped.  When every finalist is dropped
    and exploration budget is left, exploration resumes (the re-measured blocks told to the strategy
-   too); else, or after ``max_rounds``, the default is kept;
+   too); else, or after ``max_rounds``, the default is kept.  A search's k-th re-measurement decides
+   at confidence ``1 - (1 - confidence) / 2^(k-1)`` (:meth:`Driver._after_round`);
 4. ``locked``: the decision is applied.  With ``retune``, blocks of the locked configuration go on being
    measured; when ``watch_sustain`` blocks in a row leave its interval, the search re-opens (a fresh
    strategy warm-started with this run's trials) and locks again.
@@ -102,6 +103,7 @@ class Driver:
         self._fastest_s = math.inf               # the fastest step before then
         self._remeasure_steps = plan.measure_steps
         self._told_at: dict[int, int] = {}  # sample index -> the strategy's observation told for it
+        self._remeasures = 0  # re-measurement stints begun in this search
 
     @classmethod
     def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
@@ -335,6 +337,7 @@ class Driver:
                                   f"{what} clear the minimum gain ({1 + self.plan.min_gain:.2f}x) "
                                   f"with an interval simultaneous over the {explored} configurations explored")
         self._remeasure_steps = self._choose_remeasure_steps(self._finalists)
+        self._remeasures += 1
         return self._queue_round()
 
     def _explored_stand_in(self, pick: Knobs) -> Knobs | None:
@@ -395,8 +398,15 @@ class Driver:
         return self._queue.pop(0)
 
     def _after_round(self) -> tuple[Knobs, str, str] | None:
+        """After a round of re-measurement: lock the best finalist if its interval clears the minimum
+        gain, drop the finalists that cannot, and go on, resume exploring, or keep the default.  The
+        k-th re-measurement stint of a search decides at confidence ``1 - (1 - c) / 2^(k-1)``: a search
+        that failed one and explored on tests again, and spent so the chance of a false lock over all
+        its stints stays below twice one stint's, where a fixed level would add one stint's per stint.
+        The interval recorded with a decision is the plan's (``c``), which the stricter one contains."""
         goal = 1.0 + self.plan.min_gain
-        scored = [(k, self.interval_of(k)) for k in self._finalists]
+        level = 1.0 - (1.0 - self.plan.confidence) / 2.0 ** (max(1, self._remeasures) - 1)
+        scored = [(k, self.interval_of(k, confidence=level)) for k in self._finalists]
         # a finalist whose every block sat next to a reference set aside as disturbed is not out: its
         # blocks told nothing either way, so it gets another round while rounds are left
         unpaired = [k for k, iv in scored if iv is None] if self._round < self.plan.max_rounds else []
@@ -408,7 +418,9 @@ class Driver:
             return self._lock(None, None, "no finalist could be paired with the reference")
         best_k, best_iv = max(scored, key=lambda s: s[1].gain)
         if best_iv.low >= goal and self._round >= min(self.plan.min_rounds, self.plan.max_rounds):
-            return self._lock(best_k, best_iv, f"its interval clears the minimum gain ({goal:.2f}x)")
+            return self._lock(best_k, self.interval_of(best_k), f"its interval clears the minimum gain ({goal:.2f}x)"
+                              + (f" (re-measurement {self._remeasures} of this search: at {level:.1%} confidence)"
+                                 if self._remeasures > 1 else ""))
         futile = self._round >= self.plan.futility_after  # by then a point estimate below the goal is a no
         self._finalists = [k for k, iv in scored if iv.high >= goal and iv.high >= best_iv.low
                            and not (futile and iv.gain < goal)] + unpaired
@@ -417,9 +429,10 @@ class Driver:
             if forced is None and self._explored < self.plan.budget_samples \
                     and not self.stop_reason.startswith(("budget", "time")):
                 return self._resume_explore()
-            return self._lock(None, (best_k, best_iv), f"no finalist can reach the minimum gain ({goal:.2f}x)")
+            return self._lock(None, (best_k, self.interval_of(best_k)),
+                              f"no finalist can reach the minimum gain ({goal:.2f}x)")
         if self._round >= self.plan.max_rounds:
-            return self._lock(None, (best_k, best_iv),
+            return self._lock(None, (best_k, self.interval_of(best_k)),
                               f"no finalist cleared the minimum gain ({goal:.2f}x) in {self._round} rounds")
         return self._queue_round()
 
@@ -473,7 +486,7 @@ class Driver:
         self.epoch += 1
         self.strategy = self.make_strategy(self.epoch)
         self.strategy.warm_start(earlier)
-        self._told_at = {}
+        self._told_at, self._remeasures = {}, 0
         self.stop_reason, self._explored, self._since_ref = "", 0, 0
         self._stint, self._stint_goal = 0, self.plan.explore_more
         self._epoch_start = (self.elapsed_s, self.steps)
