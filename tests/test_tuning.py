@@ -506,7 +506,7 @@ def test_horovod_protocol_starts_from_its_fixed_points_per_boolean_combination()
     assert (asked[21].fusion_threshold_bytes, asked[21].cycle_time_ms) == (4 * MiB, 5.0)
 
 
-def test_a_retold_observation_replaces_the_first_in_every_model_that_holds_it():
+def test_a_retold_observation_is_replaced_in_every_model_that_holds_it():
     """Horovod's protocol keeps its observations twice (all of them, and its current combination's GP's);
     the GP strategy refits on the new value."""
     h = HorovodProtocol(SPACE, seed=0)

@@ -417,8 +417,9 @@ class Driver:
                 return self._queue_round()
             return self._lock(None, None, "no finalist could be paired with the reference")
         best_k, best_iv = max(scored, key=lambda s: s[1].gain)
+        recorded = best_iv if self._remeasures <= 1 else self.interval_of(best_k)  # (at the plan's confidence)
         if best_iv.low >= goal and self._round >= min(self.plan.min_rounds, self.plan.max_rounds):
-            return self._lock(best_k, self.interval_of(best_k), f"its interval clears the minimum gain ({goal:.2f}x)"
+            return self._lock(best_k, recorded, f"its interval clears the minimum gain ({goal:.2f}x)"
                               + (f" (re-measurement {self._remeasures} of this search: at {level:.1%} confidence)"
                                  if self._remeasures > 1 else ""))
         futile = self._round >= self.plan.futility_after  # by then a point estimate below the goal is a no
@@ -429,10 +430,9 @@ class Driver:
             if forced is None and self._explored < self.plan.budget_samples \
                     and not self.stop_reason.startswith(("budget", "time")):
                 return self._resume_explore()
-            return self._lock(None, (best_k, self.interval_of(best_k)),
-                              f"no finalist can reach the minimum gain ({goal:.2f}x)")
+            return self._lock(None, (best_k, recorded), f"no finalist can reach the minimum gain ({goal:.2f}x)")
         if self._round >= self.plan.max_rounds:
-            return self._lock(None, (best_k, self.interval_of(best_k)),
+            return self._lock(None, (best_k, recorded),
                               f"no finalist cleared the minimum gain ({goal:.2f}x) in {self._round} rounds")
         return self._queue_round()
 
