@@ -68,14 +68,16 @@ def _scenario_budget(landscape: Landscape) -> tuple[int | None, str | None]:
 
 
 def run_once(landscape: Landscape, strategy: str, seed: int, plan: Plan, drift: float,
-             drift_period_s: float = 120.0) -> Driver:
-    """One seeded tuning run of ``strategy`` on ``landscape`` through the driver, until it locks."""
+             drift_period_s: float = 120.0, visit_noise: bool = True) -> Driver:
+    """One seeded tuning run of ``strategy`` on ``landscape`` through the driver, until it locks
+    (``visit_noise``: the host's state from visit to visit as recorded, :class:`Objective`)."""
     driver = Driver(landscape.space, lambda epoch: make_strategy(strategy, landscape.space, seed + 1000 * epoch),
                     plan, landscape.samples_per_step)
-    return simulate(driver, Objective(landscape, seed, Drift(drift, drift_period_s, seed)))
+    return simulate(driver, Objective(landscape, seed, Drift(drift, drift_period_s, seed), visit_noise=visit_noise))
 
 
-def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None, drift: float) -> tuple[dict, list]:
+def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None, drift: float,
+             visit_noise: bool = True) -> tuple[dict, list]:
     """One table row over ``seeds`` runs, and each run's curve: the true throughput of the configuration
     in effect for the user (the default until the lock, then the locked one) after each block,
     relative to the landscape's best."""
@@ -83,7 +85,7 @@ def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None,
     default = landscape.true_score(landscape.space.base)
     samples, steps, within, worse, adopted, rel, curves, held = [], [], [], [], [], [], [], []
     for seed in range(seeds):
-        driver = run_once(landscape, strategy, seed, plan, drift)
+        driver = run_once(landscape, strategy, seed, plan, drift, visit_noise=visit_noise)
         if not driver.decisions:
             raise TunelabError(f"strategy {strategy} did not lock on {landscape.name} (seed {seed})")
         d = driver.decisions[0]
@@ -120,11 +122,11 @@ def share_interval(flags: list[bool], confidence: float = SHARE_CONFIDENCE) -> l
 
 
 def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int, budget: int | None,
-            drift: float) -> dict:
+            drift: float, visit_noise: bool = True) -> dict:
     rows, pooled = [], {s: [] for s in strategies}
     for land in landscapes:
         for strategy in strategies:
-            row, curves = evaluate(land, strategy, seeds, plan_for(land, budget), drift)
+            row, curves = evaluate(land, strategy, seeds, plan_for(land, budget), drift, visit_noise)
             rows.append(row)
             pooled[strategy] += curves
     info = {}
@@ -132,26 +134,34 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
         steps = plan_for(land, budget).measure_steps
         info[land.name] = {"best": land.best, "default": land.true_score(land.space.base),
                            "points": len(land.knobs), "names": list(land.space.names), "block_steps": steps,
-                           "exhaustive_within_3pct": exhaustive_pick(land, steps),
+                           "exhaustive_within_3pct": exhaustive_pick(land, steps, visit_noise=visit_noise),
+                           "visit_noise": {"sigma": land.visit_sigma, "seconds": land.visit_seconds,
+                                           "replayed": visit_noise} if land.visit_sigma > 0 else None,
                            "truth_ceiling_within_3pct": truth_ceiling(land),
                            "recording_drift_removed": (land.recorded or {}).get("drift_removed"),
                            "scenario_problem": None if budget else _scenario_budget(land)[1]}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
-            "seeds": seeds, "drift": drift, "plan": dict(vars(Plan())),
+            "seeds": seeds, "drift": drift, "visit_noise": visit_noise, "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
 
 
-def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: int = 0) -> float:
+def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: int = 0,
+                    visit_noise: bool = True) -> float:
     """A yardstick for the noise, not a strategy: measure **every** grid point once (a block of ``steps``
     steps drawn from its recorded ones, against an exact reference, no drift) and keep the best measured;
     the fraction of ``draws`` in which that lands within 3 % of the best.  Where it is low, one block
-    cannot rank configurations 3 % apart on this landscape, whatever the search."""
+    cannot rank configurations 3 % apart on this landscape, whatever the search.  With ``visit_noise``,
+    each block also carries the host's state between visits (a block spanning ``n`` visits' time, the
+    mean of ``n`` states)."""
     rng = np.random.default_rng(seed)
     blocks = np.empty((draws, len(landscape.knobs)))
     for i, pool in enumerate(landscape.step_pools):
         if pool.size:
             logs = np.log(landscape.samples_per_step / pool)
             blocks[:, i] = logs[rng.integers(pool.size, size=(draws, steps))].mean(axis=1)
+            if visit_noise and landscape.visit_sigma > 0:
+                states = max(1.0, steps * float(np.mean(pool)) / landscape.visit_seconds)
+                blocks[:, i] += rng.normal(0.0, landscape.visit_sigma / math.sqrt(states), draws)
         else:
             noise = rng.normal(0.0, landscape.sigma, (draws, steps)).mean(axis=1)
             blocks[:, i] = math.log(landscape.means[i]) + noise
@@ -199,6 +209,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="host drift amplitude as a fraction of step time (default 0.05)")
     p.add_argument("--strategies", type=choice_list(tuple(STRATEGIES)), default=list(STRATEGIES),
                    help=f"comma-separated, from {','.join(STRATEGIES)}")
+    p.add_argument("--visit-noise", choices=("recorded", "off"), default="recorded",
+                   help="the host's state from visit to visit, where a landscape's visits differ beyond their "
+                        "steps: replayed as recorded (default), or off (each visit's steps centred and drawn alone: a "
+                        "host whose state never changes)")
     m = p.add_argument_group("the scale model as the objective (instead of recorded landscapes)")
     m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
@@ -242,8 +256,10 @@ def _cmd(args: argparse.Namespace) -> int:
             if not paths:
                 raise TunelabError(f"no landscapes shipped in {LANDSCAPE_DIR}")
             landscapes = [Landscape.load(p) for p in paths]
-    result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift)
-    print(f"# tuner  seeds={args.seeds}  drift=±{100 * args.drift:g}%  scored: the locked configuration; "
+    result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift,
+                     args.visit_noise == "recorded")
+    print(f"# tuner  seeds={args.seeds}  drift=±{100 * args.drift:g}%  visit noise {args.visit_noise}  "
+          "scored: the locked configuration; "
           "samples: measured blocks until the lock, the default's reference blocks included")
     for name, info in result["landscapes"].items():
         print(f"# {name}: {info['points']} points over {','.join(info['names'])}; best {info['best']:.2f} "
@@ -261,6 +277,10 @@ def _cmd(args: argparse.Namespace) -> int:
             print(f"#   the host drifted while it was recorded (sd {100 * removed['sigma']:.2f} % along the visiting "
                   f"order, lag-1 autocorrelation {removed['lag1']:.2f}): taken out of its steps, the replay's own "
                   "drift stands in for it")
+        if info["visit_noise"]:
+            vn = info["visit_noise"]
+            print(f"#   its visits differ beyond their steps: the host's state, sd {100 * vn['sigma']:.1f} % for "
+                  f"{vn['seconds']:.1f} s at a time, " + ("replayed" if vn["replayed"] else "left out (--visit-noise off)"))
     ci = f"{100 * SHARE_CONFIDENCE:g}% CI"
     shown = [{**r, "within_text": _interval_text(r["locked_within_3pct_interval"]),
               "worse_text": _interval_text(r["locked_worse_than_default_interval"])} for r in result["rows"]]

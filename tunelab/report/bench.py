@@ -104,8 +104,8 @@ def _tuner_cell(value: Any) -> Any:
 
 def _landscape_row(name: str, info: Any) -> dict[str, Any]:
     """What a tuner result says of one landscape, in words: its size, the default against the best, the
-    yardstick (every point measured once), how well the recording knows its own best (visits resampled)
-    and the recording's own drift that the replay took out."""
+    yardstick (every point measured once), how well the recording knows its own best (visits resampled),
+    the recording's own drift that the replay took out and the host's state between visits it replays."""
     info = info if isinstance(info, dict) else {}
     best, default = info.get("best"), info.get("default")
     drift = info.get("recording_drift_removed")
@@ -113,6 +113,8 @@ def _landscape_row(name: str, info: Any) -> dict[str, Any]:
     yardstick = info.get("exhaustive_within_3pct")
     steps = info.get("block_steps")
     ceiling = info.get("truth_ceiling_within_3pct")
+    visits = info.get("visit_noise")
+    visits = visits if isinstance(visits, dict) else {}
     return {"landscape": name, "points": info.get("points", "n/a"),
             "default / best": f"{default / best:.3f}" if _number(best) and best > 0 and _number(default) else "n/a",
             "every point measured once: within 3 %":
@@ -121,7 +123,11 @@ def _landscape_row(name: str, info: Any) -> dict[str, Any]:
             "best point, visits resampled: within 3 %": f"{ceiling:.2f}" if _number(ceiling) else "n/a",
             "recording's drift taken out": (f"sd {100 * drift['sigma']:.2f} %, lag-1 {drift['lag1']:.2f}"
                                             if _number(drift.get("sigma")) and _number(drift.get("lag1"))
-                                            else "none")}
+                                            else "none"),
+            "host state between visits": (f"sd {100 * visits['sigma']:.1f} % for {visits['seconds']:.1f} s"
+                                          + ("" if visits.get("replayed", True) else ", not replayed")
+                                          if _number(visits.get("sigma")) and _number(visits.get("seconds"))
+                                          else "none")}
 
 
 def _number(x: object) -> bool:

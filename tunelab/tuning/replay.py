@@ -9,6 +9,16 @@ mean), slowed or sped by a seeded host drift, so the driver sees what a live run
 host whose speed wanders.  Replays are bit-exact for a seed.  Where the host itself drifted while the
 landscape was recorded (:func:`recording_drift`), that drift is taken out of the recorded steps first:
 the replay's own drift stands in for it.
+
+Steps are not the only noise a recording holds.  Where its visits of one point differ by more than their
+steps can explain (:func:`visit_noise`: a one-way random-effects analysis of the log step rates, tested
+at 1 %), the host's state itself changed from visit to visit: another process busy for seconds, a
+transition after a knob change.  Drawn one by one from a pool of all visits, those steps would average
+that away inside a block.  So such a landscape replays it as it was recorded: each point's steps are
+centred on the point's mean visit by visit (the within-visit spread kept), and the host's state is a
+log-rate offset of the recorded size, drawn afresh at every knob change (where the recording began each
+visit) and again every ``visit_seconds`` (as long as a recorded visit lasted) while the knobs stay
+(:class:`Objective`): a block as long as a visit carries one state, a block four times as long four.
 """
 
 from __future__ import annotations
@@ -45,6 +55,9 @@ class Landscape:
                                   # drift_removed (sigma, lag1) when its own drift was taken out
     visit_scores: list[np.ndarray] | None = None  # per point: each visit's samples/s (drift taken out):
                                                   # how well the recording knows each point's mean
+    visit_sigma: float = 0.0      # the host's state from visit to visit (log sd) beyond the steps' own
+                                  # noise, where the recording shows one (:func:`visit_noise`); else 0
+    visit_seconds: float = 0.0    # how long such a state holds: a recorded visit's mean measured time
 
     def __post_init__(self) -> None:
         keys = [self.space.unit_point(k) for k in self.knobs]
@@ -88,6 +101,13 @@ class Landscape:
             pools = [np.concatenate(v) for v in visits]
             means = np.asarray([float(np.mean(per_step / p)) for p in pools])
             scored = [np.asarray([float(np.mean(per_step / v)) for v in vs if v.size]) for vs in visits]
+            between = visit_noise(visits)
+            if between is not None:  # the host's state is replayed as an offset per visit-long stretch
+                pools = _centred(visits)
+                recorded["visit_noise"] = {"sigma": between.sigma, "seconds": between.seconds,
+                                           "p_value": between.p_value}
+                return cls(name, space, knobs, pools, means, 0.0, per_step, recorded, scored,
+                           between.sigma, between.seconds)
             return cls(name, space, knobs, pools, means, 0.0, per_step, recorded, scored)
         logs = [np.log(s) for s in scores]
         pooled = [x - x.mean() for x in logs if x.size > 1]
@@ -225,6 +245,62 @@ def recording_drift(points: list[dict], order: object) -> RecordingDrift | None:
     return RecordingDrift(tuple(visits), signal * trend, lag1)
 
 
+VISIT_NOISE_P = 0.01  # visits must differ beyond their steps' noise at this level to be replayed as such
+
+
+@dataclass(frozen=True)
+class VisitNoise:
+    """What a recording's visits of one point differ by beyond their steps' own noise."""
+
+    sigma: float    # log sd of the host's state from visit to visit
+    seconds: float  # a visit's mean measured time: how long a state held, at least
+    p_value: float  # of the F test that the visits differ more than their steps explain
+
+
+def visit_noise(visits: list[list[np.ndarray]], level: float = VISIT_NOISE_P) -> VisitNoise | None:
+    """The between-visit variance of a recording's log step rates, pooled over its points (one-way
+    random-effects ANOVA with visits as groups nested in points: ``(MSB - MSW) / n0``), when the F test
+    says the visits differ beyond their steps at ``level``; else None (every point needs visits of two
+    or more steps, and two or more visits).  ``visits``: per point, each visit's step times."""
+    from scipy.stats import f as f_dist
+
+    ss_within = ss_between = n0_sum = 0.0
+    df_within = df_between = 0
+    seconds = []
+    for point in visits:
+        logs = [np.log(v) for v in point if v.size]
+        if len(logs) < 2 or any(x.size < 2 for x in logs):
+            return None
+        sizes = np.asarray([x.size for x in logs], dtype=float)
+        centre = float(np.concatenate(logs).mean())
+        ss_within += sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
+        ss_between += sum(x.size * (float(x.mean()) - centre) ** 2 for x in logs)
+        df_within += int(sizes.sum() - sizes.size)
+        df_between += sizes.size - 1
+        n0_sum += float(sizes.sum() - (sizes ** 2).sum() / sizes.sum())
+        seconds += [float(v.sum()) for v in point]
+    if not visits or df_within == 0 or ss_within == 0.0:
+        return None
+    ms_within, ms_between = ss_within / df_within, ss_between / df_between
+    p_value = float(f_dist.sf(ms_between / ms_within, df_between, df_within))
+    if p_value >= level:
+        return None
+    var = (ms_between - ms_within) / (n0_sum / df_between)
+    return VisitNoise(math.sqrt(var), float(np.mean(seconds)), p_value)
+
+
+def _centred(visits: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """Each point's steps with every visit moved onto the point's mean log rate: what is left is the
+    spread within a visit (scaled by ``sqrt(n / (n - 1))``, which taking a visit's own mean out shrinks)."""
+    pools = []
+    for point in visits:
+        logs = [np.log(v) for v in point if v.size]
+        centre = float(np.concatenate(logs).mean())
+        pools.append(np.exp(np.concatenate([centre + (x - x.mean()) * math.sqrt(x.size / (x.size - 1))
+                                            for x in logs])))
+    return pools
+
+
 @dataclass(frozen=True)
 class Drift:
     """The host's speed over time: a factor on step times, ``exp(amplitude * wave(t))`` with ``wave`` two
@@ -251,14 +327,33 @@ def _drift_phases(seed: int) -> tuple[float, float, float]:
 
 
 class Objective:
-    """Step times of a landscape (or of ``later`` from ``switch_s`` seconds on: an optimum that moves)."""
+    """Step times of a landscape (or of ``later`` from ``switch_s`` seconds on: an optimum that moves).
+
+    Where the landscape carries a host state between visits (``visit_sigma``), a log-rate offset of that
+    sd is drawn at every change of knobs and again after every ``visit_seconds`` of replayed time under
+    the same knobs, from a random stream of its own; ``visit_noise=False`` leaves it out (steps drawn
+    from the centred pools alone: what a host whose state never changes would give)."""
 
     def __init__(self, landscape: Landscape, seed: int, drift: Drift | None = None,
-                 later: Landscape | None = None, switch_s: float = math.inf) -> None:
+                 later: Landscape | None = None, switch_s: float = math.inf, visit_noise: bool = True) -> None:
         self.landscape, self.later, self.switch_s = landscape, later, switch_s
         self.drift = drift or Drift(0.0)
         self.rng = np.random.default_rng(seed)
         self.t_s = 0.0
+        self.visit_noise = visit_noise
+        self._state_rng = np.random.default_rng([seed, 0x5EED])
+        self._state_knobs: Knobs | None = None
+        self._state_until = -math.inf
+        self._state = 0.0
+
+    def _host_state(self, land: Landscape, knobs: Knobs) -> float:
+        """The log-rate offset of the host's state for this step (0 without visit noise)."""
+        if not self.visit_noise or land.visit_sigma <= 0 or land.visit_seconds <= 0:
+            return 0.0
+        if knobs != self._state_knobs or self.t_s >= self._state_until:
+            self._state_knobs, self._state_until = knobs, self.t_s + land.visit_seconds
+            self._state = float(self._state_rng.normal(0.0, land.visit_sigma))
+        return self._state
 
     def current(self) -> Landscape:
         return self.later if self.later is not None and self.t_s >= self.switch_s else self.landscape
@@ -271,7 +366,7 @@ class Objective:
             base = float(pool[self.rng.integers(pool.size)])
         else:
             base = land.samples_per_step / (land.means[i] * math.exp(self.rng.normal(0.0, land.sigma)))
-        step = base * self.drift.factor(self.t_s)
+        step = base * math.exp(-self._host_state(land, knobs)) * self.drift.factor(self.t_s)
         self.t_s += step
         return step
 
@@ -286,16 +381,20 @@ def simulate(driver: Driver, objective: Objective, max_steps: int = 5000) -> Dri
 
 
 def synthetic(name: str, space: SearchSpace, grid: dict[str, list[object]], speed: Callable[[Knobs], float],
-              noise: float, seed: int = 0, visits: int = 3, steps_per_visit: int = 3) -> Landscape:
+              noise: float, seed: int = 0, visits: int = 3, steps_per_visit: int = 3,
+              visit_noise: float = 0.0) -> Landscape:
     """A landscape with a known truth: ``speed(knobs)`` steps/s at each grid point, recorded as
-    ``visits`` x ``steps_per_visit`` step times with log-normal noise ``noise`` (for tests and checks)."""
+    ``visits`` x ``steps_per_visit`` step times with log-normal noise ``noise``, each visit's steps
+    moved together by a log-normal host state of sd ``visit_noise`` (for tests and checks)."""
     rng = np.random.default_rng(seed)
+    states = np.random.default_rng([seed, 1])  # (a stream of its own: without visit noise nothing moves)
     names = list(grid)
     points = []
     for combo in itertools.product(*(grid[n] for n in names)):
         knobs = space.base.replace(**dict(zip(names, combo)))
-        steps = [[float(math.exp(rng.normal(0.0, noise)) / speed(knobs)) for _ in range(steps_per_visit)]
-                 for _ in range(visits)]
+        offsets = states.normal(0.0, visit_noise, visits) if visit_noise > 0 else np.zeros(visits)
+        steps = [[float(math.exp(rng.normal(0.0, noise) - offsets[v]) / speed(knobs)) for _ in range(steps_per_visit)]
+                 for v in range(visits)]
         points.append({"knobs": knobs.as_dict(), "scores": [1.0 / float(np.median(v)) for v in steps],
                        "steps_s": steps})
     doc = {"space": {"names": list(space.names), "base": space.base.as_dict()}, "points": points,
