@@ -151,17 +151,24 @@ def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: i
     steps drawn from its recorded ones, against an exact reference, no drift) and keep the best measured;
     the fraction of ``draws`` in which that lands within 3 % of the best.  Where it is low, one block
     cannot rank configurations 3 % apart on this landscape, whatever the search.  With ``visit_noise``,
-    each block also carries the host's state between visits (a block spanning ``n`` visits' time, the
-    mean of ``n`` states)."""
+    where the landscape replays the host's state between visits, a block's steps come from recorded visits
+    as the replay draws them (:class:`~tunelab.tuning.replay.Objective`): one visit, or as many as the
+    block's time spans, its steps split evenly among them."""
     rng = np.random.default_rng(seed)
     blocks = np.empty((draws, len(landscape.knobs)))
     for i, pool in enumerate(landscape.step_pools):
-        if pool.size:
+        visits = landscape.visit_pools[i] if visit_noise and landscape.visit_pools is not None else None
+        if visits:
+            spans = max(1, round(steps * float(np.mean(pool)) / landscape.visit_seconds))
+            logs = np.log(landscape.samples_per_step / np.concatenate(visits))
+            sizes = np.asarray([v.size for v in visits])
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            chosen = rng.integers(len(visits), size=(draws, spans))[:, np.arange(steps) * spans // steps]
+            picks = starts[chosen] + (rng.random((draws, steps)) * sizes[chosen]).astype(int)
+            blocks[:, i] = logs[picks].mean(axis=1)
+        elif pool.size:
             logs = np.log(landscape.samples_per_step / pool)
             blocks[:, i] = logs[rng.integers(pool.size, size=(draws, steps))].mean(axis=1)
-            if visit_noise and landscape.visit_sigma > 0:
-                states = max(1.0, steps * float(np.mean(pool)) / landscape.visit_seconds)
-                blocks[:, i] += rng.normal(0.0, landscape.visit_sigma / math.sqrt(states), draws)
         else:
             noise = rng.normal(0.0, landscape.sigma, (draws, steps)).mean(axis=1)
             blocks[:, i] = math.log(landscape.means[i]) + noise
@@ -211,8 +218,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"comma-separated, from {','.join(STRATEGIES)}")
     p.add_argument("--visit-noise", choices=("recorded", "off"), default="recorded",
                    help="the host's state from visit to visit, where a landscape's visits differ beyond their "
-                        "steps: replayed as recorded (default), or off (each visit's steps centred and drawn alone: a "
-                        "host whose state never changes)")
+                        "steps: replayed as recorded, a visit at a time (default), or off (every step drawn from the "
+                        "point's pool of all visits, as replays did before 2026-11-27)")
     m = p.add_argument_group("the scale model as the objective (instead of recorded landscapes)")
     m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")

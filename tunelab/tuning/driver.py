@@ -23,8 +23,9 @@ Phases (``Driver.phase``):
    away on a noisy host, so that candidate is re-measured first, once per search); else at the budget;
 3. ``remeasure``: first, when the strategy's pick was explored and its own exploration blocks already
    clear ``1 + min_gain`` with an interval simultaneous over the ``m`` configurations explored
-   (Bonferroni: each at ``1 - (1 - confidence) / m``, so picking the best of them cannot inflate it),
-   it is locked without re-measuring (``lock_from_exploration``; only before any re-measurement of
+   (Bonferroni: each at ``1 - (1 - confidence) / 2m``, so picking the best of them cannot inflate it;
+   and with the block-level noise at its upper ``1 - (1 - confidence) / 2`` confidence limit, since this
+   early only two or three references tell it), it is locked without re-measuring (``lock_from_exploration``; only before any re-measurement of
    this search).  Otherwise the strategy's recommendation and its best measured configurations (at most
    ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
    round, each round closed by a block of the reference.  These blocks are as long as the step noise
@@ -371,10 +372,16 @@ class Driver:
 
     def _explored_interval(self, knobs: Knobs) -> tuple[int, stats.Interval | None]:
         """The gain of ``knobs`` from its own exploration blocks, with a confidence level that holds for
-        all ``m`` configurations explored in this epoch at once (Bonferroni: each at 1 - (1 - c) / m),
-        so it stays valid for whichever one the search picked: no winner's curse."""
+        all ``m`` configurations explored in this epoch at once (Bonferroni: each at 1 - (1 - c) / 2m),
+        so it stays valid for whichever one the search picked: no winner's curse; and with the
+        block-level noise at its upper ``1 - (1 - c) / 2`` confidence limit (:meth:`.noise.Noise.bounded`):
+        this early, two or three references' differences are all that tell it, and by chance they often
+        agree far more closely than the host's state moves (Berger and Boos: the two halves of ``1 - c``
+        add up)."""
         m = max(1, len(self._explored_configs()))
-        return m, self.interval_of(knobs, phase="explore", confidence=1.0 - (1.0 - self.plan.confidence) / m)
+        alpha = 1.0 - self.plan.confidence
+        return m, self.interval_of(knobs, phase="explore", confidence=1.0 - alpha / 2 / m,
+                                   model=self.noise().bounded(alpha / 2))
 
     def _measured_above(self, goal: float) -> list[Knobs]:
         """This epoch's explored candidates whose own paired ratios (their mean) reach ``goal`` (log units),
@@ -563,7 +570,8 @@ class Driver:
                                                        per_step)
         return pair.log_ratio, steps_part, block_part
 
-    def interval_of(self, knobs: Knobs, phase: str = "remeasure", confidence: float | None = None) -> stats.Interval | None:
+    def interval_of(self, knobs: Knobs, phase: str = "remeasure", confidence: float | None = None,
+                    model: noise.Noise | None = None) -> stats.Interval | None:
         """Gain of ``knobs`` over the reference from this epoch's blocks of ``phase`` (re-measured ones by
         default), bracketed, at ``confidence`` (the plan's by default); blocks next to a reference set
         aside as disturbed are left out with it."""
@@ -578,7 +586,7 @@ class Driver:
             return None
         # the variance of the mean ratio, each block counted once: a reference block between two
         # re-measurements is subtracted from both ratios, so its weight in the mean adds up
-        model, n = self.noise(), len(pairs)
+        model, n = model or self.noise(), len(pairs)
         ref_var = model.step_var.get(self.default, model.pooled_var)
         weights = stats.reference_weights([p for _, p in pairs])
         mine = sum(model.block_var(s.knobs, s.steps) for s, _ in pairs) / n ** 2

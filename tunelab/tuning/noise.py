@@ -21,6 +21,7 @@ finalist's and the reference's own step variances (:meth:`Noise.steps_df`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Hashable, Sequence
@@ -43,6 +44,23 @@ class Noise:
     tau2: float
     df_tau: int
     step_df: dict[Hashable, float] | None = None  # each configuration's step variance's own degrees of freedom
+    ref_ms: float = 0.0        # the reference blocks' mean square successive difference / 2 (0: none)
+    ref_expected: float = 0.0  # ... what their step noise alone would give
+    ref_diffs: int = 0         # ... over this many differences
+
+    def bounded(self, beta: float) -> Noise:
+        """This model with ``tau2`` at its upper ``1 - beta`` confidence limit, taken as known (infinite
+        degrees of freedom): the variance of a difference of successive references (``ref_ms`` over
+        ``ref_diffs`` degrees of freedom) at its chi-square limit, less their step noise.  With two or
+        three references' differences the estimate of ``tau2`` is often far below the host's by chance;
+        an interval that clears with ``tau2`` anywhere in its confidence set does not rest on that chance
+        (Berger and Boos: a test's size grows by at most ``beta``)."""
+        if self.ref_diffs < 1:
+            return self
+        from scipy.stats import chi2
+
+        limit = self.ref_ms * self.ref_diffs / float(chi2.ppf(beta, self.ref_diffs)) - self.ref_expected
+        return dataclasses.replace(self, tau2=max(self.tau2, limit), df_tau=10 ** 6)
 
     def df_of(self, config: Hashable) -> float:
         """Degrees of freedom of ``config``'s step variance: a configuration's own (its within-block df
@@ -104,12 +122,14 @@ def estimate(blocks: Sequence[tuple[Hashable, Sequence[float]]], ref: Hashable,
     means = [sum(b) / len(b) for b in ref_blocks if b]
     diffs = [b - a for a, b in itertools.pairwise(means)]
     tau2 = TAU_PRIOR_SIGMA ** 2
+    ms = expected = 0.0
     if diffs:
         step_var = per_config.get(ref, pooled) if any(len(b) > 1 for b in ref_blocks) else 0.0
         expected = sum(step_var / len(b) for b in ref_blocks if b) / len(means)
-        excess = max(0.0, sum(d * d / 2.0 for d in diffs) / len(diffs) - expected)
+        ms = sum(d * d / 2.0 for d in diffs) / len(diffs)
+        excess = max(0.0, ms - expected)
         tau2 = (TAU_PRIOR_DF * TAU_PRIOR_SIGMA ** 2 + len(diffs) * excess) / (TAU_PRIOR_DF + len(diffs))
-    return Noise(per_config, pooled, df_pool, tau2, TAU_PRIOR_DF + len(diffs), per_df)
+    return Noise(per_config, pooled, df_pool, tau2, TAU_PRIOR_DF + len(diffs), per_df, ms, expected, len(diffs))
 
 
 def _blend_df(a: float, df_a: float, b: float, df_b: float) -> float:

@@ -14,11 +14,12 @@ Steps are not the only noise a recording holds.  Where its visits of one point d
 steps can explain (:func:`visit_noise`: a one-way random-effects analysis of the log step rates, tested
 at 1 %), the host's state itself changed from visit to visit: another process busy for seconds, a
 transition after a knob change.  Drawn one by one from a pool of all visits, those steps would average
-that away inside a block.  So such a landscape replays it as it was recorded: each point's steps are
-centred on the point's mean visit by visit (the within-visit spread kept), and the host's state is a
-log-rate offset of the recorded size, drawn afresh at every knob change (where the recording began each
-visit) and again every ``visit_seconds`` (as long as a recorded visit lasted) while the knobs stay
-(:class:`Objective`): a block as long as a visit carries one state, a block four times as long four.
+that away inside a block.  So such a landscape replays its visits as they were recorded, in two stages
+(:class:`Objective`): at every knob change (where the recording began a visit), and again every
+``visit_seconds`` (as long as a recorded visit lasted, its discarded steps included) while the knobs
+stay, one of the point's recorded visits is drawn, and each step is drawn from that visit's steps.  A
+block as long as a visit replays one visit, a block four times as long about four; every replayed step
+was recorded.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ class Landscape:
                                                   # how well the recording knows each point's mean
     visit_sigma: float = 0.0      # the host's state from visit to visit (log sd) beyond the steps' own
                                   # noise, where the recording shows one (:func:`visit_noise`); else 0
-    visit_seconds: float = 0.0    # how long such a state holds: a recorded visit's mean measured time
+    visit_seconds: float = 0.0    # how long such a state holds: a recorded visit's mean time, its
+                                  # discarded steps included
+    visit_pools: list[list[np.ndarray]] | None = None  # per point, each visit's step times (drift taken
+                                                       # out), where a state is replayed; else None
 
     def __post_init__(self) -> None:
         keys = [self.space.unit_point(k) for k in self.knobs]
@@ -101,13 +105,12 @@ class Landscape:
             pools = [np.concatenate(v) for v in visits]
             means = np.asarray([float(np.mean(per_step / p)) for p in pools])
             scored = [np.asarray([float(np.mean(per_step / v)) for v in vs if v.size]) for vs in visits]
-            between = visit_noise(visits)
-            if between is not None:  # the host's state is replayed as an offset per visit-long stretch
-                pools = _centred(visits)
+            between = visit_noise(visits, int(recorded.get("discard_steps", 0)))
+            if between is not None:  # the host's state: visits replayed whole, one per visit-long stretch
                 recorded["visit_noise"] = {"sigma": between.sigma, "seconds": between.seconds,
                                            "p_value": between.p_value}
                 return cls(name, space, knobs, pools, means, 0.0, per_step, recorded, scored,
-                           between.sigma, between.seconds)
+                           between.sigma, between.seconds, [[v for v in vs if v.size] for vs in visits])
             return cls(name, space, knobs, pools, means, 0.0, per_step, recorded, scored)
         logs = [np.log(s) for s in scores]
         pooled = [x - x.mean() for x in logs if x.size > 1]
@@ -253,15 +256,18 @@ class VisitNoise:
     """What a recording's visits of one point differ by beyond their steps' own noise."""
 
     sigma: float    # log sd of the host's state from visit to visit
-    seconds: float  # a visit's mean measured time: how long a state held, at least
+    seconds: float  # a visit's mean time, its discarded steps included: how long a state held, at least
     p_value: float  # of the F test that the visits differ more than their steps explain
 
 
-def visit_noise(visits: list[list[np.ndarray]], level: float = VISIT_NOISE_P) -> VisitNoise | None:
+def visit_noise(visits: list[list[np.ndarray]], discard_steps: int = 0,
+                level: float = VISIT_NOISE_P) -> VisitNoise | None:
     """The between-visit variance of a recording's log step rates, pooled over its points (one-way
     random-effects ANOVA with visits as groups nested in points: ``(MSB - MSW) / n0``), when the F test
     says the visits differ beyond their steps at ``level``; else None (every point needs visits of two
-    or more steps, and two or more visits).  ``visits``: per point, each visit's step times."""
+    or more steps, and two or more visits).  ``visits``: per point, each visit's measured step times;
+    each visit also ran ``discard_steps`` unmeasured steps after its knob change, counted in its time at
+    its own mean step."""
     from scipy.stats import f as f_dist
 
     ss_within = ss_between = n0_sum = 0.0
@@ -278,7 +284,7 @@ def visit_noise(visits: list[list[np.ndarray]], level: float = VISIT_NOISE_P) ->
         df_within += int(sizes.sum() - sizes.size)
         df_between += sizes.size - 1
         n0_sum += float(sizes.sum() - (sizes ** 2).sum() / sizes.sum())
-        seconds += [float(v.sum()) for v in point]
+        seconds += [float(v.sum()) * (v.size + discard_steps) / v.size for v in point if v.size]
     if not visits or df_within == 0 or ss_within == 0.0:
         return None
     ms_within, ms_between = ss_within / df_within, ss_between / df_between
@@ -287,18 +293,6 @@ def visit_noise(visits: list[list[np.ndarray]], level: float = VISIT_NOISE_P) ->
         return None
     var = (ms_between - ms_within) / (n0_sum / df_between)
     return VisitNoise(math.sqrt(var), float(np.mean(seconds)), p_value)
-
-
-def _centred(visits: list[list[np.ndarray]]) -> list[np.ndarray]:
-    """Each point's steps with every visit moved onto the point's mean log rate: what is left is the
-    spread within a visit (scaled by ``sqrt(n / (n - 1))``, which taking a visit's own mean out shrinks)."""
-    pools = []
-    for point in visits:
-        logs = [np.log(v) for v in point if v.size]
-        centre = float(np.concatenate(logs).mean())
-        pools.append(np.exp(np.concatenate([centre + (x - x.mean()) * math.sqrt(x.size / (x.size - 1))
-                                            for x in logs])))
-    return pools
 
 
 @dataclass(frozen=True)
@@ -329,10 +323,11 @@ def _drift_phases(seed: int) -> tuple[float, float, float]:
 class Objective:
     """Step times of a landscape (or of ``later`` from ``switch_s`` seconds on: an optimum that moves).
 
-    Where the landscape carries a host state between visits (``visit_sigma``), a log-rate offset of that
-    sd is drawn at every change of knobs and again after every ``visit_seconds`` of replayed time under
-    the same knobs, from a random stream of its own; ``visit_noise=False`` leaves it out (steps drawn
-    from the centred pools alone: what a host whose state never changes would give)."""
+    Where the landscape carries a host state between visits (``visit_pools``), one of the point's recorded
+    visits is drawn (from a random stream of its own) at every change of knobs or of landscape and again
+    after every ``visit_seconds`` of replayed time under the same knobs, and each step is drawn from that
+    visit's steps; ``visit_noise=False`` draws every step from the point's pool of all its visits, as
+    replays did before 2026-11-27 (a host whose state moves at every step)."""
 
     def __init__(self, landscape: Landscape, seed: int, drift: Drift | None = None,
                  later: Landscape | None = None, switch_s: float = math.inf, visit_noise: bool = True) -> None:
@@ -342,18 +337,19 @@ class Objective:
         self.t_s = 0.0
         self.visit_noise = visit_noise
         self._state_rng = np.random.default_rng([seed, 0x5EED])
-        self._state_knobs: Knobs | None = None
+        self._state_of: tuple[int, Knobs] | None = None
         self._state_until = -math.inf
-        self._state = 0.0
+        self._visit = 0
 
-    def _host_state(self, land: Landscape, knobs: Knobs) -> float:
-        """The log-rate offset of the host's state for this step (0 without visit noise)."""
-        if not self.visit_noise or land.visit_sigma <= 0 or land.visit_seconds <= 0:
-            return 0.0
-        if knobs != self._state_knobs or self.t_s >= self._state_until:
-            self._state_knobs, self._state_until = knobs, self.t_s + land.visit_seconds
-            self._state = float(self._state_rng.normal(0.0, land.visit_sigma))
-        return self._state
+    def _pool(self, land: Landscape, i: int, knobs: Knobs) -> np.ndarray:
+        """The steps this step is drawn from: point ``i``'s pool, or the recorded visit in play."""
+        visits = land.visit_pools[i] if self.visit_noise and land.visit_pools is not None else None
+        if not visits:
+            return land.step_pools[i]
+        if self._state_of != (id(land), knobs) or self.t_s >= self._state_until:
+            self._state_of, self._state_until = (id(land), knobs), self.t_s + land.visit_seconds
+            self._visit = int(self._state_rng.integers(len(visits)))
+        return visits[self._visit]
 
     def current(self) -> Landscape:
         return self.later if self.later is not None and self.t_s >= self.switch_s else self.landscape
@@ -361,12 +357,12 @@ class Objective:
     def step_s(self, knobs: Knobs) -> float:
         land = self.current()
         i = land.nearest(knobs)
-        pool = land.step_pools[i]
+        pool = self._pool(land, i, knobs)
         if pool.size:
             base = float(pool[self.rng.integers(pool.size)])
         else:
             base = land.samples_per_step / (land.means[i] * math.exp(self.rng.normal(0.0, land.sigma)))
-        step = base * math.exp(-self._host_state(land, knobs)) * self.drift.factor(self.t_s)
+        step = base * self.drift.factor(self.t_s)
         self.t_s += step
         return step
 
@@ -384,8 +380,9 @@ def synthetic(name: str, space: SearchSpace, grid: dict[str, list[object]], spee
               noise: float, seed: int = 0, visits: int = 3, steps_per_visit: int = 3,
               visit_noise: float = 0.0) -> Landscape:
     """A landscape with a known truth: ``speed(knobs)`` steps/s at each grid point, recorded as
-    ``visits`` x ``steps_per_visit`` step times with log-normal noise ``noise``, each visit's steps
-    moved together by a log-normal host state of sd ``visit_noise`` (for tests and checks)."""
+    ``visits`` x ``steps_per_visit`` step times (after one discarded step, as ``bench landscape``
+    records) with log-normal noise ``noise``, each visit's steps moved together by a log-normal host
+    state of sd ``visit_noise`` (for tests and checks)."""
     rng = np.random.default_rng(seed)
     states = np.random.default_rng([seed, 1])  # (a stream of its own: without visit noise nothing moves)
     names = list(grid)
@@ -398,5 +395,5 @@ def synthetic(name: str, space: SearchSpace, grid: dict[str, list[object]], spee
         points.append({"knobs": knobs.as_dict(), "scores": [1.0 / float(np.median(v)) for v in steps],
                        "steps_s": steps})
     doc = {"space": {"names": list(space.names), "base": space.base.as_dict()}, "points": points,
-           "samples_per_step": 1.0}
+           "samples_per_step": 1.0, "discard_steps": 1}
     return Landscape.from_dict(doc, name)
