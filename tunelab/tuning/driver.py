@@ -25,8 +25,8 @@ Phases (``Driver.phase``):
    clear ``1 + min_gain`` with an interval simultaneous over the ``m`` configurations explored
    (Bonferroni: each at ``1 - (1 - confidence) / 2m``, so picking the best of them cannot inflate it;
    and with the block-level noise at its upper ``1 - (1 - confidence) / 2`` confidence limit, since this
-   early only two or three references tell it), it is locked without re-measuring (``lock_from_exploration``; only before any re-measurement of
-   this search).  Otherwise the strategy's recommendation and its best measured configurations (at most
+   early only two or three references tell it), it is locked without re-measuring
+   (``lock_from_exploration``; only before any re-measurement of this search).  Otherwise the strategy's recommendation and its best measured configurations (at most
    ``finalists``, those that can still reach the minimum gain) are measured again, one block each per
    round, each round closed by a block of the reference.  These blocks are as long as the step noise
    measured so far asks for (the step-noise part of a round's paired ratio near ``remeasure_sigma``;

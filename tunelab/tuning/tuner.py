@@ -22,7 +22,7 @@ import numpy as np
 
 from ..knobs import Knobs
 from .space import SearchSpace
-from .strategies import Told
+from .strategies import Observation, Told
 
 
 @dataclass
@@ -118,12 +118,14 @@ class Tuner(Told):
     def fit(self) -> _Model:
         live = self.live
         if self._model is None or self._model.n != len(live):
-            self._model = _Model.fit(self._x(), np.asarray([o.value for o in live]),
+            self._model = _Model.fit(self._x(live), np.asarray([o.value for o in live]),
                                      np.asarray([o.variance for o in live]), self.seed)
         return self._model
 
-    def _x(self) -> np.ndarray:
-        return np.asarray([self.space.unit_point(o.knobs) for o in self.live], dtype=np.float64)
+    def _x(self, live: list[Observation] | None = None) -> np.ndarray:
+        """Unit coordinates of the observations not withdrawn (``live``: :attr:`live`, when the caller has it)."""
+        return np.asarray([self.space.unit_point(o.knobs) for o in (self.live if live is None else live)],
+                          dtype=np.float64)
 
     def _candidate_pool(self) -> np.ndarray:
         d = len(self.space.names)
