@@ -51,6 +51,38 @@ def test_an_output_naming_an_input_is_refused_and_the_input_kept(tmp_path):
                            str(tmp_path / "m.json")), 2, "name the same file")
 
 
+def test_an_output_naming_an_input_given_by_name_is_refused_and_the_input_kept(tmp_path):
+    """A scenario or a landscape named (not given as a path) is an input too: an output onto its file
+    (a shipped one's, or a file of that name here) is refused before any work, and the file is kept."""
+    scenario = tmp_path / "myscen"  # a scenario name that is no shipped one reads the file of that name here
+    scenario.write_text((Path(__file__).resolve().parents[1] / "scenarios" / "replay-vgg16.toml").read_text())
+    before = scenario.read_bytes()
+    model = tmp_path / "m.json"
+    model.write_text("{}")
+    for args, flag in [(["tune", "--model", "myscen", "--json", "myscen"], "(--model)"),
+                       (["bench", "landscape", "--model", "myscen", "--json", "myscen"], "(--model)"),
+                       (["model", "predict", "--model-file", str(model), "--hosts", "2", "--ranks-per-host", "1",
+                         "--scenario", "myscen", "--json", "myscen"], "(--scenario)")]:
+        one_line_error(tunelab(*args, cwd=tmp_path, env={"TUNELAB_HOME": str(tmp_path / "home")}), 2, flag)
+    assert scenario.read_bytes() == before
+    shipped = LANDSCAPES / "replay-bert-2ranks.json"
+    kept = shipped.read_bytes()
+    try:
+        one_line_error(tunelab("bench", "tuner", "--landscape", "replay-bert-2ranks", "--json", str(shipped),
+                               "--seeds", "1", "--strategies", "tunelab", "--no-report"), 2, "(--landscape)")
+    finally:
+        if shipped.read_bytes() != kept:  # put the shipped recording back before failing
+            shipped.write_bytes(kept)
+            pytest.fail("bench tuner overwrote the shipped landscape it read")
+
+
+def test_a_scenario_by_name_and_by_file_at_once_is_a_usage_error(tmp_path):
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "resnet50.toml"
+    for command in ("tune", "bench landscape"):
+        one_line_error(tunelab(*command.split(), "--model", "resnet50", "--scenario", str(scenario),
+                               env={"TUNELAB_HOME": str(tmp_path)}), 2, "not allowed with argument --model")
+
+
 def test_an_export_onto_the_profile_store_is_refused(tmp_path):
     store = tmp_path / "profiles.sqlite"
     store.write_bytes(b"not touched")

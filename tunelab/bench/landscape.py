@@ -20,7 +20,14 @@ import time
 from typing import Any
 
 from ..cli.finish import add_output_flags, finish
-from ..cli.types import input_file, non_negative_int, positive_int
+from ..cli.types import (
+    DEFAULT_SCENARIO,
+    input_file,
+    named_input,
+    non_negative_int,
+    positive_int,
+    scenario_input,
+)
 from ..errors import UsageError
 from ..knobs import Knobs, parse_bool
 from ..units import format_size
@@ -181,7 +188,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("landscape", help="samples/s of a grid of knob settings in one training run")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
+    named_input(which.add_argument("--model", default=None, help="scenario name (scenarios/NAME.toml; default resnet50)"),
+                scenario_input)
     which.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
     p.add_argument("--np", type=positive_int, default=None, help="ranks to launch (default: the scenario's)")
     p.add_argument("--ranks-per-node", type=positive_int, default=None)
@@ -212,7 +220,7 @@ def _cmd(args: argparse.Namespace) -> int:
     from ..launch import run_job
     from ..scenarios import load_scenario
 
-    scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
+    scenario = load_scenario(str(args.scenario) if args.scenario else args.model or DEFAULT_SCENARIO)
     scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
                                        link_latency_us=args.link_latency_us)
     if args.dtype is not None and scenario.workload != "replay":

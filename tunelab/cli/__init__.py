@@ -134,7 +134,11 @@ def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
     outputs, inputs = [], [("the profile store", tunelab_home() / FILE_NAME)]
     for action in leaf._actions:
         value = getattr(args, action.dest, None)
-        paths = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, Path)]
+        values = value if isinstance(value, list) else [value]
+        resolve = getattr(action, "input_path", None)  # a name that stands for a file (:func:`.types.named_input`)
+        if resolve is not None:
+            values = [_resolved(resolve, v) for v in values if isinstance(v, (str, Path))]
+        paths = [v for v in values if isinstance(v, Path)]
         name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
         (outputs if action.type is output_file else inputs).extend((str(name), p) for p in paths)
     for i, (flag, out) in enumerate(outputs):
@@ -145,6 +149,13 @@ def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
         for other, given in outputs[i + 1:]:
             if _same_file(out, given):
                 raise UsageError(f"{flag} and {other} name the same file {out}: one would overwrite the other")
+
+
+def _resolved(resolve: Any, value: str | Path) -> Path | None:
+    try:
+        return resolve(str(value))
+    except (TunelabError, OSError, ValueError):  # a name that names nothing is the command's to report
+        return None
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -17,7 +17,17 @@ from typing import Any
 from ..errors import UsageError
 from ..units import format_size, human_size
 from .finish import add_output_flags, finish
-from .types import Parser, knob, link_gbps, output_file, positive_float, positive_int, size_list
+from .types import (
+    Parser,
+    knob,
+    link_gbps,
+    named_input,
+    output_file,
+    positive_float,
+    positive_int,
+    scenario_input,
+    size_list,
+)
 
 DEFAULT_SIZES = "4KiB,64KiB,1MiB,16MiB,64MiB,256MiB,1GiB"
 STEP_ROWS = 12
@@ -42,8 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     pr = msub.add_parser("predict", help="predicted allreduce times, crossover and step time per knob setting")
     pr.add_argument("--model-file", type=Path, required=True, metavar="MODEL.json")
-    pr.add_argument("--scenario", default=None, metavar="NAME|FILE",
-                    help="a scenario (its model's gradients and backward timing) for the step-time table")
+    named_input(pr.add_argument("--scenario", default=None, metavar="NAME|FILE",
+                                help="a scenario (its model's gradients and backward timing) for the step-time table"),
+                scenario_input)
     pr.add_argument("--hosts", type=positive_int, required=True)
     pr.add_argument("--ranks-per-host", type=positive_int, required=True)
     pr.add_argument("--link-gbps", type=link_gbps, default=None, metavar="GBPS",

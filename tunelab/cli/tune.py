@@ -8,15 +8,26 @@ from pathlib import Path
 from ..errors import UsageError
 from .finish import add_output_flags, finish
 from .lab import scenario_ranks, scenario_session
-from .types import input_file, knob, non_negative_int, positive_float, positive_int
+from .types import (
+    DEFAULT_SCENARIO,
+    input_file,
+    knob,
+    named_input,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    scenario_input,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..engine.link import add_link_flags
 
     tune = subparsers.add_parser("tune", help="tune the engine's knobs live, inside one training run")
-    tune.add_argument("--model", default="resnet50", help="scenario name (scenarios/NAME.toml)")
-    tune.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
+    which = tune.add_mutually_exclusive_group()
+    named_input(which.add_argument("--model", default=None, help="scenario name (scenarios/NAME.toml; default resnet50)"),
+                scenario_input)
+    which.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
     tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None)
     tune.add_argument("--np", type=positive_int, default=None, help="ranks to launch")
     tune.add_argument("--lab", action="store_true",
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from ..scenarios import load_scenario
     from ..tuning.report_text import print_tune_summary
 
-    scenario = load_scenario(str(args.scenario) if args.scenario else args.model)
+    scenario = load_scenario(str(args.scenario) if args.scenario else args.model or DEFAULT_SCENARIO)
     if args.link_gbps is not None and args.ranks_per_node is None and scenario.ranks_per_node is None:
         raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     scenario = scenario.with_overrides(

@@ -13,8 +13,25 @@ from pathlib import Path
 
 from ..units import parse_size
 
-__all__ = ["Parser", "choice_list", "fraction", "knob", "link_gbps", "non_negative_int", "output_file",
-           "positive_float", "positive_int", "profile_id", "size_list"]
+__all__ = [
+    "DEFAULT_SCENARIO",
+    "Parser",
+    "choice_list",
+    "fraction",
+    "knob",
+    "link_gbps",
+    "named_input",
+    "non_negative_int",
+    "output_file",
+    "positive_float",
+    "positive_int",
+    "profile_id",
+    "scenario_input",
+    "size_list",
+]
+
+
+DEFAULT_SCENARIO = "resnet50"  # what tune and bench landscape run without --model or --scenario
 
 
 class Parser(argparse.ArgumentParser):
@@ -94,6 +111,26 @@ def input_file(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
     return Path(text)
+
+
+def named_input(action: argparse.Action, resolve: Callable[[str], Path | None]) -> argparse.Action:
+    """Mark ``action`` as naming a file the command reads, by a name that ``resolve`` turns into its path
+    (a shipped scenario's or landscape's name): an output naming that file is refused as any input path
+    is (:func:`tunelab.cli._refuse_overwriting_inputs`).  ``resolve`` returns None, or raises, where the
+    name names no file."""
+    action.input_path = resolve  # type: ignore[attr-defined]
+    return action
+
+
+def scenario_input(name: str) -> Path | None:
+    """The file a scenario name or path reads (see :func:`tunelab.scenarios.load_scenario`), None if none."""
+    from ..errors import TunelabError
+    from ..scenarios import _resolve
+
+    try:
+        return _resolve(name)
+    except TunelabError:
+        return None
 
 
 def output_file(text: str) -> Path:
