@@ -132,6 +132,52 @@ def test_visits_that_differ_beyond_their_steps_are_replayed_a_visit_at_a_time():
     assert float(np.var(_replayed_blocks(steady))) == pytest.approx(pooled, rel=0.2)
 
 
+def _two_hosts_landscape():
+    """Two points of 1 step/s recorded in 8 visits of 3 steps: the first quiet (every visit at the same
+    state, 1 % steps), the second with visits at +-10 % (3 % steps)."""
+    from tunelab.tuning.replay import Landscape
+
+    rng = np.random.default_rng(5)
+    base = Knobs()
+    points = []
+    for fusion, states, step in ((MiB, [0.0] * 8, 0.01), (2 * MiB, [0.1, -0.1] * 4, 0.03)):
+        steps = [[float(math.exp(-s + rng.normal(0.0, step))) for _ in range(3)] for s in states]
+        points.append({"knobs": base.replace(fusion_threshold_bytes=fusion).as_dict(), "steps_s": steps,
+                       "scores": [1.0 / float(np.median(v)) for v in steps]})
+    doc = {"space": {"names": ["fusion_threshold_bytes"], "base": base.as_dict()}, "points": points,
+           "samples_per_step": 1.0, "discard_steps": 1}
+    return Landscape.from_dict(doc, "two-hosts")
+
+
+def test_a_pooled_host_state_gives_every_point_the_same_state_and_keeps_its_own_steps():
+    """``visit_noise="pooled"``: a point's block is one of its own visits moved to the state of a visit
+    drawn from every point's.  The quiet point, replayed as recorded, has no state between blocks; pooled,
+    its blocks vary as much as the noisy point's (the pool of both points' states, variance 0.005), while
+    each block's steps keep their own point's spread (1 % and 3 %) and the point's mean log rate stays."""
+    land = _two_hosts_landscape()
+    assert land.visit_pools is not None
+    own, states = land.visit_states
+    assert float(np.var(states)) == pytest.approx(0.005, rel=0.3)
+    quiet, noisy = land.knobs
+    flipped = Landscape(land.name, land.space, [noisy, quiet], land.step_pools[::-1], land.means[::-1], 0.0,
+                        recorded=land.recorded, visit_sigma=land.visit_sigma, visit_seconds=land.visit_seconds,
+                        visit_pools=land.visit_pools[::-1])
+    recorded_quiet = _replayed_blocks(land, blocks=800)
+    pooled_quiet = _replayed_blocks(land, blocks=800, visit_noise="pooled")
+    pooled_noisy = _replayed_blocks(flipped, blocks=800, visit_noise="pooled")
+    assert float(np.var(recorded_quiet)) < 0.0005
+    assert float(np.var(pooled_quiet)) == pytest.approx(float(np.var(states)) + 0.01 ** 2 / 3, rel=0.25)
+    assert float(np.var(pooled_noisy)) == pytest.approx(float(np.var(states)) + 0.03 ** 2 / 3, rel=0.25)
+    assert float(np.mean(pooled_quiet)) == pytest.approx(land.true_log_rate(quiet), abs=0.01)
+    obj = Objective(land, seed=2, visit_noise="pooled")
+    for knobs, spread in ((quiet, 0.01), (noisy, 0.03)):  # within a visit, the point's own steps
+        obj.step_s(noisy if knobs == quiet else quiet)
+        logs = [-math.log(obj.step_s(knobs)) for _ in range(3)]
+        assert float(np.std(logs)) < 4 * spread
+    with pytest.raises(ValueError, match="visit_noise"):
+        Objective(land, seed=0, visit_noise="sometimes")
+
+
 def test_categorical_knobs_must_match_exactly():
     names = [*NAMES, "hierarchical"]
     land = landscape([({"fusion_threshold_bytes": 8 * MiB, "hierarchical": False}, [5.0]),

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from ..cli.finish import add_output_flags, finish
-from ..cli.types import choice_list, fraction, link_gbps, positive_int
+from ..cli.types import choice_list, fraction, link_gbps, named_input, positive_int, scenario_input
 from ..errors import TunelabError, UsageError
 from ..tuning.driver import Driver
 from ..tuning.plan import Plan
-from ..tuning.replay import Drift, Landscape, Objective, simulate
+from ..tuning.replay import VISIT_MODES, Drift, Landscape, Objective, simulate, visit_mode
 from ..tuning.strategies import STRATEGIES, make_strategy
 
 WITHIN = 0.97        # locked within 3 % of the landscape's best
@@ -68,16 +68,16 @@ def _scenario_budget(landscape: Landscape) -> tuple[int | None, str | None]:
 
 
 def run_once(landscape: Landscape, strategy: str, seed: int, plan: Plan, drift: float,
-             drift_period_s: float = 120.0, visit_noise: bool = True) -> Driver:
+             drift_period_s: float = 120.0, visit_noise: bool | str = True) -> Driver:
     """One seeded tuning run of ``strategy`` on ``landscape`` through the driver, until it locks
-    (``visit_noise``: the host's state from visit to visit as recorded, :class:`Objective`)."""
+    (``visit_noise``: the host's state from visit to visit, as recorded, pooled or off, :class:`Objective`)."""
     driver = Driver(landscape.space, lambda epoch: make_strategy(strategy, landscape.space, seed + 1000 * epoch),
                     plan, landscape.samples_per_step)
     return simulate(driver, Objective(landscape, seed, Drift(drift, drift_period_s, seed), visit_noise=visit_noise))
 
 
 def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None, drift: float,
-             visit_noise: bool = True) -> tuple[dict, list]:
+             visit_noise: bool | str = True) -> tuple[dict, list]:
     """One table row over ``seeds`` runs, and each run's curve: the true throughput of the configuration
     in effect for the user (the default until the lock, then the locked one) after each block,
     relative to the landscape's best."""
@@ -122,7 +122,8 @@ def share_interval(flags: list[bool], confidence: float = SHARE_CONFIDENCE) -> l
 
 
 def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int, budget: int | None,
-            drift: float, visit_noise: bool = True) -> dict:
+            drift: float, visit_noise: bool | str = True) -> dict:
+    visit_noise = visit_mode(visit_noise)
     rows, pooled = [], {s: [] for s in strategies}
     for land in landscapes:
         for strategy in strategies:
@@ -136,7 +137,8 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
                            "points": len(land.knobs), "names": list(land.space.names), "block_steps": steps,
                            "exhaustive_within_3pct": exhaustive_pick(land, steps, visit_noise=visit_noise),
                            "visit_noise": {"sigma": land.visit_sigma, "seconds": land.visit_seconds,
-                                           "replayed": visit_noise} if land.visit_sigma > 0 else None,
+                                           "replayed": visit_noise != "off", "mode": visit_noise}
+                           if land.visit_sigma > 0 else None,
                            "truth_ceiling_within_3pct": truth_ceiling(land),
                            "recording_drift_removed": (land.recorded or {}).get("drift_removed"),
                            "scenario_problem": None if budget else _scenario_budget(land)[1]}
@@ -146,18 +148,20 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
 
 
 def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: int = 0,
-                    visit_noise: bool = True) -> float:
+                    visit_noise: bool | str = True) -> float:
     """A yardstick for the noise, not a strategy: measure **every** grid point once (a block of ``steps``
     steps drawn from its recorded ones, against an exact reference, no drift) and keep the best measured;
     the fraction of ``draws`` in which that lands within 3 % of the best.  Where it is low, one block
     cannot rank configurations 3 % apart on this landscape, whatever the search.  With ``visit_noise``,
     where the landscape replays the host's state between visits, a block's steps come from recorded visits
     as the replay draws them (:class:`~tunelab.tuning.replay.Objective`): one visit, or as many as the
-    block's time spans, its steps split evenly among them."""
+    block's time spans, its steps split evenly among them ("pooled": each moved to a state drawn from
+    every point's visits)."""
+    mode = visit_mode(visit_noise)
     rng = np.random.default_rng(seed)
     blocks = np.empty((draws, len(landscape.knobs)))
     for i, pool in enumerate(landscape.step_pools):
-        visits = landscape.visit_pools[i] if visit_noise and landscape.visit_pools is not None else None
+        visits = landscape.visit_pools[i] if mode != "off" and landscape.visit_pools is not None else None
         if visits:
             spans = max(1, round(steps * float(np.mean(pool)) / landscape.visit_seconds))
             logs = np.log(landscape.samples_per_step / np.concatenate(visits))
@@ -165,7 +169,12 @@ def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: i
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             chosen = rng.integers(len(visits), size=(draws, spans))[:, np.arange(steps) * spans // steps]
             picks = starts[chosen] + (rng.random((draws, steps)) * sizes[chosen]).astype(int)
-            blocks[:, i] = logs[picks].mean(axis=1)
+            moved = logs[picks]
+            if mode == "pooled":  # each visit's steps moved from its own state to one drawn from all points'
+                own, states = landscape.visit_states
+                donors = states[rng.integers(states.size, size=(draws, spans))][:, np.arange(steps) * spans // steps]
+                moved = moved - own[i][chosen] + donors
+            blocks[:, i] = moved.mean(axis=1)
         elif pool.size:
             logs = np.log(landscape.samples_per_step / pool)
             blocks[:, i] = logs[rng.integers(pool.size, size=(draws, steps))].mean(axis=1)
@@ -205,9 +214,10 @@ def _median_curve(curves: list[list[float]]) -> list[float]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench tuner`` under the ``bench`` sub-command parsers."""
     p = subparsers.add_parser("tuner", help="search strategies replayed on recorded landscapes (no training)")
-    p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
-                   help="a landscape JSON from bench landscape, or a shipped landscape's name (repeatable; "
-                        f"default: every shipped one: {', '.join(shipped_landscapes())})")
+    named_input(p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
+                               help="a landscape JSON from bench landscape, or a shipped landscape's name (repeatable; "
+                                    f"default: every shipped one: {', '.join(shipped_landscapes())})"),
+                lambda name: _landscape_path(Path(name)))
     p.add_argument("--seeds", type=positive_int, default=20, help="runs per strategy and landscape (default 20)")
     p.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                    help="exploration blocks per run (default: the landscape's scenario budget, as tunelab tune "
@@ -216,14 +226,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="host drift amplitude as a fraction of step time (default 0.05)")
     p.add_argument("--strategies", type=choice_list(tuple(STRATEGIES)), default=list(STRATEGIES),
                    help=f"comma-separated, from {','.join(STRATEGIES)}")
-    p.add_argument("--visit-noise", choices=("recorded", "off"), default="recorded",
+    p.add_argument("--visit-noise", choices=VISIT_MODES, default="recorded",
                    help="the host's state from visit to visit, where a landscape's visits differ beyond their "
-                        "steps: replayed as recorded, a visit at a time (default), or off (every step drawn from the "
-                        "point's pool of all visits, as replays did before 2026-11-27)")
+                        "steps: replayed as recorded, a visit of the point at a time (default); pooled (a visit of "
+                        "the point moved to the state of a visit drawn from every point's: one host state for all "
+                        "configurations); or off (every step drawn from the point's pool of all visits, as replays "
+                        "did before 2026-11-27)")
     m = p.add_argument_group("the scale model as the objective (instead of recorded landscapes)")
     m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
-    m.add_argument("--scenario", default=None, help="the workload's scenario (name or file; default replay-resnet50)")
+    named_input(m.add_argument("--scenario", default=None,
+                               help="the workload's scenario (name or file; default replay-resnet50)"), scenario_input)
     m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
                    help="hosts of the modelled topology (repeatable; default 2)")
     m.add_argument("--ranks-per-host", type=positive_int, default=None, metavar="K", help="default 1")
@@ -263,8 +276,7 @@ def _cmd(args: argparse.Namespace) -> int:
             if not paths:
                 raise TunelabError(f"no landscapes shipped in {LANDSCAPE_DIR}")
             landscapes = [Landscape.load(p) for p in paths]
-    result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift,
-                     args.visit_noise == "recorded")
+    result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift, args.visit_noise)
     print(f"# tuner  seeds={args.seeds}  drift=±{100 * args.drift:g}%  visit noise {args.visit_noise}  "
           "scored: the locked configuration; "
           "samples: measured blocks until the lock, the default's reference blocks included")
@@ -287,7 +299,9 @@ def _cmd(args: argparse.Namespace) -> int:
         if info["visit_noise"]:
             vn = info["visit_noise"]
             print(f"#   its visits differ beyond their steps: the host's state, sd {100 * vn['sigma']:.1f} % for "
-                  f"{vn['seconds']:.1f} s at a time, " + ("replayed" if vn["replayed"] else "left out (--visit-noise off)"))
+                  f"{vn['seconds']:.1f} s at a time, " + {"recorded": "replayed as each point's visits recorded it",
+                                                          "pooled": "replayed pooled over every point's visits",
+                                                          "off": "left out (--visit-noise off)"}[vn["mode"]])
     ci = f"{100 * SHARE_CONFIDENCE:g}% CI"
     shown = [{**r, "within_text": _interval_text(r["locked_within_3pct_interval"]),
               "worse_text": _interval_text(r["locked_worse_than_default_interval"])} for r in result["rows"]]

@@ -126,6 +126,7 @@ def _landscape_row(name: str, info: Any) -> dict[str, Any]:
                                             else "none"),
             "host state between visits": (f"sd {100 * visits['sigma']:.1f} % for {visits['seconds']:.1f} s"
                                           + ("" if visits.get("replayed", True) else ", not replayed")
+                                          + (", pooled over every point" if visits.get("mode") == "pooled" else "")
                                           if _number(visits.get("sigma")) and _number(visits.get("seconds"))
                                           else "none")}
 
