@@ -173,6 +173,9 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
     (lambda d: d["hardware"].update(nodes=-1), "hardware facts unusable"),
     (lambda d: d["hardware"].update(nodes=2, link_gbps=-5), "a link speed must be"),
     (lambda d: d["hardware"].update(nodes=2, link_gbps="fast"), "hardware facts unusable"),
+    (lambda d: d.update(hardware=None), "its hardware facts"),
+    (lambda d: d["rows"][0].update(algorithm=7), "row 1: algorithm must be a name, got 7"),
+    (lambda d: d["rows"][1].update(time_us="slow"), "row 2 (hierarchical): size and time_us must be numbers"),
 ])
 def test_a_damaged_bench_file_is_not_fitted(tmp_path, change, fragment):
     bad = damaged_copy(DATA / "report-allreduce.json", change, tmp_path)
@@ -398,6 +401,20 @@ def test_a_malformed_report_input_is_named_in_one_line(tmp_path, kind, source, c
     bad = damaged_copy(DATA / source, change, tmp_path)
     out = tmp_path / "report.html"
     one_line_error(tunelab("report", kind, str(bad), "--out", str(out)), 2, f"{kind} {bad}: malformed input")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d.update(gain_interval="1.1x"), "gain_interval must be null or an object with numbers gain, low and high"),
+    (lambda d: d.update(gain_interval={"gain": 1.1, "low": 1.2, "high": 1.3}), "gain_interval must have 0 < low <= gain"),
+    (lambda d: d.update(gain_interval=None, runner_up={"knobs": {}, "score": 1.0, "interval": [1, 2]}),
+     "runner_up.interval must be null or an object"),
+    (lambda d: d.update(gain_interval=None, drift=[1.0]), "drift must be an object"),
+])
+def test_a_tune_result_with_a_damaged_interval_is_named_by_its_field(tmp_path, change, fragment):
+    bad = damaged_copy(DATA / "report-tune.json", change, tmp_path)
+    out = tmp_path / "report.html"
+    one_line_error(tunelab("report", "--tune", str(bad), "--out", str(out)), 2, fragment)
     assert not out.exists()
 
 

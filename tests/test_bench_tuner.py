@@ -157,6 +157,7 @@ def test_a_pooled_host_state_gives_every_point_the_same_state_and_keeps_its_own_
     land = _two_hosts_landscape()
     assert land.visit_pools is not None
     own, states = land.visit_states
+    assert float(np.max(np.abs(own[0]))) < 0.02 and float(np.min(np.abs(own[1]))) > 0.05  # as planted
     assert float(np.var(states)) == pytest.approx(0.005, rel=0.3)
     quiet, noisy = land.knobs
     flipped = Landscape(land.name, land.space, [noisy, quiet], land.step_pools[::-1], land.means[::-1], 0.0,

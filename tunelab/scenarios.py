@@ -37,7 +37,7 @@ from typing import Any
 
 from .errors import ScenarioError
 from .knobs import SPECS, Knobs
-from .units import check_link
+from .units import link_problem
 from .workloads.shapes import MODELS
 
 WORKLOADS = ("train", "replay")
@@ -179,15 +179,22 @@ def _check_value(name: str, value: Any) -> Any:
         return _number(value, "a non-negative number of milliseconds", positive=False)
     if name in ("link_gbps", "lab_link_gbps") and value is not None:
         gbps = _number(value, "a positive number of Gb/s", positive=True)
-        check_link(gbps=gbps)
+        _in_link_range(gbps=gbps)
         return gbps
     if name == "link_latency_us":
         latency = _number(value, "a non-negative number of microseconds", positive=False)
-        check_link(latency_us=latency)
+        _in_link_range(latency_us=latency)
         return latency
     if name in ("time_budget_s", "block_seconds") and value is not None:
         return _number(value, "a positive number of seconds", positive=True)
     return value
+
+
+def _in_link_range(**link: float) -> None:
+    """ValueError "must be ..." (after the key's name) where :func:`link_problem` finds the value out of range."""
+    why = link_problem(**link)
+    if why is not None:
+        raise ValueError(why.replace("a link speed ", "", 1).replace("a link latency ", "", 1))
 
 
 def _integer(value: Any, low: int, what: str) -> int:

@@ -220,7 +220,7 @@ def _cmd(args: argparse.Namespace) -> int:
     from ..launch import run_job
     from ..scenarios import load_scenario
 
-    scenario = load_scenario(str(args.scenario) if args.scenario else args.model or DEFAULT_SCENARIO)
+    scenario = load_scenario(str(args.scenario) if args.scenario else DEFAULT_SCENARIO if args.model is None else args.model)
     scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
                                        link_latency_us=args.link_latency_us)
     if args.dtype is not None and scenario.workload != "replay":

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..knobs import knob_text
 from ..units import format_size, human_size
 from .finish import add_output_flags, finish
 from .types import (
@@ -225,14 +226,16 @@ def _steps(model: Any, topo: Any, work: Any, base: Any) -> dict:
     rows = step_table(model, work, topo, knobs_list + [base])
     default = next(r for r in rows if r["knobs"] == base)
     flat = [{**r["knobs"].as_dict(), **{k: v for k, v in r.items() if k != "knobs"}} for r in rows]
-    for r in flat:
-        r["fusion"], r["segment"] = format_size(r["fusion_threshold_bytes"]), format_size(r["segment_bytes"])
+    for r in flat:  # as every command prints knobs: "off" for no fusion, on/off for hierarchical
+        r["fusion"], r["segment"] = (knob_text("fusion_threshold_bytes", r["fusion_threshold_bytes"]),
+                                     knob_text("segment_bytes", r["segment_bytes"]))
+        r["hier"] = knob_text("hierarchical", r["hierarchical"])
     print(f"# step time of {work.name}: {len(work.gradient_bytes)} gradients, {human_size(work.total_bytes)}, "
           f"forward {work.forward_ms:g} ms + backward {work.backward_ms:g} ms; {len(knobs_list)} knob settings, "
           f"fastest first (first {STEP_ROWS})")
     print(format_table(flat[:STEP_ROWS], [
         ("fusion", "fusion", ""), ("cycle_time_ms", "cycle_ms", "g"), ("segment", "segment", ""),
-        ("hierarchical", "hier", ""), ("step_ms", "step_ms", ".1f"), ("exposed_comm_ms", "exposed_ms", ".1f"),
+        ("hier", "hier", ""), ("step_ms", "step_ms", ".1f"), ("exposed_comm_ms", "exposed_ms", ".1f"),
         ("cycles", "cycles", "d"), ("buckets", "buckets", "d")]))
     best = rows[0]
     print(f"# best: {_knobs_text(best['knobs'])}: {best['step_ms']:.1f} ms/step; the given knobs "
@@ -242,8 +245,9 @@ def _steps(model: Any, topo: Any, work: Any, base: Any) -> dict:
 
 
 def _knobs_text(k: Any) -> str:
-    return (f"fusion {format_size(k.fusion_threshold_bytes)}, cycle {k.cycle_time_ms:g} ms, segment "
-            f"{format_size(k.segment_bytes)}, hierarchical {str(k.hierarchical).lower()}")
+    return ", ".join(f"{label} {knob_text(name, getattr(k, name))}{unit}" for label, name, unit in (
+        ("fusion", "fusion_threshold_bytes", ""), ("cycle", "cycle_time_ms", " ms"), ("segment", "segment_bytes", ""),
+        ("hierarchical", "hierarchical", "")))
 
 
 def _at_sizes(obs: list, sizes: list[int] | None, what: str) -> list:
@@ -325,8 +329,9 @@ def _check_steps(model: Any, files: list[Path], work: Any, link: str) -> list[di
     rows = [{**r, "source": source} for r in step_check(model, merge_landscapes(docs), work, link)]
     if not rows:
         raise UsageError(f"{source}: no landscape point has step times (recorded before step times were kept?)")
-    table = [{"fusion": format_size(r["knobs"]["fusion_threshold_bytes"]), "cycle_ms": r["knobs"]["cycle_time_ms"],
-              "segment": format_size(r["knobs"]["segment_bytes"]), "hier": r["knobs"]["hierarchical"],
+    table = [{"fusion": knob_text("fusion_threshold_bytes", r["knobs"]["fusion_threshold_bytes"]),
+              "cycle_ms": r["knobs"]["cycle_time_ms"], "segment": knob_text("segment_bytes", r["knobs"]["segment_bytes"]),
+              "hier": knob_text("hierarchical", r["knobs"]["hierarchical"]),
               "visits": r["visits"], "median_all_ms": 1e3 * r["median_all_s"],
               "measured_ms": 1e3 * r["measured_s"], "predicted_ms": 1e3 * r["predicted_s"],
               "error_pct": 100 * r["rel_error"]} for r in rows]

@@ -61,7 +61,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"# no profiles in {store.path}")
         return 0
-    print(f"# {len(rows)} profile{'s' if len(rows) != 1 else ''} in {store.path}")
+    print(f"# {_count(len(rows), 'profile')} in {store.path}")
     print(format_table(_left_aligned([vars(r) for r in rows], ("hardware_name", "model_name")), [
         ("id", "id", "d"), ("hardware_name", "hardware", ""), ("model_name", "model", ""),
         ("framework", "framework", ""), ("world_size", "world", "d"), ("n_trials", "trials", "d"),
@@ -83,6 +83,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     store = _store()
     s = _existing(store, args.id)
+    best, trials = store.best_of(s.id), store.trials(s.id)  # read whole before printing: a damaged row is one line
     print(f"profile {s.id}: {s.model_name} [{s.model_signature}]  framework={s.framework}  "
           f"world_size={s.world_size}  created={s.created}  updated={s.updated}")
     print(f"hardware: {s.hardware_name} [{s.hardware_hash}]")
@@ -90,7 +91,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     for name, value in s.hardware_facts.items():
         print(f"  {name}: {fact_text(name, value)}")
-    best = store.best_of(s.id)
     if best is None:
         print("best: none yet")
     else:
@@ -109,7 +109,6 @@ def cmd_show(args: argparse.Namespace) -> int:
             print("tuning: " + ", ".join(parts))
         for name, value in best.knobs.items():
             print(f"  {name}: {knob_text(name, value)}")
-    trials = store.trials(s.id)
     print(f"trials: {len(trials)}")
     if trials:
         rows = [{**vars(t), "n": i, "changed": _changed_knobs(t.knobs), "spread_pct": 100 * t.spread}
@@ -119,6 +118,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             ("steps", "steps", "d"), ("seconds", "seconds", ".1f"), ("run_id", "run", ""),
             ("changed", "knobs (vs defaults)", "")]))
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _changed_knobs(knobs: dict) -> str:
@@ -137,7 +140,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     write_text(args.out, text)
     n_trials = sum(len(p["trials"]) for p in data["profiles"])
-    print(f"# wrote {len(data['profiles'])} profiles ({n_trials} trials) to {args.out}")
+    print(f"# wrote {_count(len(data['profiles']), 'profile')} ({_count(n_trials, 'trial')}) to {args.out}")
     return 0
 
 
@@ -157,8 +160,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         result = store.merge(data)
     except InvalidExport as exc:
         raise UsageError(f"{args.file} is not a valid tunelab profiles export: {exc}") from None
-    print(f"imported {args.file}: {result.profiles_added} new profiles, {result.trials_added} new trials "
-          f"({len(result.profile_ids)} profiles in the file) into {store.path}")
+    print(f"imported {args.file}: {_count(result.profiles_added, 'new profile')}, "
+          f"{_count(result.trials_added, 'new trial')} ({_count(len(result.profile_ids), 'profile')} in the file) "
+          f"into {store.path}")
     return 0
 
 

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from ..scenarios import load_scenario
     from ..tuning.report_text import print_tune_summary
 
-    scenario = load_scenario(str(args.scenario) if args.scenario else args.model or DEFAULT_SCENARIO)
+    scenario = load_scenario(str(args.scenario) if args.scenario else DEFAULT_SCENARIO if args.model is None else args.model)
     if args.link_gbps is not None and args.ranks_per_node is None and scenario.ranks_per_node is None:
         raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     scenario = scenario.with_overrides(

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from ..units import parse_size
 
-__all__ = [
-    "DEFAULT_SCENARIO",
+__all__ = [  # the argparse types and helpers (DEFAULT_SCENARIO is a constant beside them)
     "Parser",
     "choice_list",
     "fraction",

@@ -62,23 +62,28 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
     doc = _read(path)
     hw = doc.get("hardware")
     rows = doc.get("rows")
-    if not isinstance(hw, dict) or not isinstance(rows, list) or not rows \
-            or not all(isinstance(r, dict) and "algorithm" in r for r in rows):
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and "algorithm" in r for r in rows):
         raise ModelInputError(f"{path}: not a tunelab bench allreduce --json result (no allreduce rows)")
+    if not isinstance(hw, dict):
+        raise ModelInputError(f"{path}: its hardware facts (\"hardware\": the ranks, hosts and link the rows ran "
+                              f"on) are missing or not an object, got {type(hw).__name__}")
     notes = doc.get("notes") if isinstance(doc.get("notes"), list) else []
     if doc.get("device") == "cuda" or any(str(n).startswith("device kernels:") for n in notes):
         raise ModelInputError(f"{path}: a --device cuda run; the scale model costs the engine's host path "
                               f"only (its device path takes other routes and copies)")
     topo, knobs = _topology(path, hw, link_gbps)
     out = []
-    for r in rows:
-        algo = ALGORITHM_OF_ROW.get(str(r["algorithm"]))
+    for i, r in enumerate(rows, 1):
+        if not isinstance(r["algorithm"], str):
+            raise ModelInputError(f"{path}: row {i}: algorithm must be a name, got {r['algorithm']!r}")
+        algo = ALGORITHM_OF_ROW.get(r["algorithm"])
         if algo is None:
-            continue
+            continue  # a system the model does not cost
         try:
             size, t = int(r["size"]), float(r["time_us"]) * 1e-6
         except (KeyError, TypeError, ValueError):
-            raise ModelInputError(f"{path}: a row without a numeric size and time_us: {r}") from None
+            raise ModelInputError(f"{path}: row {i} ({r['algorithm']}): size and time_us must be numbers, got "
+                                  f"size={r.get('size')!r:.40}, time_us={r.get('time_us')!r:.40}") from None
         if r.get("wrong"):
             continue  # wrong results are not timings of an allreduce
         if not (0 < size <= MAX_SIZE and 0 < t < math.inf):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,11 @@ def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
         "runner_up": ({"knobs": data["runner_up"]["knobs"], "score": data["runner_up"]["score"],
                        "spread": _spread(data["samples"], data["runner_up"]["knobs"])}
                       if isinstance(data.get("runner_up"), dict) else None),
-        "outcome": _outcome(data),
+        "outcome": _outcome(label, data),
     }
 
 
-def _outcome(data: dict[str, Any]) -> dict[str, Any]:
+def _outcome(label: str, data: dict[str, Any]) -> dict[str, Any]:
     """The decision, its interval, its cost and the drift seen (runs recorded before intervals: empty)."""
     if "gain_interval" not in data:
         return {}
@@ -46,7 +47,24 @@ def _outcome(data: dict[str, Any]) -> dict[str, Any]:
     out = {k: data.get(k) for k in keys}
     up = data.get("runner_up")
     out["runner_up_interval"] = up.get("interval") if isinstance(up, dict) else None
+    for name, where in (("gain_interval", "gain_interval"), ("runner_up_interval", "runner_up.interval")):
+        _check_interval(f"{label}: {where}", out[name])
+    if out["drift"] is not None and not isinstance(out["drift"], dict):
+        raise UsageError(f"{label}: drift must be an object (the reference's blocks), got {out['drift']!r:.60}")
     return out
+
+
+def _check_interval(where: str, interval: Any) -> None:
+    """A tune result's interval: null, or an object of a gain within its positive low and high."""
+    if interval is None:
+        return
+    try:
+        gain, low, high = (float(interval[k]) for k in ("gain", "low", "high"))
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"{where} must be null or an object with numbers gain, low and high, "
+                         f"got {interval!r:.60}") from None
+    if not 0 < low <= gain <= high < math.inf:
+        raise UsageError(f"{where} must have 0 < low <= gain <= high, got {low!r}, {gain!r}, {high!r}")
 
 
 def _check_entries(label: str, data: dict[str, Any]) -> None:
