@@ -491,7 +491,9 @@ def test_a_damaged_row_is_one_line_naming_the_profile_and_delete_recovers(tmp_pa
     conn.close()
     before = (home / FILE_NAME).read_bytes()
     command = ["show", str(a)] if table != "profiles" else ["list"]
-    one_error_line(cli(home, *command), 1, f"profile {a} is damaged ({fragment}")
+    damaged = cli(home, *command)
+    one_error_line(damaged, 1, f"profile {a} is damaged ({fragment}")
+    assert damaged.stdout == "", damaged.stdout  # nothing of the profile printed before the error
     one_error_line(cli(home, "export"), 1, f"profiles delete {a} --yes")
     assert (home / FILE_NAME).read_bytes() == before  # refused, not rewritten
     assert cli(home, "delete", str(a), "--yes").returncode == 0
