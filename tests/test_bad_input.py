@@ -389,6 +389,8 @@ def test_a_damaged_landscape_is_a_usage_error(tmp_path, change, fragment):
     bad = damaged_copy(LANDSCAPES / "replay-bert-2ranks.json", change, tmp_path)
     one_line_error(tunelab("bench", "tuner", "--landscape", str(bad), "--seeds", "1", "--strategies", "tunelab",
                            "--no-report"), 2, fragment)
+    one_line_error(tunelab("bench", "tuner", "--landscape", str(bad), "--seeds", "1", "--strategies", "tunelab",
+                           "--no-report"), 2, f"landscape {bad}:")  # the file as given, not its stem
 
 
 @pytest.mark.parametrize("kind,source,change", [
