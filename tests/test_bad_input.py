@@ -76,6 +76,25 @@ def test_an_output_naming_an_input_given_by_name_is_refused_and_the_input_kept(t
             pytest.fail("bench tuner overwrote the shipped landscape it read")
 
 
+def test_an_output_onto_what_a_command_reads_by_default_is_refused(tmp_path):
+    """Left out, --landscape reads every shipped landscape and tune's --model the resnet50 scenario: an
+    output onto one of those is refused too, and the file is kept."""
+    root = Path(__file__).resolve().parents[1]
+    cases = [(LANDSCAPES / "replay-bert-2ranks.json",
+              ["bench", "tuner", "--seeds", "1", "--strategies", "tunelab", "--no-report", "--json"], "(--landscape)"),
+             (root / "scenarios" / "resnet50.toml", ["tune", "--no-store", "--json"], "(--model)"),
+             (root / "scenarios" / "replay-resnet50.toml",
+              ["bench", "tuner", "--model-file", str(tmp_path / "m.json"), "--no-report", "--json"], "(--scenario)")]
+    for target, args, flag in cases:
+        kept = target.read_bytes()
+        try:
+            one_line_error(tunelab(*args, str(target), env={"TUNELAB_HOME": str(tmp_path / "home")}), 2, flag)
+        finally:
+            if target.read_bytes() != kept:  # put the shipped file back before failing
+                target.write_bytes(kept)
+                pytest.fail(f"{' '.join(args[:2])} overwrote {target}, which it reads by default")
+
+
 def test_a_scenario_by_name_and_by_file_at_once_is_a_usage_error(tmp_path):
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "resnet50.toml"
     for command in ("tune", "bench landscape"):

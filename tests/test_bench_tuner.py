@@ -171,12 +171,32 @@ def test_a_pooled_host_state_gives_every_point_the_same_state_and_keeps_its_own_
     assert float(np.var(pooled_noisy)) == pytest.approx(float(np.var(states)) + 0.03 ** 2 / 3, rel=0.25)
     assert float(np.mean(pooled_quiet)) == pytest.approx(land.true_log_rate(quiet), abs=0.01)
     obj = Objective(land, seed=2, visit_noise="pooled")
-    for knobs, spread in ((quiet, 0.01), (noisy, 0.03)):  # within a visit, the point's own steps
-        obj.step_s(noisy if knobs == quiet else quiet)
-        logs = [-math.log(obj.step_s(knobs)) for _ in range(3)]
-        assert float(np.std(logs)) < 4 * spread
+    for i, knobs in enumerate((quiet, noisy)):  # within a visit: the point's own steps, moved by one state
+        within = []
+        for _ in range(400):
+            obj.step_s(noisy if knobs == quiet else quiet)
+            within.append(float(np.var([-math.log(obj.step_s(knobs)) for _ in range(3)], ddof=1)))
+        # three draws (with replacement) from one recorded visit's three steps: their variance about their mean
+        recorded = float(np.mean([np.var(np.log(1.0 / v)) for v in land.visit_pools[i]]))
+        assert float(np.mean(within)) == pytest.approx(recorded, rel=0.3)
     with pytest.raises(ValueError, match="visit_noise"):
         Objective(land, seed=0, visit_noise="sometimes")
+
+
+def test_the_yardstick_draws_a_pooled_host_state_as_the_replay_does():
+    """Every point measured once: pooled, the quiet point's blocks vary by the pool of every point's
+    states (as the replay's do); as recorded, by its own steps only."""
+    from tunelab.bench.tuner import exhaustive_blocks, exhaustive_pick
+
+    land = _two_hosts_landscape()
+    _, states = land.visit_states
+    recorded = exhaustive_blocks(land, 3, draws=4000, visit_noise="recorded")
+    pooled = exhaustive_blocks(land, 3, draws=4000, visit_noise="pooled")
+    assert float(np.var(recorded[:, 0])) < 0.0005 and float(np.var(recorded[:, 1])) > 0.008
+    for i, step in enumerate((0.01, 0.03)):  # both points: the pool's states, their own steps, their own mean
+        assert float(np.var(pooled[:, i])) == pytest.approx(float(np.var(states)) + step ** 2 / 3, rel=0.2)
+        assert float(np.mean(pooled[:, i])) == pytest.approx(land.true_log_rate(land.knobs[i]), abs=0.005)
+    assert 0.0 <= exhaustive_pick(land, 3, visit_noise="pooled") <= 1.0
 
 
 def test_categorical_knobs_must_match_exactly():

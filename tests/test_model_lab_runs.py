@@ -110,7 +110,11 @@ def test_the_step_time_of_a_lab_landscape(model_file: Path, tmp_path: Path, caps
             "--link-gbps", "1", "--oversubscription", "2", "--scenario", "replay-resnet50-lab", "--no-report",
             "--json", str(out), "--check-steps", *map(str, LANDSCAPES)]
     assert main(argv) == 0
-    capsys.readouterr()
+    printed = capsys.readouterr().out
+    # knobs as every command prints them: no fusion is "off", hierarchical on/off (not 0B, True/False)
+    check_table = printed.split("# step check:")[1]
+    assert "   off " in check_table and " on " in check_table and "True" not in printed and " 0B " not in printed
+    assert "# best: fusion " in printed and ", hierarchical on" in printed
     points = json.loads(out.read_text())["check_steps"]
     assert len(points) == 6 and all(abs(p["rel_error"]) <= 0.15 for p in points), points
     for fusion in {p["knobs"]["fusion_threshold_bytes"] for p in points}:

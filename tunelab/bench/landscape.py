@@ -22,6 +22,7 @@ from typing import Any
 from ..cli.finish import add_output_flags, finish
 from ..cli.types import (
     DEFAULT_SCENARIO,
+    default_scenario_input,
     input_file,
     named_input,
     non_negative_int,
@@ -189,7 +190,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("landscape", help="samples/s of a grid of knob settings in one training run")
     which = p.add_mutually_exclusive_group()
     named_input(which.add_argument("--model", default=None, help="scenario name (scenarios/NAME.toml; default resnet50)"),
-                scenario_input)
+                scenario_input, default_scenario_input)
     which.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
     p.add_argument("--np", type=positive_int, default=None, help="ranks to launch (default: the scenario's)")
     p.add_argument("--ranks-per-node", type=positive_int, default=None)

@@ -35,6 +35,7 @@ from ..tuning.strategies import STRATEGIES, make_strategy
 WITHIN = 0.97        # locked within 3 % of the landscape's best
 WORSE = 0.99         # locked more than 1 % slower than the default
 SHARE_CONFIDENCE = 0.9  # two-sided, of the intervals around the fractions over seeds
+MODEL_SCENARIO = "replay-resnet50"  # the workload of --model-file runs without --scenario
 LANDSCAPE_DIR = Path(__file__).resolve().parent / "landscapes"
 
 __all__ = ["LANDSCAPE_DIR", "Landscape", "compare", "evaluate", "run_once"]
@@ -143,7 +144,8 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
                            "recording_drift_removed": (land.recorded or {}).get("drift_removed"),
                            "scenario_problem": None if budget else _scenario_budget(land)[1]}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
-            "seeds": seeds, "drift": drift, "visit_noise": visit_noise, "plan": dict(vars(Plan())),
+            "seeds": seeds, "drift": drift, "visit_noise": visit_noise != "off", "visit_noise_mode": visit_noise,
+            "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
 
 
@@ -157,6 +159,14 @@ def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: i
     as the replay draws them (:class:`~tunelab.tuning.replay.Objective`): one visit, or as many as the
     block's time spans, its steps split evenly among them ("pooled": each moved to a state drawn from
     every point's visits)."""
+    blocks = exhaustive_blocks(landscape, steps, draws, seed, visit_noise)
+    picked = landscape.means[np.argmax(blocks, axis=1)]
+    return float(np.mean(picked >= WITHIN * landscape.best))
+
+
+def exhaustive_blocks(landscape: Landscape, steps: int, draws: int = 2000, seed: int = 0,
+                      visit_noise: bool | str = True) -> np.ndarray:
+    """The blocks :func:`exhaustive_pick` measures: ``draws`` x points, each a block's mean log rate."""
     mode = visit_mode(visit_noise)
     rng = np.random.default_rng(seed)
     blocks = np.empty((draws, len(landscape.knobs)))
@@ -181,8 +191,7 @@ def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: i
         else:
             noise = rng.normal(0.0, landscape.sigma, (draws, steps)).mean(axis=1)
             blocks[:, i] = math.log(landscape.means[i]) + noise
-    picked = landscape.means[np.argmax(blocks, axis=1)]
-    return float(np.mean(picked >= WITHIN * landscape.best))
+    return blocks
 
 
 def truth_ceiling(landscape: Landscape, draws: int = 2000, seed: int = 0) -> float | None:
@@ -217,7 +226,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     named_input(p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
                                help="a landscape JSON from bench landscape, or a shipped landscape's name (repeatable; "
                                     f"default: every shipped one: {', '.join(shipped_landscapes())})"),
-                lambda name: _landscape_path(Path(name)))
+                lambda name: _landscape_path(Path(name)), lambda: sorted(LANDSCAPE_DIR.glob("*.json")))
     p.add_argument("--seeds", type=positive_int, default=20, help="runs per strategy and landscape (default 20)")
     p.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                    help="exploration blocks per run (default: the landscape's scenario budget, as tunelab tune "
@@ -236,7 +245,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
     named_input(m.add_argument("--scenario", default=None,
-                               help="the workload's scenario (name or file; default replay-resnet50)"), scenario_input)
+                               help=f"the workload's scenario (name or file; default {MODEL_SCENARIO})"), scenario_input,
+                lambda: [p for p in [scenario_input(MODEL_SCENARIO)] if p is not None])
     m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
                    help="hosts of the modelled topology (repeatable; default 2)")
     m.add_argument("--ranks-per-host", type=positive_int, default=None, metavar="K", help="default 1")
@@ -333,7 +343,7 @@ def _model_landscapes(args: argparse.Namespace) -> list[Landscape]:
 
     # a bad file, an ambiguous link or a parameter the topology needs but was not fitted: usage errors
     model, link = ScaleModel.load(args.model_file).for_link(args.link_gbps)
-    work = Workload.from_scenario(args.scenario or "replay-resnet50")
+    work = Workload.from_scenario(args.scenario or MODEL_SCENARIO)
     noise = 0.03 if args.model_noise is None else args.model_noise
     return [recorded_landscape(model, work, Topology(h, args.ranks_per_host or 1, link), noise, seed=h)
             for h in (args.hosts or [2])]

@@ -137,7 +137,9 @@ def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
         values = value if isinstance(value, list) else [value]
         resolve = getattr(action, "input_path", None)  # a name that stands for a file (:func:`.types.named_input`)
         if resolve is not None:
-            values = [_resolved(resolve, v) for v in values if isinstance(v, (str, Path))]
+            default = getattr(action, "input_default", None)
+            values = ([_resolved(resolve, v) for v in values if isinstance(v, (str, Path))] if value is not None
+                      else _defaults(default))
         paths = [v for v in values if isinstance(v, Path)]
         name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
         (outputs if action.type is output_file else inputs).extend((str(name), p) for p in paths)
@@ -156,6 +158,16 @@ def _resolved(resolve: Any, value: str | Path) -> Path | None:
         return resolve(str(value))
     except (TunelabError, OSError, ValueError):  # a name that names nothing is the command's to report
         return None
+
+
+def _defaults(default: Any) -> list[Path]:
+    """The files a flag left out stands for (what the command reads instead), none when it has no default."""
+    if default is None:
+        return []
+    try:
+        return list(default())
+    except (TunelabError, OSError, ValueError):
+        return []
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -10,6 +10,7 @@ from .finish import add_output_flags, finish
 from .lab import scenario_ranks, scenario_session
 from .types import (
     DEFAULT_SCENARIO,
+    default_scenario_input,
     input_file,
     knob,
     named_input,
@@ -26,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune = subparsers.add_parser("tune", help="tune the engine's knobs live, inside one training run")
     which = tune.add_mutually_exclusive_group()
     named_input(which.add_argument("--model", default=None, help="scenario name (scenarios/NAME.toml; default resnet50)"),
-                scenario_input)
+                scenario_input, default_scenario_input)
     which.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
     tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None)
     tune.add_argument("--np", type=positive_int, default=None, help="ranks to launch")
