@@ -95,6 +95,29 @@ def test_an_output_onto_what_a_command_reads_by_default_is_refused(tmp_path):
                 pytest.fail(f"{' '.join(args[:2])} overwrote {target}, which it reads by default")
 
 
+def test_an_output_onto_a_default_that_another_flag_replaces_is_not_refused(tmp_path):
+    """tune with --scenario does not read the resnet50 scenario, nor bench tuner with --model-file the
+    shipped landscapes: an output there is the user's to write (checked without running the command)."""
+    import tunelab.cli as cli
+    from tunelab.errors import UsageError
+
+    root = Path(__file__).resolve().parents[1]
+    mine = tmp_path / "mine.toml"
+    mine.write_text((root / "scenarios" / "resnet50.toml").read_text())
+    shipped_scenario, shipped_landscape = root / "scenarios" / "resnet50.toml", LANDSCAPES / "replay-bert-2ranks.json"
+
+    def check(*argv):
+        args, _ = cli.build_parser().parse_known_args(list(argv))
+        cli._refuse_overwriting_inputs(args)
+
+    check("tune", "--scenario", str(mine), "--json", str(shipped_scenario))
+    check("bench", "tuner", "--model-file", str(tmp_path / "m.json"), "--json", str(shipped_landscape))
+    with pytest.raises(UsageError, match="--model"):
+        check("tune", "--json", str(shipped_scenario))
+    with pytest.raises(UsageError, match="--scenario"):
+        check("tune", "--scenario", str(mine), "--json", str(mine))
+
+
 def test_a_scenario_by_name_and_by_file_at_once_is_a_usage_error(tmp_path):
     scenario = Path(__file__).resolve().parents[1] / "scenarios" / "resnet50.toml"
     for command in ("tune", "bench landscape"):

@@ -226,7 +226,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     named_input(p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
                                help="a landscape JSON from bench landscape, or a shipped landscape's name (repeatable; "
                                     f"default: every shipped one: {', '.join(shipped_landscapes())})"),
-                lambda name: _landscape_path(Path(name)), lambda: sorted(LANDSCAPE_DIR.glob("*.json")))
+                lambda name: _landscape_path(Path(name)),
+                lambda args: [] if args.model_file is not None else sorted(LANDSCAPE_DIR.glob("*.json")))
     p.add_argument("--seeds", type=positive_int, default=20, help="runs per strategy and landscape (default 20)")
     p.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                    help="exploration blocks per run (default: the landscape's scenario budget, as tunelab tune "
@@ -246,7 +247,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
     named_input(m.add_argument("--scenario", default=None,
                                help=f"the workload's scenario (name or file; default {MODEL_SCENARIO})"), scenario_input,
-                lambda: [p for p in [scenario_input(MODEL_SCENARIO)] if p is not None])
+                lambda args: [p for p in [scenario_input(MODEL_SCENARIO)] if p is not None and args.model_file is not None])
     m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
                    help="hosts of the modelled topology (repeatable; default 2)")
     m.add_argument("--ranks-per-host", type=positive_int, default=None, metavar="K", help="default 1")

@@ -139,7 +139,7 @@ def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
         if resolve is not None:
             default = getattr(action, "input_default", None)
             values = ([_resolved(resolve, v) for v in values if isinstance(v, (str, Path))] if value is not None
-                      else _defaults(default))
+                      else _defaults(default, args))
         paths = [v for v in values if isinstance(v, Path)]
         name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest
         (outputs if action.type is output_file else inputs).extend((str(name), p) for p in paths)
@@ -160,12 +160,12 @@ def _resolved(resolve: Any, value: str | Path) -> Path | None:
         return None
 
 
-def _defaults(default: Any) -> list[Path]:
+def _defaults(default: Any, args: argparse.Namespace) -> list[Path]:
     """The files a flag left out stands for (what the command reads instead), none when it has no default."""
     if default is None:
         return []
     try:
-        return list(default())
+        return list(default(args))
     except (TunelabError, OSError, ValueError):
         return []
 

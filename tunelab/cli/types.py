@@ -114,19 +114,19 @@ def input_file(text: str) -> Path:
 
 
 def named_input(action: argparse.Action, resolve: Callable[[str], Path | None],
-                default: Callable[[], list[Path]] | None = None) -> argparse.Action:
+                default: Callable[[argparse.Namespace], list[Path]] | None = None) -> argparse.Action:
     """Mark ``action`` as naming a file the command reads, by a name that ``resolve`` turns into its path
     (a shipped scenario's or landscape's name): an output naming that file is refused as any input path
     is (:func:`tunelab.cli._refuse_overwriting_inputs`).  ``resolve`` returns None, or raises, where the
-    name names no file; ``default`` gives the files the command reads when the flag is not given."""
+    name names no file; ``default(args)`` gives the files the command reads when the flag is not given."""
     action.input_path = resolve  # type: ignore[attr-defined]
     action.input_default = default  # type: ignore[attr-defined]
     return action
 
 
-def default_scenario_input() -> list[Path]:
-    """The file of the scenario tune and bench landscape run without --model or --scenario."""
-    path = scenario_input(DEFAULT_SCENARIO)
+def default_scenario_input(args: argparse.Namespace) -> list[Path]:
+    """The file of the scenario tune and bench landscape run when given neither --model nor --scenario."""
+    path = None if getattr(args, "scenario", None) is not None else scenario_input(DEFAULT_SCENARIO)
     return [path] if path is not None else []
 
 
