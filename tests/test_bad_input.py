@@ -98,7 +98,7 @@ def test_an_output_onto_what_a_command_reads_by_default_is_refused(tmp_path):
 def test_an_output_onto_a_default_that_another_flag_replaces_is_not_refused(tmp_path):
     """tune with --scenario does not read the resnet50 scenario, nor bench tuner with --model-file the
     shipped landscapes: an output there is the user's to write (checked without running the command)."""
-    import tunelab.cli as cli
+    from tunelab import cli
     from tunelab.errors import UsageError
 
     root = Path(__file__).resolve().parents[1]
