@@ -290,7 +290,8 @@ def _toml() -> Any:
     return tomli  # pragma: no cover
 
 
-def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
+def scenario_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """The file a shipped scenario's name, or a path, stands for (ScenarioError where a name names none)."""
     text = os.fspath(name_or_path)
     if not text.strip():
         raise ScenarioError(f"an empty scenario name; shipped scenarios are {', '.join(list_scenarios())}")
@@ -311,7 +312,7 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> Path:
 
 def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
     """Load a shipped scenario by name (``"resnet50"``) or any scenario file by path."""
-    path = _resolve(name_or_path)
+    path = scenario_path(name_or_path)
     where = _display(path)
     toml = _toml()
     try:

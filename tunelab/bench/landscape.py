@@ -21,7 +21,7 @@ from typing import Any
 
 from ..cli.finish import add_output_flags, finish
 from ..cli.types import (
-    DEFAULT_SCENARIO,
+    chosen_scenario,
     default_scenario_input,
     input_file,
     named_input,
@@ -221,7 +221,7 @@ def _cmd(args: argparse.Namespace) -> int:
     from ..launch import run_job
     from ..scenarios import load_scenario
 
-    scenario = load_scenario(str(args.scenario) if args.scenario else DEFAULT_SCENARIO if args.model is None else args.model)
+    scenario = load_scenario(chosen_scenario(args))
     scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
                                        link_latency_us=args.link_latency_us)
     if args.dtype is not None and scenario.workload != "replay":

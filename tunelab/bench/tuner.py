@@ -177,12 +177,13 @@ def exhaustive_blocks(landscape: Landscape, steps: int, draws: int = 2000, seed:
             logs = np.log(landscape.samples_per_step / np.concatenate(visits))
             sizes = np.asarray([v.size for v in visits])
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-            chosen = rng.integers(len(visits), size=(draws, spans))[:, np.arange(steps) * spans // steps]
+            span_of_step = np.arange(steps) * spans // steps
+            chosen = rng.integers(len(visits), size=(draws, spans))[:, span_of_step]
             picks = starts[chosen] + (rng.random((draws, steps)) * sizes[chosen]).astype(int)
             moved = logs[picks]
             if mode == "pooled":  # each visit's steps moved from its own state to one drawn from all points'
                 own, states = landscape.visit_states
-                donors = states[rng.integers(states.size, size=(draws, spans))][:, np.arange(steps) * spans // steps]
+                donors = states[rng.integers(states.size, size=(draws, spans))][:, span_of_step]
                 moved = moved - own[i][chosen] + donors
             blocks[:, i] = moved.mean(axis=1)
         elif pool.size:
@@ -247,7 +248,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
     named_input(m.add_argument("--scenario", default=None,
                                help=f"the workload's scenario (name or file; default {MODEL_SCENARIO})"), scenario_input,
-                lambda args: [p for p in [scenario_input(MODEL_SCENARIO)] if p is not None and args.model_file is not None])
+                lambda args: [] if args.model_file is None else [p for p in [scenario_input(MODEL_SCENARIO)] if p])
     m.add_argument("--hosts", type=positive_int, action="append", default=None, metavar="N",
                    help="hosts of the modelled topology (repeatable; default 2)")
     m.add_argument("--ranks-per-host", type=positive_int, default=None, metavar="K", help="default 1")

@@ -9,7 +9,7 @@ from ..errors import UsageError
 from .finish import add_output_flags, finish
 from .lab import scenario_ranks, scenario_session
 from .types import (
-    DEFAULT_SCENARIO,
+    chosen_scenario,
     default_scenario_input,
     input_file,
     knob,
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from ..scenarios import load_scenario
     from ..tuning.report_text import print_tune_summary
 
-    scenario = load_scenario(str(args.scenario) if args.scenario else DEFAULT_SCENARIO if args.model is None else args.model)
+    scenario = load_scenario(chosen_scenario(args))
     if args.link_gbps is not None and args.ranks_per_node is None and scenario.ranks_per_node is None:
         raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     scenario = scenario.with_overrides(

@@ -16,6 +16,7 @@ from ..units import parse_size
 __all__ = [  # the argparse types and helpers (DEFAULT_SCENARIO is a constant beside them)
     "Parser",
     "choice_list",
+    "chosen_scenario",
     "default_scenario_input",
     "fraction",
     "knob",
@@ -130,13 +131,20 @@ def default_scenario_input(args: argparse.Namespace) -> list[Path]:
     return [path] if path is not None else []
 
 
+def chosen_scenario(args: argparse.Namespace) -> str:
+    """What tune and bench landscape load: --scenario's file, else --model's name, else the default."""
+    if args.scenario is not None:
+        return str(args.scenario)
+    return DEFAULT_SCENARIO if args.model is None else args.model
+
+
 def scenario_input(name: str) -> Path | None:
     """The file a scenario name or path reads (see :func:`tunelab.scenarios.load_scenario`), None if none."""
     from ..errors import TunelabError
-    from ..scenarios import _resolve
+    from ..scenarios import scenario_path
 
     try:
-        return _resolve(name)
+        return scenario_path(name)
     except TunelabError:
         return None
 

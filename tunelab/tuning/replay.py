@@ -373,7 +373,7 @@ class Objective:
         visits = land.visit_pools[i] if self.visit_noise != "off" and land.visit_pools is not None else None
         if not visits:
             return land.step_pools[i]
-        if self._state_of != (id(land), knobs) or self.t_s >= self._state_until or self._visit is None:
+        if self._state_of != (id(land), knobs) or self.t_s >= self._state_until:
             self._state_of, self._state_until = (id(land), knobs), self.t_s + land.visit_seconds
             v = int(self._state_rng.integers(len(visits)))
             self._visit = visits[v]
