@@ -88,8 +88,10 @@ def test_another_host_count_at_the_same_oversubscription(model_file: Path, tmp_p
     steady = [p for p in big if p["algorithm"] != "flat" or p["size"] >= 16 << 20]
     assert all(abs(p["rel_error"]) <= 0.15 for p in steady), [(p["algorithm"], p["size"], round(p["rel_error"], 3))
                                                               for p in steady]
-    assert all(abs(p["rel_error"]) <= 0.25 for p in big if p not in steady)
+    assert all(-0.25 <= p["rel_error"] < -0.1 for p in big if p not in steady)  # under-predicted
     assert all(abs(p["rel_error"]) <= 0.10 for p in big if p["algorithm"] == "hierarchical")
+    assert all(abs(p["rel_error"]) <= 0.11 for p in big if p["algorithm"] == "mpi")
+    assert all(abs(p["rel_error"]) <= 0.08 for p in big if p["algorithm"] == "flat" and p in steady)
     [cross] = [c for c in check["crossover"] if "H4-K2" in json.dumps(c)]
     assert cross["winners_agree"] == cross["sizes"] == 7, cross
     for side in ("measured", "predicted"):
@@ -164,8 +166,8 @@ def test_small_segments_on_8_ranks(model_file: Path, tmp_path: Path, capsys: pyt
     all 12 sizes.  The five runs on their own cross at 156 KiB and 3.27-6.06 MiB, four of them within a
     factor of 2 of the median's.  From 1 MiB hierarchical is within 5 %, MPI within 13 %, flat under by
     1-17 %.  On 2 x 4 (two runs, 7 sizes) hierarchical wins at every size, measured and predicted, and
-    from 1 MiB every path is within 8 % (hierarchical was over-predicted by 14-32 % when the model was
-    fitted on the runs of 2026-11-25 and checked on these, recorded two days later)."""
+    from 1 MiB every path is within 8 % (fitted on the runs of 2026-11-25, hierarchical was over-predicted
+    by 14-32 % on that day's 2 x 4 runs and by 30-37 % on these)."""
     check = _check(model_file, tmp_path, SEGMENTS_4X2)
     capsys.readouterr()
     [cross] = check["crossover"]
@@ -206,7 +208,8 @@ def test_the_crossover_for_single_tensors_and_for_fused_buckets(model_file: Path
                                                                 capsys: pytest.CaptureFixture) -> None:
     """A single small tensor takes the flat path's short route (recursive doubling, no planning); a
     training job's fused buckets never do: ``predict`` names the crossover of each.  On the lab's 2 x 2 (4
-    ranks on 2 cores) both put flat ahead below about 34 KiB, as the lab's runs do (46-96 KiB); on 4 x 2
+    ranks on 2 cores) both put flat ahead below about 34 KiB (39 KiB interpolated between the lab's sizes,
+    as ``--check`` reads it; the lab's runs: 46-96 KiB); on 4 x 2
     real hosts, with a core per rank, hierarchical wins at every size for both: a host's ranks meet
     through shared memory, where flat's recursive doubling pays a message for every swap."""
     def predict(*extra: str) -> tuple[dict, str]:
@@ -227,8 +230,8 @@ def test_the_crossover_for_single_tensors_and_for_fused_buckets(model_file: Path
 
 def test_the_runs_of_another_day(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The same commands recorded two days earlier (2026-11-25, the engine at bd38eec: the coordinator, the
-    device path and parts of the host path changed before the one-day set), on a host that ran 10-25 %
-    slower: the fitted layouts' held-out
+    device path and parts of the host path changed before the one-day set; MPI_Allreduce, unchanged,
+    took 0.9-1.3 times as long on the same layouts that day): the fitted layouts' held-out
     sizes from 1 MiB are still within 15 % at 22 of 24 points, and the step times of the ResNet-50 replay
     within 15 % (the largest error 13.5 %).  Other layouts fare worse across days (the 4 x 2 sweep 8 of 15
     from 1 MiB): the README's table has the row."""
