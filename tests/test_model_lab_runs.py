@@ -77,9 +77,9 @@ def test_held_out_sizes_behind_the_link_are_predicted_within_15_percent(model_fi
 def test_another_host_count_at_the_same_oversubscription(model_file: Path, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture) -> None:
     """4 x 2: 8 ranks on 2 cores, as 2 x 4 in the fit, on twice the hosts.  From 1 MiB the engine's
-    hierarchical path within 10 % and MPI within 11 %; the flat ring within 8 % from 16 MiB, under-predicted
-    by 23 and 12 % at 1 and 4 MiB (on four hosts a ring step has four transfers through the links at once,
-    on 2 x 4 two, and the model costs a step the same).  Model and measurement name the same winner of
+    hierarchical path within 10 % and MPI within 12 %; the flat ring within 8 % from 16 MiB, under-predicted
+    by 21 and 11 % at 1 and 4 MiB (on four hosts a ring step has four transfers through the links at once,
+    on 2 x 4 two: the model costs the wait for the slowest of them, not the rest of the gap).  Model and measurement name the same winner of
     flat and hierarchical at every size: hierarchical."""
     check = _check(model_file, tmp_path, OTHER_HOSTS)
     capsys.readouterr()
@@ -90,7 +90,7 @@ def test_another_host_count_at_the_same_oversubscription(model_file: Path, tmp_p
                                                               for p in steady]
     assert all(-0.25 <= p["rel_error"] < -0.1 for p in big if p not in steady)  # under-predicted
     assert all(abs(p["rel_error"]) <= 0.10 for p in big if p["algorithm"] == "hierarchical")
-    assert all(abs(p["rel_error"]) <= 0.11 for p in big if p["algorithm"] == "mpi")
+    assert all(abs(p["rel_error"]) <= 0.12 for p in big if p["algorithm"] == "mpi")
     assert all(abs(p["rel_error"]) <= 0.08 for p in big if p["algorithm"] == "flat" and p in steady)
     [cross] = [c for c in check["crossover"] if "H4-K2" in json.dumps(c)]
     assert cross["winners_agree"] == cross["sizes"] == 7, cross
@@ -137,13 +137,13 @@ def test_a_crossover_the_segment_knob_shows_on_a_fitted_layout(model_file: Path,
     16 KiB to 16 MiB).  Small buffers take the flat path's recursive doubling (up to 32 KiB) or a ring of
     few steps, while hierarchical pays two ordering points of 4 ranks on 2 cores: flat is faster below a
     crossover, hierarchical above it.  Up to 256 KiB every piece size runs the same path (one piece), so
-    the model names one crossover for all three, 39 KiB; the lab's medians over runs put it at 46, 63 and
-    96 KiB: factors 0.85 and 0.62, within the issue's 2, and 0.40 with 1 MiB pieces, not.  That spread is
+    the model names one crossover for all three, 42 KiB; the lab's medians over runs put it at 46, 63 and
+    96 KiB: factors 0.93 and 0.67, within the issue's 2, and 0.44 with 1 MiB pieces, not.  That spread is
     the lab's own: at 64 KiB hierarchical took 0.84-0.88 ms in both runs with 256 KiB pieces and 1.07-1.12
     ms in both with 1 MiB pieces, the same code on the same bytes, minutes apart.  From 1 MiB every point
     is within 15 %."""
     model_says = set()
-    for files, low in ((SEGMENTS_2X2["256k"], 0.84), (SEGMENTS_2X2["64k"], 0.6), (SEGMENTS_2X2["1m"], 0.38)):
+    for files, low in ((SEGMENTS_2X2["256k"], 0.9), (SEGMENTS_2X2["64k"], 0.65), (SEGMENTS_2X2["1m"], 0.42)):
         check = _check(model_file, tmp_path, files)
         capsys.readouterr()
         [cross] = check["crossover"]
@@ -162,11 +162,11 @@ def test_small_segments_on_8_ranks(model_file: Path, tmp_path: Path, capsys: pyt
     """256 KiB pieces with 8 ranks on 2 cores, held out twice (another knob; 4 x 2 another host count).
     On 4 x 2 (five runs, 12 sizes from 64 KiB to 16 MiB) each piece's ordering points and ring steps wait
     for cores, and from a few pieces on the flat ring overtakes hierarchical: model and measurement name
-    a crossover the same way round, but measured at 3.79 MiB and predicted at 507 KiB (a factor of 0.13:
+    a crossover the same way round, but measured at 3.79 MiB and predicted at 522 KiB (a factor of 0.13:
     the model charges the flat ring on four hosts too little, as in the 4 x 2 sweep), the same winner at
     all 12 sizes.  The five runs on their own cross at 156 KiB and 3.27-6.06 MiB, four of them within a
-    factor of 2 of the median's.  From 1 MiB hierarchical is within 5 %, MPI within 13 %, flat under by
-    1-17 %.  On 2 x 4 (two runs, 7 sizes) hierarchical wins at every size, measured and predicted, and
+    factor of 2 of the median's.  From 1 MiB hierarchical is within 4 %, MPI within 13 %, flat under by
+    0-16 %.  On 2 x 4 (two runs, 7 sizes) hierarchical wins at every size, measured and predicted, and
     from 1 MiB every path is within 8 % (fitted on the runs of 2026-11-25, hierarchical was over-predicted
     by 14-32 % on that day's 2 x 4 runs and by 30-37 % on these)."""
     check = _check(model_file, tmp_path, SEGMENTS_4X2)
@@ -181,8 +181,8 @@ def test_small_segments_on_8_ranks(model_file: Path, tmp_path: Path, capsys: pyt
     big = [p for p in check["points"] if p["size"] >= 1 << 20]
     errors = [(p["source"], p["algorithm"], p["size"], round(p["rel_error"], 3)) for p in big]
     assert len(big) == 21 and all(abs(p["rel_error"]) <= 0.13 for p in big if p["algorithm"] == "mpi"), errors
-    assert all(abs(p["rel_error"]) <= 0.05 for p in big if p["algorithm"] == "hierarchical"), errors
-    assert all(-0.2 < p["rel_error"] < 0 for p in big if p["algorithm"] == "flat"), errors
+    assert all(abs(p["rel_error"]) <= 0.04 for p in big if p["algorithm"] == "hierarchical"), errors
+    assert all(-0.17 < p["rel_error"] < 0 for p in big if p["algorithm"] == "flat"), errors
     check = _check(model_file, tmp_path, SEGMENTS_2X4)
     capsys.readouterr()
     [cross] = check["crossover"]
@@ -209,7 +209,7 @@ def test_the_crossover_for_single_tensors_and_for_fused_buckets(model_file: Path
                                                                 capsys: pytest.CaptureFixture) -> None:
     """A single small tensor takes the flat path's short route (recursive doubling, no planning); a
     training job's fused buckets never do: ``predict`` names the crossover of each.  On the lab's 2 x 2 (4
-    ranks on 2 cores) both put flat ahead below about 34 KiB (39 KiB interpolated between the lab's sizes,
+    ranks on 2 cores) both put flat ahead below about 35 KiB (42 KiB interpolated between the lab's sizes,
     as ``--check`` reads it; the lab's runs: 46-96 KiB); on 4 x 2
     real hosts, with a core per rank, hierarchical wins at every size for both: a host's ranks meet
     through shared memory, where flat's recursive doubling pays a message for every swap."""
@@ -234,7 +234,7 @@ def test_the_runs_of_another_day(model_file: Path, tmp_path: Path, capsys: pytes
     device path and parts of the host path changed before the one-day set; MPI_Allreduce, unchanged,
     took 0.9-1.3 times as long on the same layouts that day): the fitted layouts' held-out
     sizes from 1 MiB are still within 15 % at 22 of 24 points, and the step times of the ResNet-50 replay
-    within 15 % (the largest error 13.5 %).  Other layouts fare worse across days (the 4 x 2 sweep 8 of 15
+    within 15 % (the largest error 14.0 %).  Other layouts fare worse across days (the 4 x 2 sweep 9 of 15
     from 1 MiB): the README's table has the row."""
     sweeps = [OTHER_DAY / p.name for p in SWEEPS]
     check = _check(model_file, tmp_path, sweeps, "256KiB,4MiB,64MiB")

@@ -22,7 +22,9 @@ waits and copies cost more, with ``over = max(0, ranks per machine / cores - 1)`
 * every wait pays a **wake-up**: each latency parameter ``X.alpha`` has a companion ``X.wake.alpha``,
   seconds per wait per unit of ``over`` (a rank that waited for a peer must get a core back, and the
   more ranks share a core, the longer that takes); of a pipelined call's ordering points, only the
-  first and the one closing each piece count (:func:`shm_wakes`).  It is added, not multiplied: how long a rank
+  first and the one closing each piece count (:func:`shm_wakes`); a ring step between hosts waits for
+  the slowest of its ``hosts`` crossing receivers, so its message's wake-up counts the expected
+  longest of that many (:func:`slowest_of`).  It is added, not multiplied: how long a rank
   waits for a core is the scheduler's, not a multiple of what the wait costs on an idle core (in the
   lab an ordering point takes no measurable time with a core per rank and 175 us a unit of
   oversubscription);
@@ -167,6 +169,8 @@ def coefficients(algorithm: str, topo: Topology, size: int, knobs: Knobs, route:
     if topo.over > 0:
         for name in [k for k in base if parameter_kind(k) == "alpha" and not inflated(k)]:
             waits = shm_wakes(base[name]) if name == "shm.alpha" else base[name]
+            if name == LINK_ALPHA and algorithm in ENGINE_ALGORITHMS:
+                waits *= slowest_of(ring_waiters(path_of(algorithm, topo, size, knobs), topo, size, knobs))
             _add(base, wake_of(name), waits * topo.over)
     return {k: v for k, v in base.items() if v}
 
@@ -181,6 +185,28 @@ def shm_wakes(points: float) -> float:
     rather than ``2 pieces``: fitted per point, 256 KiB pieces on 2 x 4 came out 22-52 % dearer than
     measured (the lab's sweeps run 4 MiB pieces, too few for a fit to tell the two apart)."""
     return points if points <= 2 else 1.0 + points / 2.0
+
+
+def ring_waiters(path: str, topo: Topology, size: int, knobs: Knobs) -> int:
+    """How many ranks of one step between hosts wait on a message from another host, each of which must
+    get a core back before the step can end: the flat ring's one receiver a host (``hosts``); a
+    hierarchical shard's the same, whether it goes round a ring or by recursive doubling (its
+    ``ranks_per_host`` shards run apart until the piece's closing ordering point, which pays a wake-up
+    of its own); 1 for every other path: one host, and the flat path's recursive doubling of a small
+    tensor, whose swaps within a host cross nothing (counting ``hosts`` there too moved the lab checks'
+    crossovers by at most 0.04 of a factor)."""
+    if path == "hierarchical" or (path == "flat" and size > knobs.doubling_max_bytes):
+        return topo.hosts
+    return 1
+
+
+def slowest_of(waiters: int) -> float:
+    """The expected longest of ``waiters`` independent waits for a core, in units of one wait's mean:
+    the harmonic number ``1 + 1/2 + ... + 1/waiters`` (the maximum of exponential waits; 1.5 for two
+    hosts, 2.08 for four).  A ring step ends when its last crossing receiver has run, so on four hosts
+    a step's wake-up costs more than on two at the same number of ranks a core: the lab's flat ring on
+    4 x 2 took 1.09-1.19 times its 2 x 4 time from 64 KiB to 4 MiB."""
+    return sum(1.0 / i for i in range(1, max(1, waiters) + 1))
 
 
 def wake_of(name: str) -> str:
