@@ -194,7 +194,7 @@ def ring_waiters(path: str, topo: Topology, size: int, knobs: Knobs) -> int:
     ``ranks_per_host`` shards run apart until the piece's closing ordering point, which pays a wake-up
     of its own); 1 for every other path: one host, and the flat path's recursive doubling of a small
     tensor, whose swaps within a host cross nothing (counting ``hosts`` there too moved the lab checks'
-    crossovers by at most 0.04 of a factor)."""
+    crossovers by at most 0.05 of a factor)."""
     if path == "hierarchical" or (path == "flat" and size > knobs.doubling_max_bytes):
         return topo.hosts
     return 1
@@ -204,8 +204,8 @@ def slowest_of(waiters: int) -> float:
     """The expected longest of ``waiters`` independent waits for a core, in units of one wait's mean:
     the harmonic number ``1 + 1/2 + ... + 1/waiters`` (the maximum of exponential waits; 1.5 for two
     hosts, 2.08 for four).  A ring step ends when its last crossing receiver has run, so on four hosts
-    a step's wake-up costs more than on two at the same number of ranks a core: the lab's flat ring on
-    4 x 2 took 1.09-1.19 times its 2 x 4 time from 64 KiB to 4 MiB."""
+    a step's wake-up costs more than on two at the same number of ranks a core: in the lab's sweeps of
+    2026-11-27 the flat ring on 4 x 2 took 1.09-1.19 times its 2 x 4 time from 64 KiB to 4 MiB."""
     return sum(1.0 / i for i in range(1, max(1, waiters) + 1))
 
 
