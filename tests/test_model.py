@@ -108,9 +108,10 @@ def test_fit_recovers_planted_parameters_and_predicts_held_out(tmp_path: Path) -
 def test_fit_recovers_contention_factors(tmp_path: Path) -> None:
     """Runs with more ranks than cores: every wait pays a wake-up per unit of oversubscription (over =
     ranks / cores - 1; its own per latency: 300 us a call, 50 us an ordering point, 100 us a message
-    between hosts, whose ring step waits for the slowest of its hosts' receivers), every per-byte CPU cost (copies, reductions, TCP's own 1.5 ns/B) is slower by
-    1 + 0.5 over, while the wire's time per byte stays what the link's speed makes it; the fit finds the
-    wake-ups and the factor, the wire's beta apart from TCP's, and so the uncontended values."""
+    between hosts, whose ring step waits for the slowest of its hosts' receivers), every per-byte CPU
+    cost (copies, reductions, TCP's own 1.5 ns/B) is slower by 1 + 0.5 over, while the wire's time per
+    byte stays what the link's speed makes it; the fit finds the wake-ups and the factor, the wire's beta
+    apart from TCP's, and so the uncontended values."""
     kappa_b = 0.5
     planted = {**PLANTED, "tcp.beta": 1.5e-9}
     wakes = {"call.alpha": 300e-6, "shm.alpha": 50e-6, "link.alpha": 100e-6}

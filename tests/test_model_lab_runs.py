@@ -79,8 +79,8 @@ def test_another_host_count_at_the_same_oversubscription(model_file: Path, tmp_p
     """4 x 2: 8 ranks on 2 cores, as 2 x 4 in the fit, on twice the hosts.  From 1 MiB the engine's
     hierarchical path within 10 % and MPI within 12 %; the flat ring within 8 % from 16 MiB, under-predicted
     by 21 and 11 % at 1 and 4 MiB (on four hosts a ring step has four transfers through the links at once,
-    on 2 x 4 two: the model costs the wait for the slowest of them, not the rest of the gap).  Model and measurement name the same winner of
-    flat and hierarchical at every size: hierarchical."""
+    on 2 x 4 two: the model costs the wait for the slowest of them, not the rest of the gap).  Model and
+    measurement name the same winner of flat and hierarchical at every size: hierarchical."""
     check = _check(model_file, tmp_path, OTHER_HOSTS)
     capsys.readouterr()
     big = [p for p in check["points"] if p["size"] >= 1 << 20]

@@ -193,8 +193,8 @@ def ring_waiters(path: str, topo: Topology, size: int, knobs: Knobs) -> int:
     hierarchical shard's the same, whether it goes round a ring or by recursive doubling (its
     ``ranks_per_host`` shards run apart until the piece's closing ordering point, which pays a wake-up
     of its own); 1 for every other path: one host, and the flat path's recursive doubling of a small
-    tensor, whose swaps within a host cross nothing (counting ``hosts`` there too moved the lab checks'
-    crossovers by at most 0.05 of a factor)."""
+    tensor, left at one wait (counting ``hosts`` there too moved one point of the lab checks into 15 %
+    and their crossovers by at most 0.05 of a factor)."""
     if path == "hierarchical" or (path == "flat" and size > knobs.doubling_max_bytes):
         return topo.hosts
     return 1
