@@ -84,9 +84,10 @@ class Landscape:
     def from_dict(cls, doc: dict, name: str, where: str | None = None) -> Landscape:
         """The landscape ``name`` of a recording's JSON ``doc``; what is wrong with it is a TunelabError
         naming ``where`` (the file as given; by default ``name``)."""
+        where = where or name
         problem = _header_problem(doc)
         if problem is not None:
-            raise TunelabError(f"landscape {where or name}: {problem}")
+            raise TunelabError(f"landscape {where}: {problem}")
         try:
             space = SearchSpace(tuple(doc["space"]["names"]), Knobs(**doc["space"]["base"]))
             points = doc["points"]
@@ -96,16 +97,16 @@ class Landscape:
                      for p in points]
             scores = [np.asarray(p["scores"], dtype=np.float64) for p in points]
         except (KeyError, TypeError, ValueError) as exc:
-            raise TunelabError(f"landscape {where or name}: not a landscape file ({type(exc).__name__}: {exc})") from None
+            raise TunelabError(f"landscape {where}: not a landscape file ({type(exc).__name__}: {exc})") from None
         if not points or any(s.size == 0 for s in scores) or any(not np.all(np.isfinite(s) & (s > 0)) for s in scores):
-            raise TunelabError(f"landscape {where or name}: no measured points, or a score that is not a positive number")
+            raise TunelabError(f"landscape {where}: no measured points, or a score that is not a positive number")
         if not (math.isfinite(per_step) and per_step > 0) \
                 or any(p.size and not np.all(np.isfinite(p) & (p > 0)) for p in pools):
-            raise TunelabError(f"landscape {where or name}: samples_per_step and every step time must be positive numbers")
+            raise TunelabError(f"landscape {where}: samples_per_step and every step time must be positive numbers")
         for flag in space.booleans():  # the search asks for both sides of every boolean knob
             missing = {False, True} - {bool(getattr(k, flag)) for k in knobs}
             if missing:
-                raise TunelabError(f"landscape {where or name}: {flag} is searched but no point has {flag}={missing.pop()}")
+                raise TunelabError(f"landscape {where}: {flag} is searched but no point has {flag}={missing.pop()}")
         recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps", "block_seconds")
                     if doc.get(k) is not None}
         if all(p.size for p in pools):
