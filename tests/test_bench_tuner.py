@@ -474,3 +474,17 @@ def test_bench_landscape_visits_last_a_tuning_block_where_steps_are_fast(tmp_pat
     assert all(len(v) == n for v in visits) and sum(map(sum, visits)) / len(visits) > 0.4
     plan = plan_for(Landscape.from_dict(doc, "fast"))
     assert plan.measure_steps == n and plan.block_seconds == 0.5
+
+
+@pytest.mark.mpi
+def test_bench_landscape_trains_the_batch_and_images_it_is_given(tmp_path):
+    """--batch-size and --image-size override the training scenario's, as for tune: the landscape's
+    samples a step are the ranks times the batch asked for (the scenario's own batch is 8)."""
+    out = tmp_path / "small.json"
+    proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "landscape", "--model", "resnet50",
+                           "--batch-size", "3", "--image-size", "32", "--grid", "cycle_time_ms=1,8", "--repeats", "1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 2 and doc["samples_per_step"] == 6
+    assert doc["hardware"].get("gpu_count") is None  # a CPU job records no GPU facts

@@ -72,6 +72,8 @@ def test_a_scenario_that_cannot_be_loaded_is_a_usage_error(tmp_path, command, ho
 
 @pytest.mark.parametrize("args,fragment", [
     (["bench", "landscape", "--dtype", "float16"], "--dtype applies to replay scenarios"),
+    (["bench", "landscape", "--model", "replay-bert", "--device", "cuda"], "trains torch models"),
+    (["tune", "--model", "replay-bert", "--device", "cuda"], "trains torch models"),
     (["report"], "nothing to report"),
 ])
 def test_other_usage_errors_found_after_parsing_exit_2(args, fragment):

@@ -36,8 +36,9 @@ def _memory_bytes() -> int:
         return 0
 
 
-def host_info() -> dict[str, object]:
-    """Facts about this host and the software stack that shape communication speed."""
+def host_info(gpus: bool = False) -> dict[str, object]:
+    """Facts about this host and the software stack that shape communication speed (``gpus``: with the
+    GPU facts of ``nvidia-smi`` too, for a job that runs on them)."""
     import numpy
 
     info: dict[str, object] = {
@@ -60,6 +61,8 @@ def host_info() -> dict[str, object]:
         info["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
     except ImportError:
         pass
+    if gpus:
+        info.update(_gpu_facts())
     return info
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..cli.finish import add_output_flags, finish
 from ..cli.types import (
+    add_training_flags,
     chosen_scenario,
     default_scenario_input,
     input_file,
@@ -172,7 +173,7 @@ def _result(p: dict, rt: Any, workload: Any, space: Any, points: list[Knobs], sc
         "dtype": p.get("replay_dtype", "float32") if p["workload"] == "replay" else None,
         "repeats": p["repeats"], "seed": p.get("seed", 0), "order": order,
         "warmup_steps": p["warmup_steps"], "discard_steps": p["discard_steps"],
-        "measure_steps": p["measure_steps"], "seconds": seconds, "hardware": host_info(),
+        "measure_steps": p["measure_steps"], "seconds": seconds, "hardware": host_info(gpus=p.get("device") == "cuda"),
     }
 
 
@@ -197,6 +198,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lab", action="store_true",
                    help="run on the hosts of 'tunelab lab up' (or give the scenario a [lab] table)")
     add_link_flags(p)
+    add_training_flags(p)
     p.add_argument("--grid", type=_grid_arg, nargs="+", default=None, metavar="NAME=V1,V2",
                    help=f"knob values to combine (default: {' '.join(DEFAULT_GRID)})")
     p.add_argument("--repeats", type=positive_int, default=2, help="visits per grid point (default 2)")
@@ -223,7 +225,8 @@ def _cmd(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(chosen_scenario(args))
     scenario = scenario.with_overrides(np=args.np, ranks_per_node=args.ranks_per_node, link_gbps=args.link_gbps,
-                                       link_latency_us=args.link_latency_us)
+                                       link_latency_us=args.link_latency_us, device=args.device,
+                                       image_size=args.image_size, batch_size=args.batch_size)
     if args.dtype is not None and scenario.workload != "replay":
         raise UsageError(f"--dtype applies to replay scenarios; {scenario.name} trains {scenario.model}")
     try:

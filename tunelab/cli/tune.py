@@ -9,6 +9,7 @@ from ..errors import UsageError
 from .finish import add_output_flags, finish
 from .lab import scenario_ranks, scenario_session
 from .types import (
+    add_training_flags,
     chosen_scenario,
     default_scenario_input,
     input_file,
@@ -35,10 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="train on the hosts of 'tunelab lab up' (or give the scenario a [lab] table)")
     tune.add_argument("--ranks-per-node", type=positive_int, default=None)
     add_link_flags(tune)
-    tune.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                      help="where each rank trains (cuda: its GPU, torch models); default: the scenario's")
-    tune.add_argument("--image-size", type=positive_int, default=None)
-    tune.add_argument("--batch-size", type=positive_int, default=None, help="per rank")
+    add_training_flags(tune)
     budget = tune.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES")
     budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS")

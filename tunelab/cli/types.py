@@ -15,6 +15,7 @@ from ..units import parse_size
 
 __all__ = [  # the argparse types and helpers (DEFAULT_SCENARIO is a constant beside them)
     "Parser",
+    "add_training_flags",
     "choice_list",
     "chosen_scenario",
     "default_scenario_input",
@@ -52,6 +53,15 @@ def _number(text: str, convert: Callable[[str], float], ok: Callable[[float], bo
     if not ok(value):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def add_training_flags(parser: argparse.ArgumentParser) -> None:
+    """``--device``, ``--image-size`` and ``--batch-size``: a training scenario's settings a run may
+    override (each defaults to None, the scenario's own)."""
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="where each rank trains (cuda: its GPU, torch models); default: the scenario's")
+    parser.add_argument("--image-size", type=positive_int, default=None)
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="per rank")
 
 
 def positive_int(text: str) -> int:
