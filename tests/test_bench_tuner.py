@@ -16,6 +16,7 @@ from tunelab.bench.tuner import (
     evaluate,
     exhaustive_pick,
     plan_for,
+    scoreboard,
     share_interval,
     truth_ceiling,
 )
@@ -397,6 +398,30 @@ def test_cli_on_a_shipped_landscape(tmp_path):
     for curve in result["curves"].values():
         assert all(0 < v <= 1.0 + 1e-9 for v in curve)  # fractions of the landscape's best
     assert "within3%" in proc.stdout
+    board = result["scoreboard"]  # (its counts against hand-counted rows: test_scoreboard_counts_...)
+    assert set(board["targets"]) == {"tunelab", "random", "horovod", "coordinate"}
+    assert all(t["landscapes"] == 1 for t in board["targets"].values())
+    assert "# targets met, of 1 landscape:" in proc.stdout and "# within 3 %, tunelab vs random: " in proc.stdout
+
+
+def _row(strategy, landscape, samples, within, worse):
+    return {"strategy": strategy, "landscape": landscape, "median_samples_to_lock": samples,
+            "locked_within_3pct_frac": within, "locked_worse_than_default_frac": worse}
+
+
+def test_scoreboard_counts_targets_met_and_head_to_head_shares():
+    """Counted by hand: a target met exactly (12 samples, 0.90, 0.05) counts; a landscape one strategy
+    did not run counts for none."""
+    rows = [_row("tunelab", "a", 12, 0.90, 0.05), _row("random", "a", 20, 0.95, 0.00),
+            _row("tunelab", "b", 13, 0.85, 0.10), _row("random", "b", 11, 0.85, 0.00),
+            _row("tunelab", "c", 9, 1.00, 0.00), _row("random", "c", 25, 0.60, 0.06),
+            _row("tunelab", "only-one", 1, 1.00, 0.00)]
+    board = scoreboard(rows)
+    assert board["targets"] == {
+        "tunelab": {"landscapes": 3, "samples_to_lock": 2, "within_3pct": 2, "worse_than_default": 2},
+        "random": {"landscapes": 3, "samples_to_lock": 1, "within_3pct": 1, "worse_than_default": 2}}
+    assert board["within_3pct_versus"] == {"tunelab vs random": {"ahead": 1, "level": 1, "behind": 1},
+                                           "random vs tunelab": {"ahead": 1, "level": 1, "behind": 1}}
 
 
 def test_bad_cli_input_is_one_line(tmp_path):

@@ -315,6 +315,26 @@ def test_a_damaged_bench_result_is_one_line_and_exit_2(tmp_path: Path, capsys: p
     assert not (tmp_path / "r.html").exists()
 
 
+def test_the_tuner_section_counts_the_targets_each_strategy_meets(tmp_path: Path) -> None:
+    """The scoreboard of a tuner result as a table (counts as the result gives them; an older file without
+    one still renders, without the table)."""
+    data = json.loads((DATA / "report-tuner.json").read_text())
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert main(["report", "--bench", str(path), "--out", str(tmp_path / "old.html")]) == 0
+    assert "targets met" not in (tmp_path / "old.html").read_text()
+    data["scoreboard"] = {
+        "targets": {"tunelab": {"landscapes": 4, "samples_to_lock": 1, "within_3pct": 3, "worse_than_default": 4},
+                    "random": {"landscapes": 4, "samples_to_lock": 0, "within_3pct": 2, "worse_than_default": 3}},
+        "within_3pct_versus": {"tunelab vs random": {"ahead": 2, "level": 1, "behind": 1},
+                               "random vs tunelab": {"ahead": 1, "level": 1, "behind": 2}}}
+    path.write_text(json.dumps(data))
+    out = tmp_path / "r.html"
+    assert main(["report", "--bench", str(path), "--out", str(out)]) == 0
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
+    assert "tunelab 1 of 4 3 of 4 4 of 4 –" in text and "random 0 of 4 2 of 4 3 of 4 2 / 1 / 1" in text, text[-800:]
+
+
 def test_the_tuner_section_says_what_each_landscape_is(tmp_path: Path) -> None:
     """Each landscape's default against its best, the yardstick, and the recording drift the replay took
     out, in words; an entry with nothing readable still makes a row, not a traceback."""

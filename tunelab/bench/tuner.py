@@ -35,6 +35,9 @@ from ..tuning.strategies import STRATEGIES, make_strategy
 WITHIN = 0.97        # locked within 3 % of the landscape's best
 WORSE = 0.99         # locked more than 1 % slower than the default
 SHARE_CONFIDENCE = 0.9  # two-sided, of the intervals around the fractions over seeds
+# the targets a strategy is judged by on each landscape: median samples to lock at most this many, locked
+# within 3 % of the best in at least this share of seeds, more than 1 % worse than the default in at most this
+TARGET_SAMPLES, TARGET_WITHIN, TARGET_WORSE = 12, 0.90, 0.05
 MODEL_SCENARIO = "replay-resnet50"  # the workload of --model-file runs without --scenario
 LANDSCAPE_DIR = Path(__file__).resolve().parent / "landscapes"
 
@@ -144,9 +147,37 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
                            "recording_drift_removed": (land.recorded or {}).get("drift_removed"),
                            "scenario_problem": None if budget else _scenario_budget(land)[1]}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
+            "scoreboard": scoreboard(rows),
             "seeds": seeds, "drift": drift, "visit_noise": visit_noise != "off", "visit_noise_mode": visit_noise,
             "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
+
+
+def scoreboard(rows: list[dict]) -> dict:
+    """On how many landscapes each strategy meets each target (``TARGET_*``), and, on the within-3 % share,
+    how each strategy fares against each other one landscape by landscape (ahead, level or behind: the
+    shares compared as they are, not their intervals).  Only landscapes every strategy ran count."""
+    by = {(r["strategy"], r["landscape"]): r for r in rows}
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    lands = [name for name in dict.fromkeys(r["landscape"] for r in rows)
+             if all((s, name) in by for s in strategies)]
+    targets = {}
+    for s in strategies:
+        mine = [by[s, name] for name in lands]
+        targets[s] = {"landscapes": len(lands),
+                      "samples_to_lock": sum(r["median_samples_to_lock"] <= TARGET_SAMPLES for r in mine),
+                      "within_3pct": sum(r["locked_within_3pct_frac"] >= TARGET_WITHIN - 1e-9 for r in mine),
+                      "worse_than_default": sum(r["locked_worse_than_default_frac"] <= TARGET_WORSE + 1e-9
+                                                for r in mine)}
+    versus = {}
+    for s in strategies:
+        for o in strategies:
+            if o == s:
+                continue
+            diffs = [by[s, name]["locked_within_3pct_frac"] - by[o, name]["locked_within_3pct_frac"] for name in lands]
+            versus[f"{s} vs {o}"] = {"ahead": sum(d > 1e-9 for d in diffs), "level": sum(abs(d) <= 1e-9 for d in diffs),
+                                     "behind": sum(d < -1e-9 for d in diffs)}
+    return {"targets": targets, "within_3pct_versus": versus}
 
 
 def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: int = 0,
@@ -329,7 +360,24 @@ def _cmd(args: argparse.Namespace) -> int:
           "(a ratio of geometric means, as blocks score) reached the low end of the interval it was locked with "
           f"(one-sided {50 + 50 * Plan().confidence:g} %; more for a lock from exploration, whose interval holds "
           "for every configuration explored at once)")
+    _print_scoreboard(result["scoreboard"])
     return finish(args, result, "tuner", "bench")
+
+
+def _print_scoreboard(board: dict) -> None:
+    targets = board["targets"]
+    if not targets:
+        return
+    count = next(iter(targets.values()))["landscapes"]
+    print(f"# targets met, of {count} landscape{'s' if count != 1 else ''}: median samples to lock <= "
+          f"{TARGET_SAMPLES}, locked within 3 % in >= {TARGET_WITHIN:.2f} of seeds, more than 1 % worse than the "
+          f"default in <= {TARGET_WORSE:.2f}")
+    for strategy, t in targets.items():
+        print(f"#   {strategy}: {t['samples_to_lock']}, {t['within_3pct']}, {t['worse_than_default']}")
+    first = next(iter(targets))
+    for pair, v in board["within_3pct_versus"].items():
+        if pair.startswith(f"{first} vs "):
+            print(f"# within 3 %, {pair}: ahead on {v['ahead']}, level on {v['level']}, behind on {v['behind']}")
 
 
 def _interval_text(interval: list[float]) -> str:

@@ -87,10 +87,39 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
         keys = list(dict.fromkeys(k for r in d["rows"] if isinstance(r, dict) for k in r))
         rows = [{k: _tuner_cell(r.get(k)) for k in keys} for r in d["rows"] if isinstance(r, dict)]
         blocks.append(table_block(f"tuner quality: {label} (target {d.get('target', '?')})", rows))
+        board = _scoreboard_rows(d.get("scoreboard"))
+        if board:
+            blocks.append(table_block(f"targets met: {label} (landscapes where each strategy meets each target; "
+                                      "within 3 % against the first strategy, landscape by landscape)", board))
         lands = d.get("landscapes")
         if isinstance(lands, dict) and lands:
             blocks.append(table_block(f"landscapes: {label}", [_landscape_row(n, i) for n, i in lands.items()]))
     return {"id": "bench-tuner", "title": "Tuner quality", "blocks": blocks}
+
+
+def _scoreboard_rows(board: Any) -> list[dict[str, Any]]:
+    """One row per strategy from a tuner result's scoreboard (none when it has none, e.g. an older file)."""
+    from ..bench.tuner import TARGET_SAMPLES, TARGET_WITHIN, TARGET_WORSE
+
+    targets = board.get("targets") if isinstance(board, dict) else None
+    if not isinstance(targets, dict) or not targets:
+        return []
+    versus = board.get("within_3pct_versus")
+    versus = versus if isinstance(versus, dict) else {}
+    first = next(iter(targets))
+    rows = []
+    for strategy, t in targets.items():
+        t = t if isinstance(t, dict) else {}
+        v = versus.get(f"{first} vs {strategy}")
+        of = t.get("landscapes", "?")
+        rows.append({"strategy": strategy,
+                     f"samples to lock <= {TARGET_SAMPLES}": f"{t.get('samples_to_lock', '?')} of {of}",
+                     f"within 3 % in >= {TARGET_WITHIN:.2f} of seeds": f"{t.get('within_3pct', '?')} of {of}",
+                     f"worse than default in <= {TARGET_WORSE:.2f}": f"{t.get('worse_than_default', '?')} of {of}",
+                     f"{first}, within 3 %: ahead / level / behind":
+                         f"{v.get('ahead', '?')} / {v.get('level', '?')} / {v.get('behind', '?')}"
+                         if isinstance(v, dict) else "–"})
+    return rows
 
 
 def _tuner_cell(value: Any) -> Any:
