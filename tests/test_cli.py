@@ -144,7 +144,9 @@ def test_bench_allreduce_on_the_device_path_under_the_simulator(tmp_path):
                    "--warmup", "0", "--json", str(out), "--no-report", timeout=300,
                    env={"NUMBA_ENABLE_CUDASIM": "1"})
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert "gpu_count" in doc["hardware"]  # a device run records the GPU facts (none under the simulator)
     assert {r["algorithm"] for r in rows} == {"ring", "hierarchical", "mpi", "bound"}
     assert all(r["wrong"] == 0 and r["count"] == 1024 for r in rows if r["algorithm"] != "bound")
     bound = next(r for r in rows if r["algorithm"] == "bound")  # a copy: the floor, with nothing to check

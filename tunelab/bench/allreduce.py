@@ -183,9 +183,10 @@ def _gpu_sharing(comm, engines: dict) -> tuple[int, bool]:
 
 
 def _hardware(comm, p: dict, engines: dict) -> dict:
-    """What ran where: the host, the ranks' layout into nodes, the emulated link, the knobs, a lab's facts."""
+    """What ran where: the host (its GPUs too, with ``--device cuda``), the ranks' layout into nodes, the
+    emulated link, the knobs, a lab's facts."""
     topo = next(iter(engines.values())).topology if engines else None
-    return {**host_info(), "world_size": comm.size,
+    return {**host_info(gpus=p.get("device", "cpu") == "cuda"), "world_size": comm.size,
             "nodes": topo.num_nodes if topo else None,
             "ranks_per_node": list(topo.node_sizes) if topo else None,
             "link_gbps": p.get("link_gbps"), "link_latency_us": p.get("link_latency_us") or 0.0,

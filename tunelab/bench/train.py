@@ -111,8 +111,9 @@ def _torch_bench(p: dict) -> dict:
                 total, per_step, identical = _tunelab_phase(comm, model, x, y, p, tuned=system == "tunelab-tuned",
                                                             seen=knobs.setdefault(system, {}))
             runs[system].append(_round_result(p, comm.size, total, per_step, identical))
-    return {"rows": _rows(runs), "notes": notes + _knob_notes(knobs, p), "knobs": knobs, "hardware": _hardware(comm),
-            "model": p["model"], "framework": "torch", "world_size": comm.size, "device": str(device.type),
+    return {"rows": _rows(runs), "notes": notes + _knob_notes(knobs, p), "knobs": knobs,
+            "hardware": _hardware(comm, gpus=device.type == "cuda"), "model": p["model"], "framework": "torch",
+            "world_size": comm.size, "device": str(device.type),
             "batch_size": p["batch_size"], "image_size": p["image_size"], "steps": p["steps"],
             "threads_per_rank": torch.get_num_threads()}
 
@@ -150,11 +151,12 @@ def _knob_notes(knobs: dict[str, dict], p: dict) -> list[str]:
     return notes
 
 
-def _hardware(comm: Any) -> dict:
-    """Where it ran, as bench allreduce records it: the host's facts and the ranks."""
+def _hardware(comm: Any, gpus: bool = False) -> dict:
+    """Where it ran, as bench allreduce records it: the host's facts (``gpus``: its GPUs' too, for a run
+    that trained on them) and the ranks."""
     from ..hardware import host_info
 
-    return {**host_info(), "world_size": comm.size}
+    return {**host_info(gpus=gpus), "world_size": comm.size}
 
 
 def rotated(systems: list[str], round_index: int) -> list[str]:
