@@ -147,10 +147,14 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
         if comm.rank == 0:
             print(f"[{n + 1:>3}/{len(order)}] {describe(points[i]):<40} {scores[i][-1]:8.2f} samples/s",
                   flush=True)
+    from .allreduce import lab_facts
+
+    lab = lab_facts(comm)  # (every rank takes part)
     if comm.rank != 0:
         return {}
     result = _result({**p, "measure_steps": visit_steps}, rt, workload, space, points, scores, order,
                      time.perf_counter() - t0)
+    result["hardware"].update(lab)
     result["block_seconds"] = p.get("block_seconds")
     for point, visits in zip(result["points"], steps_s):
         point["steps_s"] = visits
@@ -170,6 +174,7 @@ def _result(p: dict, rt: Any, workload: Any, space: Any, points: list[Knobs], sc
         "model": workload.name, "workload": p["workload"],
         "framework": p["framework"] if p["workload"] == "train" else "replay",
         "signature": workload.signature, "world_size": topo.size, "nodes": topo.num_nodes,
+        "device": p.get("device", "cpu"), "link_gbps": p.get("link_gbps"),  # (the emulated link between nodes)
         "dtype": p.get("replay_dtype", "float32") if p["workload"] == "replay" else None,
         "repeats": p["repeats"], "seed": p.get("seed", 0), "order": order,
         "warmup_steps": p["warmup_steps"], "discard_steps": p["discard_steps"],
