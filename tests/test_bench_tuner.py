@@ -513,3 +513,103 @@ def test_bench_landscape_trains_the_batch_and_images_it_is_given(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["world_size"] == 2 and doc["samples_per_step"] == 6
     assert doc["hardware"].get("gpu_count") is None  # a CPU job records no GPU facts
+    assert doc["device"] == "cpu" and doc["link_gbps"] is None and "lab" not in doc["hardware"]  # where it ran
+
+
+def _model_with_a_fast_path(tmp_path):
+    """A hand-written scale model (fitted on nothing here): a 1 Gb/s link, speeds derived from it, and no
+    wake-ups where ranks outnumber cores."""
+    from tunelab.model.fit import ScaleModel
+
+    path = tmp_path / "model.json"
+    ScaleModel({"call.alpha": 0.0, "plan.alpha": 0.0, "shm.alpha": 1e-5, "shm.beta": 1e-10, "gamma": 1e-10,
+                "link.alpha": 1e-4, "link:1gbps.beta": 8e-9, "mpi.alpha": 1e-5, "mpi.beta": 1e-9, "mpi.gamma": 0.0,
+                "call.wake.alpha": 0.0, "link.wake.alpha": 0.0, "shm.wake.alpha": 0.0}).save(path)
+    return path
+
+
+def test_the_models_first_proposals_for_a_landscape_are_its_best_grid_points_on_the_recorded_layout(tmp_path):
+    """vgg16-2nodes was recorded on 2 emulated nodes of 2 ranks (4 ranks on 2 cores) behind its
+    scenario's 10 Gb/s link: the proposals are the two grid points the model predicts fastest there,
+    every point of the recording tried one by one; a landscape trained on GPUs gets none."""
+    from tunelab.model.costs import Topology
+    from tunelab.model.fit import ScaleModel
+    from tunelab.model.step import Workload, simulate_step
+    from tunelab.model.tuner import landscape_proposals
+
+    path = _model_with_a_fast_path(tmp_path)
+    land = Landscape.load(LANDSCAPE_DIR / "replay-vgg16-2nodes-10gbps.json")
+    first, lines = landscape_proposals(path, land)
+    assert "(2 hosts x 2 ranks, link 10gbps;" in lines[1]
+    model = ScaleModel.load(path).with_link("10gbps", 10.0)
+    work = Workload.of_model("replay-vgg16-2nodes", "vgg16", 100.0, 200.0)
+    topo = Topology(2, 2, "10gbps", 4 / 2)
+    by_time = sorted(land.knobs, key=lambda k: simulate_step(model, work, topo, k).step_s)
+    assert first == by_time[:2] and all(k in land.knobs for k in first)
+    gpu = Landscape.load(LANDSCAPE_DIR / "vgg16-torch-2ranks-h100.json")
+    none, why = landscape_proposals(path, gpu)
+    assert none == [] and len(why) == 1 and "trained on GPUs" in why[0]
+
+
+def test_bench_tuner_runs_each_strategy_again_from_the_models_first_proposals(tmp_path):
+    from tunelab.bench.tuner import run_once
+    from tunelab.model.tuner import landscape_proposals
+
+    path = _model_with_a_fast_path(tmp_path)
+    out = tmp_path / "tuner.json"
+    proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", "--landscape",
+                           "replay-vgg16-2nodes-10gbps", "--landscape", "vgg16-torch-2ranks-h100", "--seeds", "2",
+                           "--strategies", "tunelab,random", "--first-from-model", str(path), "--no-report",
+                           "--json", str(out)], check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert [(r["landscape"], r["strategy"]) for r in result["rows"]] == [
+        ("replay-vgg16-2nodes-10gbps", "tunelab"), ("replay-vgg16-2nodes-10gbps", "tunelab+model"),
+        ("replay-vgg16-2nodes-10gbps", "random"), ("replay-vgg16-2nodes-10gbps", "random+model"),
+        ("vgg16-torch-2ranks-h100", "tunelab"), ("vgg16-torch-2ranks-h100", "random")]
+    land = Landscape.load(LANDSCAPE_DIR / "replay-vgg16-2nodes-10gbps.json")
+    first, _ = landscape_proposals(path, land)
+    seeded = [r for r in result["rows"] if r["strategy"].endswith("+model")]
+    assert all(r["first_proposals"] == [k.as_dict() for k in first] for r in seeded)
+    assert all(t["landscapes"] == 2 for t in result["scoreboard"]["targets"].values())  # the plain rows only
+    assert set(result["scoreboard"]["targets"]) == {"tunelab", "random"}
+    assert {s: m["landscapes"] for s, m in result["model_first"].items()} == {"tunelab": 1, "random": 1}
+    assert "# tunelab+model vs tunelab, on the 1 landscapes with first proposals" in proc.stdout
+    assert "first proposals from the scale model" in proc.stdout and "trained on GPUs" in proc.stdout
+    # the seeded search's first two candidates are the proposals; the plain one's are not
+    driver = run_once(land, "tunelab", 0, plan_for(land), 0.05, first=first)
+    asked = [s.knobs for s in driver.samples if s.role == "candidate"]
+    assert asked[:2] == first
+    plain = run_once(land, "tunelab", 0, plan_for(land), 0.05)
+    assert [s.knobs for s in plain.samples if s.role == "candidate"][:2] != first
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    (["--first-from-model", "no-such-model.json"], "--first-from-model no-such-model.json: no such file"),
+    (["--first-from-model", "m.json", "--model-file", "m.json"], "drop one"),
+])
+def test_bad_first_from_model_input_is_a_usage_error(tmp_path, extra, fragment):
+    _model_with_a_fast_path(tmp_path).rename(tmp_path / "m.json")
+    proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "tuner", "--seeds", "1", *extra, "--no-report"],
+                          check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_evaluate_hands_the_proposals_to_every_seeds_run(monkeypatch, tmp_path):
+    from tunelab.bench import tuner
+    from tunelab.model.tuner import landscape_proposals
+
+    land = Landscape.load(LANDSCAPE_DIR / "replay-vgg16-2nodes-10gbps.json")
+    first, _ = landscape_proposals(_model_with_a_fast_path(tmp_path), land)
+    seen = []
+    real = tuner.run_once
+
+    def spy(*args, **kwargs):
+        driver = real(*args, **kwargs)
+        seen.append([s.knobs for s in driver.samples if s.role == "candidate"][:2])
+        return driver
+
+    monkeypatch.setattr(tuner, "run_once", spy)
+    row, _ = evaluate(land, "random", 3, plan_for(land), 0.05, first=first)
+    assert row["strategy"] == "random+model" and seen == [first] * 3

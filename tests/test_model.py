@@ -653,35 +653,74 @@ def test_bench_tuner_runs_strategies_on_the_model(tmp_path: Path, capsys: pytest
     assert len(err) == 1 and "no such model file" in err[0]
 
 
-TINY_REPLAY = tiny_replay(budget=3)
+def _hand_model_for_shared_cores() -> ScaleModel:
+    """The hand model with the wake-ups a machine with more ranks than cores asks for (none)."""
+    return ScaleModel({**_hand_model().values, "call.wake.alpha": 0.0, "link.wake.alpha": 0.0, "shm.wake.alpha": 0.0})
 
 
 @pytest.mark.mpi
 def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> None:
+    """On 2 emulated nodes of 2 ranks behind 10 Gb/s the model expects hierarchical to pay (about 1.26x):
+    its two best settings are the search's first two candidates, and ``tune`` says where they came from."""
+    from tunelab.model.predict import DEFAULT_GRID
     from tunelab.model.tuner import predicted_best
     from tunelab.workloads.shapes import gradient_shapes
 
     model_path, scenario, out = tmp_path / "model.json", tmp_path / "tiny.toml", tmp_path / "tune.json"
-    _hand_model().save(model_path)
-    scenario.write_text(TINY_REPLAY)
+    model = _hand_model_for_shared_cores()
+    model.save(model_path)
+    scenario.write_text(tiny_replay(budget=3, np=4))
     proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario), "--no-store",
-                           "--no-report", "--model-file", str(model_path), "--json", str(out)],
+                           "--ranks-per-node", "2", "--link-gbps", "10", "--no-report", "--model-file",
+                           str(model_path), "--json", str(out)],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "first proposals from the scale model" in proc.stdout
     assert not (tmp_path / "tunelab-home" / "profiles.sqlite").exists()  # --no-store: no store made either
     work = Workload("tiny", tuple(4 * math.prod(s) for s in gradient_shapes("resnet50")), 20.0, 40.0)
-    over = 2 / (os.cpu_count() or 1)
-    expected = [b.knobs.as_dict() for b in predicted_best(_hand_model(), work, Topology(1, 2, "none", over), 2,
-                                                           {"fusion_threshold_bytes": (0, MiB, 8 * MiB, 64 * MiB),
-                                                            "cycle_time_ms": (0.5, 2.0, 8.0, 32.0),
-                                                            "segment_bytes": (256 << 10, 4 * MiB)})]
+    topo = Topology(2, 2, "10gbps", 4 / (os.cpu_count() or 1))
+    expected = [b.knobs.as_dict() for b in predicted_best(model.with_link("10gbps", 10.0), work, topo, 2, DEFAULT_GRID)]
+    assert all(k["hierarchical"] for k in expected)
     candidates = [s["knobs"] for s in json.loads(out.read_text())["samples"] if s["role"] == "candidate"]
     assert candidates[:2] == expected
     missing = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario),
                               "--model-file", str(tmp_path / "nope.json")], capture_output=True, text=True,
                              timeout=120, check=False)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_no_first_proposals_where_the_model_expects_no_setting_to_pay(tmp_path: Path) -> None:
+    """One host of 2 ranks whose step the compute decides (the hand model: nothing within reach is 1 %
+    faster than the default knobs): no proposals, and a line saying so, rather than the grid's first
+    settings of a tie; on 2 hosts of 2 ranks the same workload gets the model's best two."""
+    from tunelab.model.tuner import job_proposals, predicted_best
+    from tunelab.tuning.space import search_space
+    from tunelab.workloads.shapes import gradient_shapes
+
+    path = tmp_path / "model.json"
+    model = _hand_model_for_shared_cores()
+    model.save(path)
+    p = {"name": "tiny", "model": "resnet50", "workload": "replay", "replay_forward_ms": 20.0,
+         "replay_backward_ms": 40.0}
+    first, lines = job_proposals(path, p, 1, 2, None, 1.0, search_space({}, num_nodes=1))
+    assert first == [] and len(lines) == 1 and "no setting is predicted to beat the default" in lines[0]
+    work = Workload("tiny", tuple(4 * math.prod(s) for s in gradient_shapes("resnet50")), 20.0, 40.0)
+    one_host = Topology(1, 2, "none", 1.0)
+    best = predicted_best(model, work, one_host, 1)[0].predicted_step_s
+    assert best > simulate_step(model, work, one_host, Knobs()).step_s / 1.01  # (the case: no 1 % to gain)
+    two_hosts = search_space({}, num_nodes=2)
+    first, lines = job_proposals(path, p, 2, 2, 1.0, 2.0, two_hosts)
+    assert len(first) == 2 and all(k.hierarchical for k in first) and "first proposals" in lines[0]
+    # a half-precision replay's gradients are half the bytes: the model is asked about those
+    half = job_proposals(path, {**p, "replay_dtype": "float16"}, 2, 2, 1.0, 2.0, two_hosts)[1][0]
+    assert _predicted_ms(half) < _predicted_ms(lines[0])
+
+
+def _predicted_ms(head: str) -> float:
+    """The default knobs' predicted step time in a proposals' head line."""
+    import re
+
+    return float(re.search(r"predicted at ([\d.]+) ms/step", head).group(1))
 
 
 def test_a_model_file_of_an_older_format_is_left_out_of_tuning_and_said_so(tmp_path: Path) -> None:

@@ -873,3 +873,20 @@ def test_a_lock_straight_from_exploration_holds_its_low_end_on_a_host_whose_stat
             if gain < math.log(d.interval.low):
                 missed.append(seed)
     assert missed == []
+
+
+def test_given_first_settings_take_the_places_of_the_gps_initial_design():
+    """The scale model's first proposals are asked first; for the GP they stand in for the first places of
+    its Latin hypercube (the rest of the design follows, then expected improvement as early as without
+    them); a strategy without a design (random search) asks its own after them."""
+    from tunelab.tuning.strategies import SeededStrategy
+
+    given = [SPACE.from_unit([0.9] * len(SPACE.names)), SPACE.from_unit([0.1] * len(SPACE.names))]
+    plain = make_strategy("tunelab", SPACE, 3)
+    design = [plain.ask() for _ in range(plain.initial_points)]
+    seeded = SeededStrategy(make_strategy("tunelab", SPACE, 3), given)
+    asked = [seeded.ask() for _ in range(plain.initial_points)]
+    assert asked == given + design[2:]
+    rand = [make_strategy("random", SPACE, 3).ask() for _ in range(1)]
+    seeded_random = SeededStrategy(make_strategy("random", SPACE, 3), given)
+    assert [seeded_random.ask() for _ in range(3)] == [*given, rand[0]]

@@ -27,10 +27,11 @@ import numpy as np
 from ..cli.finish import add_output_flags, finish
 from ..cli.types import choice_list, fraction, link_gbps, named_input, positive_int, scenario_input
 from ..errors import TunelabError, UsageError
+from ..knobs import Knobs
 from ..tuning.driver import Driver
 from ..tuning.plan import Plan
 from ..tuning.replay import VISIT_MODES, Drift, Landscape, Objective, simulate, visit_mode
-from ..tuning.strategies import STRATEGIES, make_strategy
+from ..tuning.strategies import STRATEGIES, SeededStrategy, make_strategy
 
 WITHIN = 0.97        # locked within 3 % of the landscape's best
 WORSE = 0.99         # locked more than 1 % slower than the default
@@ -72,24 +73,30 @@ def _scenario_budget(landscape: Landscape) -> tuple[int | None, str | None]:
 
 
 def run_once(landscape: Landscape, strategy: str, seed: int, plan: Plan, drift: float,
-             drift_period_s: float = 120.0, visit_noise: bool | str = True) -> Driver:
+             drift_period_s: float = 120.0, visit_noise: bool | str = True,
+             first: list[Knobs] | None = None) -> Driver:
     """One seeded tuning run of ``strategy`` on ``landscape`` through the driver, until it locks
-    (``visit_noise``: the host's state from visit to visit, as recorded, pooled or off, :class:`Objective`)."""
-    driver = Driver(landscape.space, lambda epoch: make_strategy(strategy, landscape.space, seed + 1000 * epoch),
-                    plan, landscape.samples_per_step)
+    (``visit_noise``: the host's state from visit to visit, as recorded, pooled or off, :class:`Objective`;
+    ``first``: settings its first search asks before its own, as ``tune`` takes the scale model's)."""
+    def made(epoch: int) -> Any:
+        inner = make_strategy(strategy, landscape.space, seed + 1000 * epoch)
+        return SeededStrategy(inner, first) if epoch == 0 and first else inner
+
+    driver = Driver(landscape.space, made, plan, landscape.samples_per_step)
     return simulate(driver, Objective(landscape, seed, Drift(drift, drift_period_s, seed), visit_noise=visit_noise))
 
 
 def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None, drift: float,
-             visit_noise: bool | str = True) -> tuple[dict, list]:
+             visit_noise: bool | str = True, first: list[Knobs] | None = None) -> tuple[dict, list]:
     """One table row over ``seeds`` runs, and each run's curve: the true throughput of the configuration
     in effect for the user (the default until the lock, then the locked one) after each block,
-    relative to the landscape's best."""
+    relative to the landscape's best.  With ``first`` (the scale model's first proposals) the row's
+    strategy is ``<strategy>+model``."""
     plan = plan or plan_for(landscape)
     default = landscape.true_score(landscape.space.base)
     samples, steps, within, worse, adopted, rel, curves, held = [], [], [], [], [], [], [], []
     for seed in range(seeds):
-        driver = run_once(landscape, strategy, seed, plan, drift, visit_noise=visit_noise)
+        driver = run_once(landscape, strategy, seed, plan, drift, visit_noise=visit_noise, first=first)
         if not driver.decisions:
             raise TunelabError(f"strategy {strategy} did not lock on {landscape.name} (seed {seed})")
         d = driver.decisions[0]
@@ -104,7 +111,8 @@ def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None,
             true_gain = landscape.true_log_rate(d.knobs) - landscape.true_log_rate(landscape.space.base)
             held.append(true_gain >= math.log(d.interval.low))
         curves.append([default / landscape.best] * (d.samples - 1) + [locked / landscape.best])
-    row = {"landscape": landscape.name, "strategy": strategy, "seeds": seeds, "budget": plan.budget_samples,
+    row = {"landscape": landscape.name, "strategy": f"{strategy}+model" if first else strategy, "seeds": seeds,
+           "budget": plan.budget_samples,
            "median_samples_to_lock": float(np.median(samples)), "p90_samples_to_lock": float(np.percentile(samples, 90)),
            "median_steps_to_lock": float(np.median(steps)),
            "locked_within_3pct_frac": float(np.mean(within)),
@@ -113,6 +121,8 @@ def evaluate(landscape: Landscape, strategy: str, seeds: int, plan: Plan | None,
            "locked_worse_than_default_interval": share_interval(worse),
            "adopted_frac": float(np.mean(adopted)), "median_locked_vs_best": float(np.median(rel)),
            "locked_low_end_held_frac": float(np.mean(held)) if held else None}
+    if first:
+        row["first_proposals"] = [k.as_dict() for k in first]
     return row, curves
 
 
@@ -126,14 +136,21 @@ def share_interval(flags: list[bool], confidence: float = SHARE_CONFIDENCE) -> l
 
 
 def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int, budget: int | None,
-            drift: float, visit_noise: bool | str = True) -> dict:
+            drift: float, visit_noise: bool | str = True,
+            first: dict[str, list[Knobs]] | None = None) -> dict:
+    """Every strategy on every landscape; with ``first`` (a landscape's name -> the scale model's first
+    proposals for it), each strategy again on those landscapes, seeded with them (``<strategy>+model``
+    rows, compared in ``model_first``; the scoreboard counts the plain rows)."""
     visit_noise = visit_mode(visit_noise)
-    rows, pooled = [], {s: [] for s in strategies}
+    first = first or {}
+    rows: list[dict] = []
+    pooled: dict[str, list] = {}
     for land in landscapes:
         for strategy in strategies:
-            row, curves = evaluate(land, strategy, seeds, plan_for(land, budget), drift, visit_noise)
-            rows.append(row)
-            pooled[strategy] += curves
+            for seeded in ([None, first[land.name]] if first.get(land.name) else [None]):
+                row, curves = evaluate(land, strategy, seeds, plan_for(land, budget), drift, visit_noise, seeded)
+                rows.append(row)
+                pooled.setdefault(row["strategy"], []).extend(curves)
     info = {}
     for land in landscapes:
         steps = plan_for(land, budget).measure_steps
@@ -147,7 +164,8 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
                            "recording_drift_removed": (land.recorded or {}).get("drift_removed"),
                            "scenario_problem": None if budget else _scenario_budget(land)[1]}
     return {"rows": rows, "curves": {s: _median_curve(c) for s, c in pooled.items()}, "landscapes": info,
-            "scoreboard": scoreboard(rows),
+            "scoreboard": scoreboard([r for r in rows if "first_proposals" not in r]),
+            "model_first": model_first(rows),
             "seeds": seeds, "drift": drift, "visit_noise": visit_noise != "off", "visit_noise_mode": visit_noise,
             "plan": dict(vars(Plan())),
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
@@ -178,6 +196,28 @@ def scoreboard(rows: list[dict]) -> dict:
             versus[f"{s} vs {o}"] = {"ahead": sum(d > 1e-9 for d in diffs), "level": sum(abs(d) <= 1e-9 for d in diffs),
                                      "behind": sum(d < -1e-9 for d in diffs)}
     return {"targets": targets, "within_3pct_versus": versus}
+
+
+def model_first(rows: list[dict]) -> dict:
+    """For each strategy run both ways, landscape by landscape: what starting from the scale model's first
+    proposals changed (``<strategy>+model`` against ``<strategy>``, the same seeds): on how many it
+    locked with fewer, as many or more samples (medians), and within 3 % more often, as often or less."""
+    by = {(r["strategy"], r["landscape"]): r for r in rows}
+    out = {}
+    for (label, name), seeded in by.items():
+        if "first_proposals" not in seeded:
+            continue
+        plain = by.get((label.removesuffix("+model"), name))
+        if plain is None:
+            continue
+        entry = out.setdefault(label.removesuffix("+model"), {"landscapes": 0, "samples": [0, 0, 0], "within_3pct": [0, 0, 0]})
+        entry["landscapes"] += 1
+        for key, field, sign in (("samples", "median_samples_to_lock", -1), ("within_3pct", "locked_within_3pct_frac", 1)):
+            d = sign * (seeded[field] - plain[field])
+            entry[key][0 if d > 1e-9 else 2 if d < -1e-9 else 1] += 1
+    return {s: {"landscapes": e["landscapes"],
+                "samples_to_lock": dict(zip(("fewer", "same", "more"), e["samples"])),
+                "within_3pct": dict(zip(("ahead", "level", "behind"), e["within_3pct"]))} for s, e in out.items()}
 
 
 def exhaustive_pick(landscape: Landscape, steps: int, draws: int = 2000, seed: int = 0,
@@ -274,6 +314,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "the point moved to the state of a visit drawn from every point's: one host state for all "
                         "configurations); or off (every step drawn from the point's pool of all visits, as replays "
                         "did before 2026-11-27)")
+    p.add_argument("--first-from-model", type=Path, default=None, metavar="FILE",
+                   help="a fitted scale model (tunelab model fit --out FILE): run each strategy again on every "
+                        "landscape it has proposals for, starting from its predicted best settings among the "
+                        "landscape's, as tunelab tune does on hardware without stored trials (rows "
+                        "<strategy>+model); not for GPU landscapes, which the model does not cover")
     m = p.add_argument_group("the scale model as the objective (instead of recorded landscapes)")
     m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
@@ -319,7 +364,9 @@ def _cmd(args: argparse.Namespace) -> int:
             if not paths:
                 raise TunelabError(f"no landscapes shipped in {LANDSCAPE_DIR}")
             landscapes = [Landscape.load(p) for p in paths]
-    result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift, args.visit_noise)
+    first = _first_from_model(args.first_from_model, landscapes, args.model_file) \
+        if args.first_from_model is not None else None
+    result = compare(landscapes, tuple(args.strategies), args.seeds, args.budget, args.drift, args.visit_noise, first)
     print(f"# tuner  seeds={args.seeds}  drift=±{100 * args.drift:g}%  visit noise {args.visit_noise}  "
           "scored: the locked configuration; "
           "samples: measured blocks until the lock, the default's reference blocks included")
@@ -361,7 +408,34 @@ def _cmd(args: argparse.Namespace) -> int:
           f"(one-sided {50 + 50 * Plan().confidence:g} %; more for a lock from exploration, whose interval holds "
           "for every configuration explored at once)")
     _print_scoreboard(result["scoreboard"])
+    for strategy, m in result["model_first"].items():
+        n, k = m["samples_to_lock"], m["within_3pct"]
+        print(f"# {strategy}+model vs {strategy}, on the {m['landscapes']} landscapes with first proposals: "
+              f"median samples to lock fewer on {n['fewer']}, the same on {n['same']}, more on {n['more']}; "
+              f"within 3 % ahead on {k['ahead']}, level on {k['level']}, behind on {k['behind']}")
     return finish(args, result, "tuner", "bench")
+
+
+def _first_from_model(path: Path, landscapes: list[Landscape], model_file: Path | None) -> dict[str, list[Knobs]]:
+    """Each landscape's first proposals from the scale model at ``path`` (printed as ``tune`` prints them),
+    by name; a file that does not exist or cannot be read as a model is a usage error."""
+    from ..model.fit import ScaleModel
+    from ..model.tuner import landscape_proposals
+
+    if model_file is not None:
+        raise UsageError("--first-from-model seeds strategies on recorded landscapes; with --model-file the "
+                         "model is the objective itself: drop one")
+    if not path.is_file():
+        raise UsageError(f"--first-from-model {path}: no such file")
+    ScaleModel.load(path)  # (what is wrong with it stops here, once, rather than per landscape)
+    first = {}
+    for land in landscapes:
+        proposals, lines = landscape_proposals(path, land)
+        for line in lines:
+            print(line)
+        if proposals:
+            first[land.name] = proposals
+    return first
 
 
 def _print_scoreboard(board: dict) -> None:

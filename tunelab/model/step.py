@@ -72,11 +72,13 @@ class Workload:
         return cls.of_model(sc.name, sc.model, sc.replay_forward_ms, sc.replay_backward_ms)
 
     @classmethod
-    def of_model(cls, name: str, model: str, forward_ms: float, backward_ms: float) -> Workload:
-        """A shipped model's float32 gradients with the given compute times."""
+    def of_model(cls, name: str, model: str, forward_ms: float, backward_ms: float,
+                 element_bytes: int = 4) -> Workload:
+        """A shipped model's gradients (float32, or ``element_bytes`` an element: 2 for a half-precision
+        replay) with the given compute times."""
         from ..workloads.shapes import gradient_shapes
 
-        return cls(name, tuple(4 * _elements(s) for s in gradient_shapes(model)), float(forward_ms),
+        return cls(name, tuple(element_bytes * _elements(s) for s in gradient_shapes(model)), float(forward_ms),
                    float(backward_ms))
 
 

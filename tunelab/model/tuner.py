@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..knobs import Knobs
+from ..tuning.plan import Plan
 from .costs import Topology
 from .fit import ScaleModel
 from .predict import grid_knobs
@@ -129,21 +130,6 @@ def recorded_landscape(model: ScaleModel, workload: Workload, topo: Topology, no
                      {"source": "scale model", "topology": f"{topo.hosts}x{topo.ranks_per_host} {topo.link}"})
 
 
-class SeededStrategy:
-    """A search strategy whose first asks are given settings (the model's predicted best on a topology
-    no profile has tuned), then its own; everything else is the inner strategy's."""
-
-    def __init__(self, inner: Any, first: Sequence[Knobs]) -> None:
-        self.inner = inner
-        self._first = list(first)
-
-    def ask(self) -> Knobs:
-        return self._first.pop(0) if self._first else self.inner.ask()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 def default_model_path() -> Any:
     """Where ``tune`` looks for a scale model when none is given: ``$TUNELAB_HOME/scale-model.json``."""
     from ..config import tunelab_home
@@ -152,9 +138,11 @@ def default_model_path() -> Any:
 
 
 def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int, link_gbps: float | None,
-                  oversubscription: float, space: Any, count: int = 2) -> tuple[list[Knobs], list[str]]:
+                  oversubscription: float, space: Any, count: int = 2,
+                  grid: dict[str, Sequence] | None = None) -> tuple[list[Knobs], list[str]]:
     """First proposals for a tuning job from the model at ``path``: the ``count`` settings of the
-    searched knobs with the lowest predicted step time, and lines saying so (or why there are none)."""
+    searched knobs with the lowest predicted step time (among ``grid``'s, by default the model's
+    prediction grid), and lines saying so (or why there are none)."""
     from .costs import link_name
     from .data import ModelInputError
     from .fit import ModelError
@@ -166,17 +154,64 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
         if hosts > 1:
             link = link_name(link_gbps)
             model = model.with_link(link, link_gbps) if link_gbps is not None else model
+        element = np.dtype(p.get("replay_dtype") or "float32").itemsize if p.get("workload") == "replay" else 4
         work = Workload.of_model(str(p.get("name", p["model"])), p["model"], p.get("replay_forward_ms", 100.0),
-                                 p.get("replay_backward_ms", 250.0))
-        grid = {k: v for k, v in DEFAULT_GRID.items() if k in space.names}
+                                 p.get("replay_backward_ms", 250.0), element)
+        grid = {k: v for k, v in (DEFAULT_GRID if grid is None else grid).items() if k in space.names}
         if not grid:
             return [], []
-        best = predicted_best(model, work, Topology(hosts, ranks_per_host, link, oversubscription), count,
-                              grid, space.base)
+        topo = Topology(hosts, ranks_per_host, link, oversubscription)
+        best = predicted_best(model, work, topo, count, grid, space.base)
+        default_s = simulate_step(model, work, topo, space.base).step_s
     except (ModelError, ModelInputError) as exc:  # a model file that does not fit this job, or that this
         # tunelab cannot read (an older format, a corrupt file): tune without it, and say so
         return [], [f"# scale model {path} not used: {exc}"]
     where = f"{hosts} host{'s' if hosts != 1 else ''} x {ranks_per_host} rank{'s' if ranks_per_host != 1 else ''}"
-    head = f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials for this hardware):"
+    # only what the model expects to be worth a change: where it predicts every setting within the tuner's
+    # minimum gain of the default (a compute-bound step, say), its ranking is a tie broken by grid order
+    gain = Plan().min_gain
+    best = [b for b in best if b.predicted_step_s * (1.0 + gain) <= default_s]
+    if not best:
+        return [], [(f"# scale model {path} ({where}, link {link}): no setting is predicted to beat the default "
+                     f"knobs' {default_s * 1e3:.1f} ms/step by {100 * gain:g} %: no first proposals")]
+    head = (f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials for this "
+            f"hardware; the default knobs predicted at {default_s * 1e3:.1f} ms/step):")
     lines = [head] + [f"#   {b.describe()}" for b in best]
     return [b.knobs for b in best], lines
+
+
+def landscape_proposals(path: Any, land: Any, count: int = 2) -> tuple[list[Knobs], list[str]]:
+    """The first proposals ``tune`` would take from the model at ``path`` on the layout a recorded
+    landscape ran on (its hosts or emulated nodes, ranks, link and the machine's cores, its scenario's
+    workload), among the landscape's own grid settings, and the lines ``tune`` prints with them.  None,
+    and a line saying why, for a landscape trained on GPUs (the model is the host path's; ``tune``
+    takes no proposals there either) or one that does not record what the model needs."""
+    from ..errors import ScenarioError
+    from ..scenarios import load_scenario
+
+    rec = land.recorded or {}
+    layout = rec.get("layout") or {}
+    why = None
+    if layout.get("device") == "cuda":
+        why = "trained on GPUs, which the model does not cover"
+    elif not rec.get("scenario") or not layout.get("world_size") or not layout.get("nodes") \
+            or not layout.get("cpu_cores"):
+        why = "it does not record its scenario, ranks, nodes and cores"
+    if why is None:
+        try:
+            sc = load_scenario(rec["scenario"])
+        except ScenarioError as exc:
+            why = f"its scenario cannot be loaded here ({str(exc).splitlines()[0]})"
+    if why is not None:
+        return [], [f"# {land.name}: no first proposals from the scale model: {why}"]
+    world, nodes, lab = int(layout["world_size"]), int(layout["nodes"]), layout.get("lab")
+    if lab:
+        hosts, per_host, gbps = int(lab["hosts"]), int(lab["ranks_per_host"]), lab.get("link_gbps")
+    else:
+        hosts, per_host = nodes, max(1, world // nodes)
+        gbps = layout.get("link_gbps") or sc.link_gbps
+    p = {**sc.as_params(), "replay_dtype": layout.get("dtype")}
+    grid = {n: sorted({getattr(k, n) for k in land.knobs}) for n in land.space.names}
+    first, lines = job_proposals(path, p, hosts, per_host, gbps, world / int(layout["cpu_cores"]), land.space,
+                                 count, grid)
+    return first, [f"# {land.name}:"] + lines

@@ -109,6 +109,7 @@ class Landscape:
                 raise TunelabError(f"landscape {where}: {flag} is searched but no point has {flag}={missing.pop()}")
         recorded = {k: doc[k] for k in ("scenario", "discard_steps", "measure_steps", "block_seconds")
                     if doc.get(k) is not None}
+        recorded["layout"] = _layout(doc)
         if all(p.size for p in pools):
             visits = [[np.asarray(v, dtype=np.float64) for v in p["steps_s"]] for p in points]
             drift = recording_drift(points, doc.get("order"))
@@ -441,3 +442,15 @@ def synthetic(name: str, space: SearchSpace, grid: dict[str, list[object]], spee
     doc = {"space": {"names": list(space.names), "base": space.base.as_dict()}, "points": points,
            "samples_per_step": 1.0, "discard_steps": 1}
     return Landscape.from_dict(doc, name)
+
+
+def _layout(doc: dict) -> dict:
+    """Where a recording ran, as far as it says: ranks, nodes, the device, the emulated link, the lab's
+    hosts and link, the host's cores and the replay's element type (what the scale model's first
+    proposals for it need: :func:`tunelab.model.tuner.landscape_proposals`)."""
+    hardware = doc.get("hardware") if isinstance(doc.get("hardware"), dict) else {}
+    gpus = hardware.get("gpu_count")
+    device = doc.get("device") or ("cuda" if isinstance(gpus, int) and gpus > 0 else None)
+    return {"world_size": doc.get("world_size"), "nodes": doc.get("nodes"), "device": device,
+            "link_gbps": doc.get("link_gbps"), "lab": hardware.get("lab"), "cpu_cores": hardware.get("cpu_cores"),
+            "dtype": doc.get("dtype")}

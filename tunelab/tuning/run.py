@@ -64,7 +64,7 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
         if epoch == 0 and stored:
             made.warm_start(stored)
         if epoch == 0 and first:
-            from ..model.tuner import SeededStrategy
+            from .strategies import SeededStrategy
 
             made = SeededStrategy(made, first)
         return made

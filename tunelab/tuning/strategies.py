@@ -18,8 +18,9 @@ paired log ratio to the reference and its variance), says when it has nothing le
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -230,6 +231,27 @@ def _tunelab(space: SearchSpace, seed: int) -> Told:
 
 STRATEGIES: dict[str, Callable[[SearchSpace, int], Told]] = {
     "tunelab": _tunelab, "random": RandomSearch, "horovod": HorovodProtocol, "coordinate": CoordinateDescent}
+
+
+class SeededStrategy:
+    """A search strategy whose first asks are given settings (``tune``: the scale model's predicted best
+    on a topology no profile has tuned; ``bench tuner --first-from-model``: the same on a landscape's
+    layout), then its own; everything else (what it is told, its model, its stop) is the inner one's."""
+
+    def __init__(self, inner: Any, first: Sequence[Knobs]) -> None:
+        self.inner = inner
+        self._first = list(first)
+
+    def ask(self) -> Knobs:
+        if not self._first:
+            return self.inner.ask()
+        take = getattr(self.inner, "take_design_place", None)
+        if take is not None:  # a strategy with an initial design: the given setting takes one of its places
+            take()
+        return self._first.pop(0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def make_strategy(name: str, space: SearchSpace, seed: int = 0) -> Told:

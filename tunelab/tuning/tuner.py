@@ -63,6 +63,14 @@ class Tuner(Told):
         self._quiet = self._quiet + 1 if self.last_ei < self.min_gain else 0
         return self.space.from_unit(pool[i].tolist())
 
+    def take_design_place(self) -> None:
+        """A setting asked from elsewhere (the scale model's first proposals, :class:`.strategies.SeededStrategy`)
+        takes the next place of the initial design: the design's other points still spread over the
+        space, and the model-driven proposals begin as early as without it (added on top, two proposals
+        put two more blocks before them)."""
+        if self._asked < self.initial_points:
+            self._asked += 1
+
     def _initial_design(self) -> np.ndarray:
         """A Latin hypercube over the unit cube: the first proposals spread over every knob's range."""
         if self._design is None:
