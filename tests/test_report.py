@@ -351,3 +351,21 @@ def test_the_tuner_section_says_what_each_landscape_is(tmp_path: Path) -> None:
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
     assert "resnet50-torch-2ranks 32 0.940 0.70 (3-step blocks) 0.75 sd 4.01 %, lag-1 0.63" in text, text[-800:]
     assert "broken n/a n/a n/a n/a none" in text and "NaN" not in text, text[-800:]
+
+
+def test_the_tuner_section_shows_what_starting_from_the_model_changed(tmp_path: Path) -> None:
+    """Seeded rows name their first proposals in words, not as dicts, and ``model_first`` is a table of its own."""
+    data = json.loads((DATA / "report-tuner.json").read_text())
+    seeded = {**data["rows"][0], "strategy": "tunelab+model",
+              "first_proposals": [{"fusion_threshold_bytes": 64 << 20, "cycle_time_ms": 8.0, "segment_bytes": 4 << 20,
+                                   "hierarchical": True}]}
+    data["rows"].append(seeded)
+    data["model_first"] = {"tunelab": {"landscapes": 5, "samples_to_lock": {"fewer": 1, "same": 1, "more": 3},
+                                       "within_3pct": {"ahead": 4, "level": 0, "behind": 1}}}
+    path = tmp_path / "tuner.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "r.html"
+    assert main(["report", "--bench", str(path), "--out", str(out)]) == 0
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
+    assert "fusion=64MiB cycle=8ms segment=4MiB hier=on" in text and "'fusion_threshold_bytes'" not in text
+    assert "tunelab+model vs tunelab 5 1 / 1 / 3 4 / 0 / 1" in text, text[-800:]

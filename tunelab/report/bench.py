@@ -91,6 +91,10 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
         if board:
             blocks.append(table_block(f"targets met: {label} (landscapes where each strategy meets each target; "
                                       "within 3 % against the first strategy, landscape by landscape)", board))
+        seeded = _model_first_rows(d.get("model_first"))
+        if seeded:
+            blocks.append(table_block(f"starting from the scale model's first proposals: {label} (each strategy "
+                                      "seeded against itself, landscape by landscape)", seeded))
         lands = d.get("landscapes")
         if isinstance(lands, dict) and lands:
             blocks.append(table_block(f"landscapes: {label}", [_landscape_row(n, i) for n, i in lands.items()]))
@@ -122,10 +126,36 @@ def _scoreboard_rows(board: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _model_first_rows(comparison: Any) -> list[dict[str, Any]]:
+    """One row per strategy from a tuner result's ``model_first`` (none when it has none)."""
+    if not isinstance(comparison, dict):
+        return []
+    rows = []
+    for strategy, m in comparison.items():
+        m = m if isinstance(m, dict) else {}
+        n = m.get("samples_to_lock") if isinstance(m.get("samples_to_lock"), dict) else {}
+        k = m.get("within_3pct") if isinstance(m.get("within_3pct"), dict) else {}
+        rows.append({"strategy": f"{strategy}+model vs {strategy}", "landscapes": m.get("landscapes", "?"),
+                     "median samples to lock: fewer / same / more":
+                         f"{n.get('fewer', '?')} / {n.get('same', '?')} / {n.get('more', '?')}",
+                     "within 3 %: ahead / level / behind": f"{k.get('ahead', '?')} / {k.get('level', '?')} / "
+                                                           f"{k.get('behind', '?')}"})
+    return rows
+
+
 def _tuner_cell(value: Any) -> Any:
-    """A tuner row's value as a cell: an interval (two numbers) as "[low, high]", nothing as n/a."""
+    """A tuner row's value as a cell: an interval (two numbers) as "[low, high]", knob settings (the model's
+    first proposals) as words, nothing as n/a."""
     if value is None:
         return "n/a"
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        from ..bench.landscape import describe
+        from ..knobs import Knobs
+
+        try:
+            return "; ".join(describe(Knobs(**v)) for v in value)
+        except (TypeError, ValueError):
+            return "; ".join(", ".join(f"{k} {x}" for k, x in v.items()) for v in value)
     if isinstance(value, list) and len(value) == 2 and all(_number(v) for v in value):
         return f"[{value[0]:.2f}, {value[1]:.2f}]"
     return value
