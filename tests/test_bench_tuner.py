@@ -549,6 +549,12 @@ def test_the_models_first_proposals_for_a_landscape_are_its_best_grid_points_on_
     gpu = Landscape.load(LANDSCAPE_DIR / "vgg16-torch-2ranks-h100.json")
     none, why = landscape_proposals(path, gpu)
     assert none == [] and len(why) == 1 and "trained on GPUs" in why[0]
+    doc = json.loads((LANDSCAPE_DIR / "replay-resnet50-lab-3visits.json").read_text())
+    assert landscape_proposals(path, Landscape.from_dict(doc, "lab"))[0]  # as recorded: 2 lab hosts of 2 ranks
+    for broken in ("garbage", {"hosts": "two", "ranks_per_host": 2}, {"hosts": 0, "ranks_per_host": 2}):
+        odd = Landscape.from_dict({**doc, "hardware": {**doc["hardware"], "lab": broken}}, "odd")
+        none, why = landscape_proposals(path, odd)  # a damaged record: said in a line, not a traceback
+        assert none == [] and len(why) == 1 and "does not record" in why[0]
 
 
 def test_bench_tuner_runs_each_strategy_again_from_the_models_first_proposals(tmp_path):

@@ -191,27 +191,42 @@ def landscape_proposals(path: Any, land: Any, count: int = 2) -> tuple[list[Knob
 
     rec = land.recorded or {}
     layout = rec.get("layout") or {}
-    why = None
+    why, sc, where = None, None, None
     if layout.get("device") == "cuda":
         why = "trained on GPUs, which the model does not cover"
-    elif not rec.get("scenario") or not layout.get("world_size") or not layout.get("nodes") \
-            or not layout.get("cpu_cores"):
-        why = "it does not record its scenario, ranks, nodes and cores"
+    else:
+        where = _recorded_layout(layout)
+        if where is None or not rec.get("scenario"):
+            why = "it does not record its scenario, ranks, nodes and cores as numbers"
     if why is None:
         try:
             sc = load_scenario(rec["scenario"])
         except ScenarioError as exc:
             why = f"its scenario cannot be loaded here ({str(exc).splitlines()[0]})"
-    if why is not None:
+    if why is not None or sc is None or where is None:
         return [], [f"# {land.name}: no first proposals from the scale model: {why}"]
-    world, nodes, lab = int(layout["world_size"]), int(layout["nodes"]), layout.get("lab")
-    if lab:
-        hosts, per_host, gbps = int(lab["hosts"]), int(lab["ranks_per_host"]), lab.get("link_gbps")
-    else:
-        hosts, per_host = nodes, max(1, world // nodes)
-        gbps = layout.get("link_gbps") or sc.link_gbps
+    hosts, per_host, gbps, per_core = where
+    gbps = gbps or sc.link_gbps
     p = {**sc.as_params(), "replay_dtype": layout.get("dtype")}
     grid = {n: sorted({getattr(k, n) for k in land.knobs}) for n in land.space.names}
-    first, lines = job_proposals(path, p, hosts, per_host, gbps, world / int(layout["cpu_cores"]), land.space,
-                                 count, grid)
+    first, lines = job_proposals(path, p, hosts, per_host, gbps, per_core, land.space, count, grid)
     return first, [f"# {land.name}:"] + lines
+
+
+def _recorded_layout(layout: dict) -> tuple[int, int, float | None, float] | None:
+    """(hosts, ranks per host, link Gb/s or None, ranks per core) from a recording's layout: a lab's
+    hosts, else its emulated nodes; None where it does not say, or says it in something other than numbers."""
+    try:
+        world, nodes, cores = int(layout["world_size"]), int(layout["nodes"]), int(layout["cpu_cores"])
+        lab = layout.get("lab")
+        if lab:
+            hosts, per_host = int(lab["hosts"]), int(lab["ranks_per_host"])
+            gbps = float(lab["link_gbps"]) if lab.get("link_gbps") is not None else None
+        else:
+            hosts, per_host = nodes, max(1, world // max(1, nodes))
+            gbps = float(layout["link_gbps"]) if layout.get("link_gbps") is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
+    if min(world, nodes, cores, hosts, per_host) < 1 or (gbps is not None and not gbps > 0):
+        return None
+    return hosts, per_host, gbps, world / cores
