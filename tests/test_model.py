@@ -681,8 +681,10 @@ def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> No
     topo = Topology(2, 2, "10gbps", 4 / (os.cpu_count() or 1))
     expected = [b.knobs.as_dict() for b in predicted_best(model.with_link("10gbps", 10.0), work, topo, 2, DEFAULT_GRID)]
     assert all(k["hierarchical"] for k in expected)
-    candidates = [s["knobs"] for s in json.loads(out.read_text())["samples"] if s["role"] == "candidate"]
+    result = json.loads(out.read_text())
+    candidates = [s["knobs"] for s in result["samples"] if s["role"] == "candidate"]
     assert candidates[:2] == expected
+    assert result["first_proposals"] == {"source": "scale model", "model_file": str(model_path), "knobs": expected}
     missing = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario),
                               "--model-file", str(tmp_path / "nope.json")], capture_output=True, text=True,
                              timeout=120, check=False)

@@ -283,6 +283,7 @@ def test_the_trials_table_shows_sizes_as_tune_prints_them_and_the_locked_table_e
     (lambda d: d["samples"][0].update(score="fast"), "sample 1 of this tune result is damaged (ValueError"),
     (lambda d: d["best"].pop("knobs"), "the best of this tune result is damaged (KeyError: 'knobs')"),
     (lambda d: d.pop("samples"), "not a tunelab tune --json result"),
+    (lambda d: d.update(first_proposals={"knobs": "fast"}), "first_proposals must be an object with a list"),
 ])
 def test_a_damaged_tune_result_is_one_line_and_exit_2(inputs: dict, tmp_path: Path, capsys: pytest.CaptureFixture,
                                                      damage, named) -> None:
@@ -369,3 +370,26 @@ def test_the_tuner_section_shows_what_starting_from_the_model_changed(tmp_path: 
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
     assert "fusion=64MiB cycle=8ms segment=4MiB hier=on" in text and "'fusion_threshold_bytes'" not in text
     assert "tunelab+model vs tunelab 5 1 / 1 / 3 4 / 0 / 1" in text, text[-800:]
+
+
+def test_a_tune_run_that_started_from_the_scale_model_says_so(tmp_path: Path) -> None:
+    """tune's JSON names the model's first proposals; the report says the search started there, in words."""
+    import html
+
+    from tunelab.knobs import Knobs
+
+    data = json.loads((DATA / "report-tune.json").read_text())
+    data.pop("profile_id", None)
+    data["first_proposals"] = {"source": "scale model", "model_file": "/m/model.json",
+                               "knobs": [{**Knobs().as_dict(), "fusion_threshold_bytes": 8 << 20, "cycle_time_ms": 0.5}]}
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "r.html"
+    assert main(["report", "--tune", str(path), "--out", str(out)]) == 0
+    text = html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text())))
+    assert ("The search started from the scale model's predicted best settings (/m/model.json; this hardware had "
+            "no stored trials): fusion threshold 8MiB, cycle time 0.5 ms, segment 4MiB.") in text, text[:1500]
+    data.pop("first_proposals")
+    path.write_text(json.dumps(data))
+    assert main(["report", "--tune", str(path), "--out", str(out)]) == 0
+    assert "scale model" not in out.read_text()

@@ -332,10 +332,10 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
     assert "oneshot_max_bytes" not in spaces["161p-x"].names
 
     monkeypatch.setattr(run._Recorder, "create", lambda *a, **k: SimpleNamespace(warm_start_observations=list))
-    monkeypatch.setattr(run, "_model_proposals", lambda p, rt, space: [Knobs(cycle_time_ms=9.0)])
+    monkeypatch.setattr(run, "_model_proposals", lambda p, rt, space: ([Knobs(cycle_time_ms=9.0)], "m.json"))
     comm = SimpleNamespace(rank=0, bcast=lambda value, root=0: value)
     first = {device: run._prepare_on_rank0({"device": device}, None, None, None, comm)[2] for device in ("cuda", "cpu")}
-    assert first == {"cuda": [], "cpu": [Knobs(cycle_time_ms=9.0)]}
+    assert first == {"cuda": ([], None), "cpu": ([Knobs(cycle_time_ms=9.0)], "m.json")}
 
 
 

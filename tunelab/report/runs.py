@@ -35,7 +35,18 @@ def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
                        "spread": _spread(data["samples"], data["runner_up"]["knobs"])}
                       if isinstance(data.get("runner_up"), dict) else None),
         "outcome": _outcome(label, data),
+        "first_proposals": _first_proposals(label, data.get("first_proposals")),
     }
+
+
+def _first_proposals(label: str, value: Any) -> dict[str, Any] | None:
+    """Where the search started, when the scale model gave it its first candidates (None: it did not)."""
+    if value is None:
+        return None
+    knobs = value.get("knobs") if isinstance(value, dict) else None
+    if not isinstance(knobs, list) or not knobs or not all(isinstance(k, dict) for k in knobs):
+        raise UsageError(f"{label}: first_proposals must be an object with a list of knob settings, got {value!r:.60}")
+    return {"model_file": str(value.get("model_file", "?")), "knobs": knobs}
 
 
 def _outcome(label: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,9 @@ def tuning_section(run: dict[str, Any], n: int) -> dict[str, Any]:
     where = "" if run["hardware_facts"] else f" on {run['hardware_name']}"
     blocks.append({"kind": "text", "text": f"Model {run['model']}{where} ({run['label']}). "
                                            + hardware_text(run["hardware_facts"])})
+    first = first_proposals_text(run)
+    if first:
+        blocks.append({"kind": "text", "text": first})
     drift = drift_text(run)
     if drift:
         blocks.append({"kind": "text", "text": drift})
@@ -97,6 +100,19 @@ def hardware_text(facts: dict[str, Any]) -> str:
     if isinstance(frameworks, dict) and frameworks:
         parts.append("frameworks installed: " + ", ".join(f"{k} {v}" for k, v in frameworks.items()))
     return "Hardware: " + "; ".join(parts) + "."
+
+
+def first_proposals_text(run: dict[str, Any]) -> str:
+    """Where the search started, when the scale model gave it its first candidates (else "")."""
+    first = run.get("first_proposals")
+    if not first:
+        return ""
+    settings = "; ".join(", ".join(f"{name.removesuffix('_bytes').removesuffix('_ms').replace('_', ' ')} "
+                                   f"{knob_text(name, value)}" + (" ms" if name.endswith("_ms") else "")
+                                   for name, value in k.items() if name in run["searched"])
+                         for k in first["knobs"])
+    return (f"The search started from the scale model's predicted best settings ({first['model_file']}; this "
+            f"hardware had no stored trials): {settings}.")
 
 
 def drift_text(run: dict[str, Any]) -> str:

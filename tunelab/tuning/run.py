@@ -56,7 +56,7 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
     comm = rt.sync_comm
     topo = rt.topology
     space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned), device=p.get("device") == "cuda")
-    recorder, stored, first = _prepare_on_rank0(p, rt, workload, space, comm)
+    recorder, stored, (first, model_path) = _prepare_on_rank0(p, rt, workload, space, comm)
     seed = p.get("seed", 0)
 
     def strategy(epoch: int) -> Any:
@@ -88,6 +88,9 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
     if comm.rank != 0:
         return {}
     result = summarise(session.driver, final, workload, space, time.perf_counter() - t0, topo)
+    if first:  # where the search started: said in the output, not only on the terminal
+        result["first_proposals"] = {"source": "scale model", "model_file": model_path,
+                                     "knobs": [k.as_dict() for k in first]}
     if recorder is not None and recorder.write:
         recorder.finish(result)
         result["profile_id"] = recorder.profile_id
@@ -95,18 +98,19 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
     return result
 
 
-def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any, comm: Any) -> tuple[Any, list, list]:
+def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any,
+                      comm: Any) -> tuple[Any, list, tuple[list, str | None]]:
     """Rank 0's part before training: the profile store's record and stored trials, or else the scale
     model's first proposals.  Whether it worked is broadcast, so that a failure there (a damaged store,
     a model file that does not parse) stops every rank at once, with rank 0's error, rather than leaving
     the others training alone until they time out waiting for rank 0."""
-    recorder, stored, first, failure = None, [], [], None
+    recorder, stored, first, failure = None, [], ([], None), None
     if comm.rank == 0:
         try:
             recorder = _Recorder.create(p, rt, workload, write=p.get("store", True))
             stored = recorder.warm_start_observations()
             # (the scale model is fitted on the host path: no first proposals for a GPU job)
-            first = _model_proposals(p, rt, space) if not stored and p.get("device") != "cuda" else []
+            first = _model_proposals(p, rt, space) if not stored and p.get("device") != "cuda" else ([], None)
         except Exception as exc:  # noqa: BLE001 - raised again below, on every rank
             failure = exc
     said = comm.bcast(None if failure is None else str(failure).splitlines()[0] if str(failure) else
@@ -118,9 +122,9 @@ def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any, comm: An
     return recorder, stored, first
 
 
-def _model_proposals(p: dict, rt: Any, space: Any) -> list[Knobs]:
+def _model_proposals(p: dict, rt: Any, space: Any) -> tuple[list[Knobs], str | None]:
     """On a topology without stored trials: the scale model's predicted-best settings as the first
-    proposals (``p["model_file"]``, else ``$TUNELAB_HOME/scale-model.json`` when it exists)."""
+    proposals (``p["model_file"]``, else ``$TUNELAB_HOME/scale-model.json`` when it exists), and that file."""
     import os
     from pathlib import Path
 
@@ -129,7 +133,7 @@ def _model_proposals(p: dict, rt: Any, space: Any) -> list[Knobs]:
 
     path = Path(p["model_file"]) if p.get("model_file") else default_model_path()
     if not path.exists():
-        return []
+        return [], None
     topo, lab = rt.topology, current_lab()
     link_gbps = lab.spec.link_gbps if lab is not None else rt.config.link_gbps
     one_machine = lab is not None or rt.config.ranks_per_node is not None  # every rank on this host's cores
@@ -138,7 +142,7 @@ def _model_proposals(p: dict, rt: Any, space: Any) -> list[Knobs]:
                                  ranks_here / (os.cpu_count() or 1), space)
     for line in lines:
         print(line, flush=True)
-    return first
+    return first, str(path)
 
 
 def _train_until_locked(workload: Workload, session: TuningSession) -> None:
