@@ -685,6 +685,9 @@ def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> No
     candidates = [s["knobs"] for s in result["samples"] if s["role"] == "candidate"]
     assert candidates[:2] == expected
     assert result["first_proposals"] == {"source": "scale model", "model_file": str(model_path), "knobs": expected}
+    # where it ran, recorded though --no-store keeps it out of the store
+    hw = result["hardware"]
+    assert hw["nodes"] == 2 and hw["ranks_per_node"] == [2, 2] and hw["emulated_link"] == "10 Gb/s", hw
     missing = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario),
                               "--model-file", str(tmp_path / "nope.json")], capture_output=True, text=True,
                              timeout=120, check=False)

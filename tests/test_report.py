@@ -393,3 +393,12 @@ def test_a_tune_run_that_started_from_the_scale_model_says_so(tmp_path: Path) ->
     path.write_text(json.dumps(data))
     assert main(["report", "--tune", str(path), "--out", str(out)]) == 0
     assert "scale model" not in out.read_text()
+    assert "Hardware facts were not recorded for this run." in text  # no store, no facts in the file: said so
+    # a run kept out of the store (--no-store) records its hardware in its own output
+    data["hardware"], data["hardware_name"] = {"cpu_model": "AMD EPYC", "cpu_cores": 2, "memory_gib": 24,
+                                               "gpu_count": 0, "nodes": 2, "ranks_per_node": [2, 2],
+                                               "lab_link": "1 Gb/s"}, "epyc-2c"
+    path.write_text(json.dumps(data))
+    assert main(["report", "--tune", str(path), "--out", str(out)]) == 0
+    text = html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text())))
+    assert "Hardware: CPU AMD EPYC (2 cores); 24 GiB memory; no GPU; 2 nodes of 2, 2 ranks; lab link 1 Gb/s" in text

@@ -23,6 +23,8 @@ def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"{label}: not a tunelab tune --json result")
     _check_entries(label, data)
     facts, name = _facts_from_store(data)
+    if not facts and isinstance(data.get("hardware"), dict):  # (a run with --no-store records its own)
+        facts, name = data["hardware"], str(data.get("hardware_name", "?"))
     return {
         "label": label, "model": str(data.get("model", "?")), "hardware_name": name, "hardware_facts": facts,
         "samples": data["samples"], "searched": list(data.get("searched", SEARCHABLE)),

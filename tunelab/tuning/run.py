@@ -88,6 +88,8 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
     if comm.rank != 0:
         return {}
     result = summarise(session.driver, final, workload, space, time.perf_counter() - t0, topo)
+    if recorder is not None and recorder.hardware:  # where it ran, with or without a store to hold it
+        result["hardware_name"], result["hardware"] = recorder.hardware
     if first:  # where the search started: said in the output, not only on the terminal
         result["first_proposals"] = {"source": "scale model", "model_file": model_path,
                                      "knobs": [k.as_dict() for k in first]}
@@ -328,9 +330,10 @@ class _Recorder:
     """Rank 0's link to the profile store: every trial as it finishes, the best at the end."""
 
     def __init__(self, store: Any, profile_id: int | None, run_id: str, key: Any, seeded_from: Any,
-                 write: bool = True) -> None:
+                 write: bool = True, hardware: tuple[str, dict] | None = None) -> None:
         self.store, self.profile_id, self.run_id, self.key = store, profile_id, run_id, key
         self.seeded_from, self.write = seeded_from, write
+        self.hardware = hardware  # (the profile's hardware name, its facts): what the run's output records
 
     @classmethod
     def create(cls, p: dict, rt: Any, workload: Workload, write: bool = True) -> _Recorder:
@@ -342,7 +345,7 @@ class _Recorder:
         existing = _profile_id(store, key)
         seeded = store.nearest(key) if existing is None else None
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
-        return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write)
+        return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write, (fp.name, dict(fp.facts)))
 
     def warm_start_observations(self) -> list[Any]:
         """Stored trials of this profile (or of the nearest one, said aloud) as paired log ratios: each
