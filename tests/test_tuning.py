@@ -887,6 +887,6 @@ def test_given_first_settings_take_the_places_of_the_gps_initial_design():
     seeded = SeededStrategy(make_strategy("tunelab", SPACE, 3), given)
     asked = [seeded.ask() for _ in range(plain.initial_points)]
     assert asked == given + design[2:]
-    rand = [make_strategy("random", SPACE, 3).ask() for _ in range(1)]
+    own_first = make_strategy("random", SPACE, 3).ask()
     seeded_random = SeededStrategy(make_strategy("random", SPACE, 3), given)
-    assert [seeded_random.ask() for _ in range(3)] == [*given, rand[0]]
+    assert [seeded_random.ask() for _ in range(3)] == [*given, own_first]
