@@ -207,10 +207,11 @@ def model_first(rows: list[dict]) -> dict:
     for (label, name), seeded in by.items():
         if "first_proposals" not in seeded:
             continue
-        plain = by.get((label.removesuffix("+model"), name))
+        strategy = label.removesuffix("+model")
+        plain = by.get((strategy, name))
         if plain is None:
             continue
-        entry = out.setdefault(label.removesuffix("+model"), {"landscapes": 0, "samples": [0, 0, 0], "within_3pct": [0, 0, 0]})
+        entry = out.setdefault(strategy, {"landscapes": 0, "samples": [0, 0, 0], "within_3pct": [0, 0, 0]})
         entry["landscapes"] += 1
         for key, field, sign in (("samples", "median_samples_to_lock", -1), ("within_3pct", "locked_within_3pct_frac", 1)):
             d = sign * (seeded[field] - plain[field])
