@@ -716,6 +716,8 @@ def test_no_first_proposals_where_the_model_expects_no_setting_to_pay(tmp_path: 
     two_hosts = search_space({}, num_nodes=2)
     first, lines = job_proposals(path, p, 2, 2, 1.0, 2.0, two_hosts)
     assert len(first) == 2 and all(k.hierarchical for k in first) and "first proposals" in lines[0]
+    # each proposal on a line as tune prints its blocks: sizes in binary units, switches on/off
+    assert len(lines) == 3 and all("hier=on" in line and "MiB" in line and " B," not in line for line in lines[1:])
     # a half-precision replay's gradients are half the bytes: the model is asked about those
     half = job_proposals(path, {**p, "replay_dtype": "float16"}, 2, 2, 1.0, 2.0, two_hosts)[1][0]
     assert _predicted_ms(half) < _predicted_ms(lines[0])

@@ -32,9 +32,10 @@ class Proposal:
     source: str = "scale model"
 
     def describe(self) -> str:
-        k = self.knobs
-        return (f"{self.source}: fusion {k.fusion_threshold_bytes} B, cycle {k.cycle_time_ms:g} ms, segment "
-                f"{k.segment_bytes} B, hierarchical {k.hierarchical} (predicted {self.predicted_step_s * 1e3:.1f} ms/step)")
+        """One line as ``tune`` prints its blocks: sizes in binary units, switches on/off."""
+        from ..tuning.run import describe
+
+        return f"{self.source}: {describe(self.knobs)} (predicted {self.predicted_step_s * 1e3:.1f} ms/step)"
 
 
 def predicted_best(model: ScaleModel, workload: Workload, topo: Topology, count: int = 3,
