@@ -536,6 +536,25 @@ def test_coordinate_descent_moves_one_knob_at_a_time_and_keeps_the_better_value(
     assert cd.incumbent.fusion_threshold_bytes == first.fusion_threshold_bytes and cd.converged()
 
 
+
+def test_seeded_coordinate_descent_walks_from_a_given_point_that_measured_better():
+    """A setting asked first from elsewhere (the scale model's proposals) that measured better than the
+    default becomes the incumbent: every line then varies one knob of it, not of the default; a given
+    setting that measured worse is left, and the walk starts from the default as without it."""
+    from tunelab.tuning.strategies import SeededStrategy
+
+    given = SPACE.base.replace(fusion_threshold_bytes=32 * MiB, cycle_time_ms=20.0)
+    for value, start in ((0.3, given), (-0.3, SPACE.base)):
+        cd = SeededStrategy(CoordinateDescent(SPACE, seed=0, values_per_knob=3, sweeps=1), [given])
+        assert cd.ask() == given
+        cd.tell(given, value, 0.01)
+        line = [cd.ask()]
+        cd.tell(line[0], -0.5, 0.01)
+        line.append(cd.ask())
+        changed = [{n for n in SPACE.names if getattr(k, n) != getattr(start, n)} for k in line]
+        assert all(len(c) == 1 for c in changed), (start, line)
+
+
 # ---- the search space ---------------------------------------------------------------------------------
 def test_space_excludes_pinned_knobs_and_hierarchical_on_one_node():
     assert search_space({}, 1).names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes")

@@ -12,7 +12,8 @@ paired log ratio to the reference and its variance), says when it has nothing le
   Gaussian process with expected improvement until that combination has had 21 samples;
 * ``coordinate``: coordinate descent as AutoCCL tunes NCCL: one knob at a time, a few values along it
   with the others at the incumbent, the best kept, then the next knob; converged after a full sweep
-  that changed nothing (or ``sweeps`` sweeps).
+  that changed nothing (or ``sweeps`` sweeps).  Settings given from elsewhere (the scale model's first
+  proposals, earlier trials) that measured better than the incumbent become it before the next line.
 """
 
 from __future__ import annotations
@@ -113,12 +114,14 @@ class CoordinateDescent(Told):
         self.values_per_knob, self.sweeps = values_per_knob, sweeps
         self._rng = np.random.default_rng(seed)
         self.incumbent = space.base
+        self._lined: set[Knobs] = {space.base}  # every configuration a line asked for (and the default)
         self._axis, self._sweep, self._changed = 0, 0, False
         self._line: list[Knobs] = []
         self._done = not space.names
 
     def ask(self) -> Knobs:
         if not self._line and not self._done:
+            self._adopt_given()
             self._line = self._line_of(self.space.names[self._axis])
         pending = [k for k in self._line if k not in {o.knobs for o in self.observations}]
         return pending[0] if pending else self.incumbent
@@ -132,6 +135,27 @@ class CoordinateDescent(Told):
     def converged(self) -> bool:
         return self._done
 
+    def _means(self) -> dict[Knobs, float]:
+        means: dict[Knobs, list[float]] = {}
+        for o in self.live:
+            means.setdefault(o.knobs, []).append(o.value)
+        return {k: float(np.mean(v)) for k, v in means.items()}
+
+    def _value(self, means: dict[Knobs, float], k: Knobs) -> float:
+        # the default is the reference: 0 by definition until measured
+        return means[k] if k in means else (0.0 if k == self.space.base else -np.inf)
+
+    def _adopt_given(self) -> None:
+        """Before a line starts: a configuration measured outside every line (asked first from elsewhere,
+        as the scale model's proposals are, or handed over by ``warm_start``) that measured better than
+        the incumbent becomes the incumbent, so the descent walks from the best point it knows, as a
+        warm-started coordinate search does; otherwise those points would be measured and then ignored."""
+        means = self._means()
+        given = [k for k in means if k not in self._lined]
+        best = max(given, key=lambda k: means[k], default=None)
+        if best is not None and means[best] > self._value(means, self.incumbent):
+            self.incumbent, self._changed = best, True
+
     def _line_of(self, name: str) -> list[Knobs]:
         scale = self.space.scale(name)
         if scale.kind == "bool":
@@ -140,17 +164,13 @@ class CoordinateDescent(Told):
             offset = self._rng.random() / self.values_per_knob  # a fresh grid along the axis each sweep
             values = [scale.from_unit(offset + i / self.values_per_knob) for i in range(self.values_per_knob)]
         line = [self.incumbent.replace(**{name: v}) for v in values]
-        return [k for k in dict.fromkeys(line) if k != self.incumbent]
+        line = [k for k in dict.fromkeys(line) if k != self.incumbent]
+        self._lined.update(line)
+        return line
 
     def _finish_line(self) -> None:
-        means: dict[Knobs, list[float]] = {}
-        for o in self.live:
-            means.setdefault(o.knobs, []).append(o.value)
-
-        def value(k: Knobs) -> float:  # the default is the reference: 0 by definition until measured
-            return float(np.mean(means[k])) if k in means else (0.0 if k == self.space.base else -np.inf)
-
-        best = max([self.incumbent, *self._line], key=value)
+        means = self._means()
+        best = max([self.incumbent, *self._line], key=lambda k: self._value(means, k))
         if best != self.incumbent:
             self.incumbent, self._changed = best, True
         self._line = []
