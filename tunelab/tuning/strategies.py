@@ -143,7 +143,7 @@ class CoordinateDescent(Told):
 
     def _value(self, means: dict[Knobs, float], k: Knobs) -> float:
         # the default is the reference: 0 by definition until measured
-        return means[k] if k in means else (0.0 if k == self.space.base else -np.inf)
+        return means.get(k, 0.0 if k == self.space.base else -np.inf)
 
     def _adopt_given(self) -> None:
         """Before a line starts: a configuration measured outside every line (asked first from elsewhere,
