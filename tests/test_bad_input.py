@@ -454,6 +454,8 @@ def test_a_malformed_report_input_is_named_in_one_line(tmp_path, kind, source, c
     (lambda d: d.update(gain_interval=None, runner_up={"knobs": {}, "score": 1.0, "interval": [1, 2]}),
      "runner_up.interval must be null or an object"),
     (lambda d: d.update(gain_interval=None, drift=[1.0]), "drift must be an object"),
+    (lambda d: d["locked_final"].update(default_recent={"score": -1, "blocks": 2}),
+     "locked_final.default_recent must be null or an object with a positive score"),
 ])
 def test_a_tune_result_with_a_damaged_interval_is_named_by_its_field(tmp_path, change, fragment):
     bad = damaged_copy(DATA / "report-tune.json", change, tmp_path)

@@ -1,6 +1,7 @@
 """tunelab tune end to end (gradient replay, 2 ranks) and auto-loaded profiles in training jobs."""
 
 import itertools
+import math
 import json
 import subprocess
 import sys
@@ -185,15 +186,21 @@ def test_result_and_report_state_the_gain_with_its_interval_cost_and_drift(fast,
     assert ("exploration ended: converged" in out) or ("exploration ended: budget of" in out)
     assert "drift  : the default's blocks ranged over" in out
     ratio = 10.5 / result["default"]["score"]  # the replay's final steps: 10 and 11 samples/s
+    # ... and against the default's last two reference blocks, the nearest in time (their geometric mean)
+    last = [s["score"] for s in result["samples"] if s["role"] == "reference"][-2:]
+    recent = math.sqrt(last[0] * last[1])
     final = next(line for line in out.splitlines() if line.startswith("final  :"))
     assert final.startswith(f"final  : 10.50 samples/s, the median of 2 steps of the locked configuration after "
-                            f"tuning: {ratio:.2f}x the default's mean while tuning")
+                            f"tuning: {10.5 / recent:.2f}x the default's last 2 reference blocks ({recent:.2f}), "
+                            f"{ratio:.2f}x its mean while tuning")
     assert final.endswith("so the difference is the host's") is (not fast)
     path = tmp_path / "tune.json"
     path.write_text(json.dumps(result))
     html = build_html("r", [], [], [path])
     top = html.index("Locked a tuned configuration" if fast else "Kept the default configuration")
     assert top < html.index("Drift seen") < html.index("trials")
+    row = html.index("default (its last 2 reference blocks, just before the final run)</td>")
+    assert f"<td>{recent:.4g}</td>" in html[row:row + 200]
     # a flat landscape ends with its best finalist's interval, or without a finalist (nothing expected to
     # reach the minimum gain): the report says which
     if fast or (result.get("runner_up") or {}).get("interval"):

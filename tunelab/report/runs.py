@@ -33,6 +33,7 @@ def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
         "best": {"knobs": data["best"]["knobs"], "score": data["best"]["score"],
                  "spread": _spread(data["samples"], data["best"]["knobs"])},
         "locked_final": data.get("locked_final", {}).get("score"), "profile_id": data.get("profile_id"),
+        "default_recent": _recent(label, data.get("locked_final", {}).get("default_recent")),
         "runner_up": ({"knobs": data["runner_up"]["knobs"], "score": data["runner_up"]["score"],
                        "spread": _spread(data["samples"], data["runner_up"]["knobs"])}
                       if isinstance(data.get("runner_up"), dict) else None),
@@ -123,7 +124,7 @@ def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any
         "searched": list(SEARCHABLE) + (["hierarchical"] if nodes > 1 else []),
         "default": {"knobs": default["knobs"], "score": best.default_score, "spread": default["spread"]},
         "best": {"knobs": best.knobs, "score": best.score, "spread": best.spread},
-        "locked_final": None, "profile_id": profile_id,
+        "locked_final": None, "profile_id": profile_id, "default_recent": None,
         "outcome": _outcome_of_best(best, search),
     }
 
@@ -183,3 +184,17 @@ def _facts_from_store(data: dict[str, Any]) -> tuple[dict[str, Any], str]:
     except (TunelabError, OSError, ValueError):  # an unreadable store only costs the hardware table
         return {}, "?"
     return (summary.hardware_facts, summary.hardware_name) if summary else ({}, "?")
+
+
+def _recent(label: str, value: Any) -> dict | None:
+    """A tune JSON's ``locked_final.default_recent`` (the default's last reference blocks): null or absent
+    (files from before it), or an object of a positive score and a block count; else a usage error."""
+    if value is None:
+        return None
+    score = value.get("score") if isinstance(value, dict) else None
+    blocks = value.get("blocks") if isinstance(value, dict) else None
+    if isinstance(score, (int, float)) and not isinstance(score, bool) and 0 < score < math.inf \
+            and isinstance(blocks, int) and not isinstance(blocks, bool) and blocks > 0:
+        return {"score": float(score), "blocks": blocks}
+    raise UsageError(f"{label}: locked_final.default_recent must be null or an object with a positive score and "
+                     f"a whole number of blocks, got {value!r:.60}")

@@ -151,6 +151,11 @@ def _throughput(run: dict[str, Any]) -> dict[str, Any]:
                      "samples/s": up["score"], "spread": _pct(up["spread"])})
     if run.get("locked_final") is not None:
         rows.append({"config": "locked (final run)", "samples/s": run["locked_final"], "spread": ""})
+        recent = run.get("default_recent")
+        if recent:  # the final run's nearest comparison: a drifting host moves both alike
+            n = recent["blocks"]
+            rows.append({"config": f"default (its last {n} reference block{'s' if n > 1 else ''}, just before "
+                                   "the final run)", "samples/s": recent["score"], "spread": ""})
     return table_block("default vs locked throughput (spread: p90 - p10 of step rates, as % of the median)", rows)
 
 

@@ -26,11 +26,35 @@ def print_tune_summary(result: dict) -> None:
     for d in result.get("decisions", [])[:-1]:
         print(f"retune : epoch {d['epoch']} had locked {describe(Knobs(**d['knobs']))}; its step time left "
               "the locked interval, so the search re-opened")
-    ratio = final["score"] / default["score"] if default["score"] else float("nan")
-    same = best["knobs"] == default["knobs"]
-    print(f"final  : {final['score']:.2f} samples/s, the median of {len(final['scores'])} steps of the locked "
-          f"configuration after tuning: {ratio:.2f}x the default's mean while tuning"
-          + ("; the same knobs, so the difference is the host's" if same and abs(ratio - 1) > 0.02 else ""))
+    print(final_text(final, default, best["knobs"] == default["knobs"]))
     if "profile_id" in result:
         print(f"stored : profile {result['profile_id']} in {result['store']} "
               "(training jobs on this hardware load it automatically)")
+
+
+def final_text(final: dict, default: dict, same: bool) -> str:
+    """The ``final`` line: the locked configuration's steps after tuning against the default's last
+    reference blocks (the nearest in time: a drifting host moves both alike) and against its mean over
+    the run; the two differ by the host's drift, which the line names when they part by more than 2 %."""
+    def ratio(score: float) -> float:
+        return final["score"] / score if score else float("nan")
+
+    text = (f"final  : {final['score']:.2f} samples/s, the median of {len(final['scores'])} steps of the locked "
+            "configuration after tuning: ")
+    recent = final.get("default_recent")
+    whole = ratio(default["score"])
+    if recent:
+        last = ratio(recent["score"])
+        n = recent["blocks"]
+        text += (f"{last:.2f}x the default's last {n} reference block{'s' if n > 1 else ''} "
+                 f"({recent['score']:.2f}), {whole:.2f}x its mean while tuning")
+        moved = abs(recent["score"] / default["score"] - 1.0) > 0.02 if default["score"] else False
+        if moved:
+            text += f" (the host moved by {100 * (recent['score'] / default['score'] - 1.0):+.0f}% meanwhile)"
+        off = last
+    else:
+        text += f"{whole:.2f}x the default's mean while tuning"
+        off = whole
+    if same and abs(off - 1) > 0.02:
+        text += "; the same knobs, so the difference is the host's"
+    return text

@@ -32,7 +32,8 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
         "locked_from": locked_from(driver, decision),
         "steps_to_lock": decision.steps, "samples_to_lock": decision.samples, "block_steps": driver.block_steps,
         "seconds_to_lock": decision.seconds,
-        "locked_final": {"score": float(np.median(final)), "scores": final},
+        "locked_final": {"score": float(np.median(final)), "scores": final,
+                         "default_recent": recent_default(epoch)},
         "drift": drift_seen(driver, decision.epoch),
         "decisions": [decision_dict(d) for d in driver.decisions],
         "samples": [_sample(s) for s in driver.samples],
@@ -41,6 +42,16 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
         up = [s.score for s in epoch if s.knobs == decision.best and s.phase == "remeasure"]
         result["runner_up"] = {**_config(decision.best, up), "interval": decision.interval.as_dict()}
     return result
+
+
+def recent_default(epoch: list[Any], blocks: int = 2) -> dict | None:
+    """The default's last ``blocks`` reference blocks of the deciding search (the geometric mean of their
+    scores, as blocks score): what the default ran at just before the final measurement, which the
+    mean over the whole run is not when the host drifts.  None without a reference block."""
+    refs = [s.score for s in epoch if s.role == "reference"][-blocks:]
+    if not refs:
+        return None
+    return {"score": float(np.exp(np.mean(np.log(refs)))), "blocks": len(refs)}
 
 
 def evidence(driver: Driver, decision: Decision) -> list[Any]:
