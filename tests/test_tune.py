@@ -1,8 +1,8 @@
 """tunelab tune end to end (gradient replay, 2 ranks) and auto-loaded profiles in training jobs."""
 
 import itertools
-import math
 import json
+import math
 import subprocess
 import sys
 
