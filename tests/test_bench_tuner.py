@@ -16,6 +16,7 @@ from tunelab.bench.tuner import (
     evaluate,
     exhaustive_pick,
     plan_for,
+    ceiling,
     scoreboard,
     share_interval,
     truth_ceiling,
@@ -402,6 +403,7 @@ def test_cli_on_a_shipped_landscape(tmp_path):
     assert set(board["targets"]) == {"tunelab", "random", "horovod", "coordinate"}
     assert all(t["landscapes"] == 1 for t in board["targets"].values())
     assert "# targets met, of 1 landscape:" in proc.stdout and "# within 3 %, tunelab vs random: " in proc.stdout
+    assert board["ceiling"]["landscapes"] == 1 and "#   for scale, every point measured once" in proc.stdout
 
 
 def _row(strategy, landscape, samples, within, worse):
@@ -422,6 +424,16 @@ def test_scoreboard_counts_targets_met_and_head_to_head_shares():
         "random": {"landscapes": 3, "samples_to_lock": 1, "within_3pct": 1, "worse_than_default": 2}}
     assert board["within_3pct_versus"] == {"tunelab vs random": {"ahead": 1, "level": 1, "behind": 1},
                                            "random vs tunelab": {"ahead": 1, "level": 1, "behind": 1}}
+
+
+def test_ceiling_counts_landscapes_an_exhaustive_search_and_the_recording_itself_know_to_3_pct():
+    """Counted by hand: 0.90 counts, 0.89 does not; a landscape without a truth ceiling (one visit a point)
+    is left out of that count; the blocks are the median grid size."""
+    info = {"a": {"exhaustive_within_3pct": 0.90, "truth_ceiling_within_3pct": 0.95, "points": 24},
+            "b": {"exhaustive_within_3pct": 0.89, "truth_ceiling_within_3pct": 0.75, "points": 18},
+            "c": {"exhaustive_within_3pct": 1.00, "truth_ceiling_within_3pct": None, "points": 30}}
+    assert ceiling(info) == {"landscapes": 3, "exhaustive_within_3pct": 2, "exhaustive_blocks": 24,
+                             "recording_knows_best": 1, "recording_known": 2}
 
 
 def test_bad_cli_input_is_one_line(tmp_path):

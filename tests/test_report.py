@@ -334,6 +334,13 @@ def test_the_tuner_section_counts_the_targets_each_strategy_meets(tmp_path: Path
     assert main(["report", "--bench", str(path), "--out", str(out)]) == 0
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
     assert "tunelab 1 of 4 3 of 4 4 of 4 –" in text and "random 0 of 4 2 of 4 3 of 4 2 / 1 / 1" in text, text[-800:]
+    assert "for scale" not in text  # (a file from before the ceiling: no such row)
+    data["scoreboard"]["ceiling"] = {"landscapes": 4, "exhaustive_within_3pct": 2, "exhaustive_blocks": 24,
+                                     "recording_knows_best": 3, "recording_known": 4}
+    path.write_text(json.dumps(data))
+    assert main(["report", "--bench", str(path), "--out", str(out)]) == 0
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text()))
+    assert "for scale: every point once, exact reference (24 blocks), the best kept – 2 of 4 – –" in text, text[-800:]
 
 
 def test_the_tuner_section_says_what_each_landscape_is(tmp_path: Path) -> None:

@@ -123,6 +123,15 @@ def _scoreboard_rows(board: Any) -> list[dict[str, Any]]:
                      f"{first}, within 3 %: ahead / level / behind":
                          f"{v.get('ahead', '?')} / {v.get('level', '?')} / {v.get('behind', '?')}"
                          if isinstance(v, dict) else "–"})
+    c = board.get("ceiling")
+    if isinstance(c, dict) and c.get("landscapes"):  # (for scale: not a strategy, and costs every point)
+        rows.append({"strategy": f"for scale: every point once, exact reference ({c.get('exhaustive_blocks', '?')} "
+                                 "blocks), the best kept",
+                     f"samples to lock <= {TARGET_SAMPLES}": "–",
+                     f"within 3 % in >= {TARGET_WITHIN:.2f} of seeds":
+                         f"{c.get('exhaustive_within_3pct', '?')} of {c.get('landscapes', '?')}",
+                     f"worse than default in <= {TARGET_WORSE:.2f}": "–",
+                     f"{first}, within 3 %: ahead / level / behind": "–"})
     return rows
 
 
