@@ -13,10 +13,10 @@ from tunelab.bench.landscape import DEFAULT_GRID, grid_points, grid_space, parse
 from tunelab.bench.tuner import (
     LANDSCAPE_DIR,
     Landscape,
+    ceiling,
     evaluate,
     exhaustive_pick,
     plan_for,
-    ceiling,
     scoreboard,
     share_interval,
     truth_ceiling,
