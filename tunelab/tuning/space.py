@@ -33,15 +33,6 @@ class Scale:
     multi_node: bool = False
     device_only: bool = False  # searched only when the job reduces device (GPU) tensors
 
-    def dimension(self, name: str) -> Any:
-        from skopt.space import Categorical, Real
-
-        if self.kind == "bool":
-            return Categorical([False, True], name=name)
-        if self.kind == "log":
-            return Real(self.low, self.high, prior="log-uniform", name=name)
-        return Real(self.low, self.high, name=f"{name}_log2")
-
     def to_value(self, x: Any) -> object:
         if self.kind == "bool":
             return bool(x)
@@ -97,9 +88,6 @@ class SearchSpace:
 
     def scale(self, name: str) -> Scale:
         return SCALES[name]
-
-    def skopt_dimensions(self) -> list[Any]:
-        return [SCALES[n].dimension(n) for n in self.names]
 
     def to_knobs(self, point: list[Any]) -> Knobs:
         return self.base.replace(**{n: SCALES[n].to_value(x) for n, x in zip(self.names, point)})

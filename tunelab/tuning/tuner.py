@@ -1,7 +1,9 @@
 """tunelab's search strategy: a Gaussian process over the joint knob space, expected improvement.
 
-Values told are paired log ratios (a candidate's log samples/s minus the reference's around it), each
-with its own variance; the GP takes those variances as per-point noise (scikit-learn's ``alpha``), so a
+The GP is scikit-optimize's (``skopt.learning.GaussianProcessRegressor``, a Matern 5/2 kernel with a
+length scale per knob).  Values told are paired log ratios (a candidate's log samples/s minus the
+reference's around it), each with its own variance; the GP takes those variances as per-point noise
+(its ``alpha``, one per point: skopt's ``Optimizer`` takes one noise level for all), so a
 noisy sample pulls the surface less than a clean one and repeated points average out.  Inputs are the
 knobs' unit coordinates (:meth:`SearchSpace.unit_point`).  The first ``initial_points`` proposals are
 a Latin hypercube; then each proposal maximises expected improvement over the best posterior mean among measured
@@ -11,10 +13,8 @@ improvement stayed below ``min_gain`` (relative) for ``patience`` proposals in a
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,8 +157,10 @@ class _Model:
 
     @classmethod
     def fit(cls, x: np.ndarray, y: np.ndarray, variance: np.ndarray, seed: int) -> _Model:
-        from sklearn.gaussian_process import GaussianProcessRegressor
-        from sklearn.gaussian_process.kernels import ConstantKernel, Matern
+        # scikit-optimize's GP and kernels (scikit-learn's, with the gradients skopt's own optimizers
+        # use); each point's noise is its own variance (``alpha``), which skopt's optimizers do not take
+        from skopt.learning import GaussianProcessRegressor
+        from skopt.learning.gaussian_process.kernels import ConstantKernel, Matern
 
         offset = float(np.mean(y))
         scale = max(float(np.std(y)), math.sqrt(float(np.mean(variance))), 1e-3)
@@ -183,12 +185,3 @@ def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndar
     sd = np.maximum(sd, 1e-9)
     z = (mu - best) / sd
     return (mu - best) * norm.cdf(z) + sd * norm.pdf(z)
-
-
-@contextlib.contextmanager
-def quiet_repeats() -> Iterator[None]:
-    """Silence scikit-optimize's warning that a proposal repeats a measured point."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The objective has been evaluated at point",
-                                category=UserWarning)
-        yield
