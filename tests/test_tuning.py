@@ -536,7 +536,6 @@ def test_coordinate_descent_moves_one_knob_at_a_time_and_keeps_the_better_value(
     assert cd.incumbent.fusion_threshold_bytes == first.fusion_threshold_bytes and cd.converged()
 
 
-
 def test_seeded_coordinate_descent_walks_from_a_given_point_that_measured_better():
     """A setting asked first from elsewhere (the scale model's proposals) that measured better than the
     default becomes the incumbent: every line then varies one knob of it, not of the default; a given
