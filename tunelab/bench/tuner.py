@@ -443,10 +443,10 @@ def _first_from_model(path: Path, landscapes: list[Landscape], model_file: Path 
                          "model is the objective itself: drop one")
     if not path.is_file():
         raise UsageError(f"--first-from-model {path}: no such file")
-    ScaleModel.load(path)  # (what is wrong with it stops here, once, rather than per landscape)
+    model = ScaleModel.load(path)  # (read once: what is wrong with it stops here, not per landscape)
     first = {}
     for land in landscapes:
-        proposals, lines = landscape_proposals(path, land)
+        proposals, lines = landscape_proposals(path, land, model=model)
         for line in lines:
             print(line)
         if proposals:

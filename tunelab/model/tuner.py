@@ -140,17 +140,19 @@ def default_model_path() -> Any:
 
 def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int, link_gbps: float | None,
                   oversubscription: float, space: Any, count: int = 2,
-                  grid: dict[str, Sequence] | None = None) -> tuple[list[Knobs], list[str]]:
+                  grid: dict[str, Sequence] | None = None,
+                  model: ScaleModel | None = None) -> tuple[list[Knobs], list[str]]:
     """First proposals for a tuning job from the model at ``path``: the ``count`` settings of the
     searched knobs with the lowest predicted step time (among ``grid``'s, by default the model's
-    prediction grid), and lines saying so (or why there are none)."""
+    prediction grid), and lines saying so (or why there are none).  ``model``: that file already
+    loaded (a caller asking for many jobs reads it once)."""
     from .costs import link_name
     from .data import ModelInputError
     from .fit import ModelError
     from .predict import DEFAULT_GRID
 
     try:
-        model = ScaleModel.load(path)
+        model = ScaleModel.load(path) if model is None else model
         link = "none"
         if hosts > 1:
             link = link_name(link_gbps)
@@ -181,7 +183,8 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
     return [b.knobs for b in best], lines
 
 
-def landscape_proposals(path: Any, land: Any, count: int = 2) -> tuple[list[Knobs], list[str]]:
+def landscape_proposals(path: Any, land: Any, count: int = 2,
+                        model: ScaleModel | None = None) -> tuple[list[Knobs], list[str]]:
     """The first proposals ``tune`` would take from the model at ``path`` on the layout a recorded
     landscape ran on (its hosts or emulated nodes, ranks, link and the machine's cores, its scenario's
     workload), among the landscape's own grid settings, and the lines ``tune`` prints with them.  None,
@@ -210,7 +213,7 @@ def landscape_proposals(path: Any, land: Any, count: int = 2) -> tuple[list[Knob
     gbps = gbps or sc.link_gbps
     p = {**sc.as_params(), "replay_dtype": layout.get("dtype")}
     grid = {n: sorted({getattr(k, n) for k in land.knobs}) for n in land.space.names}
-    first, lines = job_proposals(path, p, hosts, per_host, gbps, per_core, land.space, count, grid)
+    first, lines = job_proposals(path, p, hosts, per_host, gbps, per_core, land.space, count, grid, model)
     return first, [f"# {land.name}:"] + lines
 
 

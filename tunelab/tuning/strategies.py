@@ -65,11 +65,16 @@ class Told:
         for o in observations:
             self.tell(o.knobs, o.value, o.variance)
 
-    def ranked(self) -> list[Knobs]:
-        means: dict[Knobs, list[float]] = {}
+    def means(self) -> dict[Knobs, float]:
+        """Each measured configuration's mean told value (the observations not withdrawn)."""
+        values: dict[Knobs, list[float]] = {}
         for o in self.live:
-            means.setdefault(o.knobs, []).append(o.value)
-        return sorted(means, key=lambda k: -float(np.mean(means[k])))
+            values.setdefault(o.knobs, []).append(o.value)
+        return {k: float(np.mean(v)) for k, v in values.items()}
+
+    def ranked(self) -> list[Knobs]:
+        means = self.means()
+        return sorted(means, key=lambda k: -means[k])
 
     def recommend(self) -> Knobs | None:
         """The configuration to confirm first: by default the best measured one."""
@@ -135,12 +140,6 @@ class CoordinateDescent(Told):
     def converged(self) -> bool:
         return self._done
 
-    def _means(self) -> dict[Knobs, float]:
-        means: dict[Knobs, list[float]] = {}
-        for o in self.live:
-            means.setdefault(o.knobs, []).append(o.value)
-        return {k: float(np.mean(v)) for k, v in means.items()}
-
     def _value(self, means: dict[Knobs, float], k: Knobs) -> float:
         # the default is the reference: 0 by definition until measured
         return means.get(k, 0.0 if k == self.space.base else -np.inf)
@@ -150,7 +149,7 @@ class CoordinateDescent(Told):
         as the scale model's proposals are, or handed over by ``warm_start``) that measured better than
         the incumbent becomes the incumbent, so the descent walks from the best point it knows, as a
         warm-started coordinate search does; otherwise those points would be measured and then ignored."""
-        means = self._means()
+        means = self.means()
         given = [k for k in means if k not in self._lined]
         best = max(given, key=lambda k: means[k], default=None)
         if best is not None and means[best] > self._value(means, self.incumbent):
@@ -169,7 +168,7 @@ class CoordinateDescent(Told):
         return line
 
     def _finish_line(self) -> None:
-        means = self._means()
+        means = self.means()
         best = max([self.incumbent, *self._line], key=lambda k: self._value(means, k))
         if best != self.incumbent:
             self.incumbent, self._changed = best, True
