@@ -346,3 +346,21 @@ def test_an_output_through_a_link_or_to_a_device_is_written_where_it_points(tmp_
     assert unwritable(Path(os.devnull)) is None
     write_text(Path(os.devnull), "discarded")
     assert Path(os.devnull).exists() and not Path(os.devnull).is_file()  # still the device
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """``--help`` explains each flag: an option added without a help string is listed here."""
+    from tunelab.cli import build_parser
+
+    silent = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif action.option_strings and action.help is None:
+                silent.append(" ".join([*path, action.option_strings[-1]]))
+
+    walk(build_parser(), ["tunelab"])
+    assert not silent, f"options without a help string: {', '.join(silent)}"

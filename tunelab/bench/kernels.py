@@ -208,8 +208,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernel back end (default auto)")
     p.add_argument("--sizes", type=size_list, default=None,
                    help="comma-separated sizes (default 1MiB..1GiB on a GPU, 1MiB..256MiB on the CPU)")
-    p.add_argument("--iters", type=positive_int, default=10)
-    p.add_argument("--warmup", type=non_negative_int, default=2)
+    p.add_argument("--iters", type=positive_int, default=10, help="timed calls per kernel and size (default 10)")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="untimed calls before them (default 2)")
     add_output_flags(p)
     p.set_defaults(func=_cmd)
     return p

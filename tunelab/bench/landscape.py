@@ -199,7 +199,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                 scenario_input, default_scenario_input)
     which.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
     p.add_argument("--np", type=positive_int, default=None, help="ranks to launch (default: the scenario's)")
-    p.add_argument("--ranks-per-node", type=positive_int, default=None)
+    p.add_argument("--ranks-per-node", type=positive_int, default=None,
+                   help="emulate nodes of K ranks on one host (hierarchical can be in the grid)")
     p.add_argument("--lab", action="store_true",
                    help="run on the hosts of 'tunelab lab up' (or give the scenario a [lab] table)")
     add_link_flags(p)

@@ -62,7 +62,7 @@ def _add_allreduce(bsub: argparse._SubParsersAction) -> None:
     _common(ar, iters=20, warmup=5)
     ar.add_argument("--sizes", type=size_list, default=size_list("1KiB,1MiB,64MiB"),
                     help="comma-separated sizes (default 1KiB,1MiB,64MiB)")
-    ar.add_argument("--dtype", choices=supported_names(), default="float32")
+    ar.add_argument("--dtype", choices=supported_names(), default="float32", help="element type (default float32)")
     ar.add_argument("--algorithms", type=choice_list(ALGORITHMS), default=list(ALGORITHMS),
                     help=f"comma-separated, from {','.join(ALGORITHMS)}")
     add_link_flags(ar)
@@ -122,7 +122,8 @@ def _add_fusion(bsub: argparse._SubParsersAction) -> None:
 
     fu = bsub.add_parser("fusion", help="a model's gradients: per-tensor vs fused vs contiguous")
     _common(fu, iters=10, warmup=3)
-    fu.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    fu.add_argument("--model", choices=sorted(MODELS), default="resnet50",
+                    help="whose gradient tensors (default resnet50)")
     add_output_flags(fu)
     fu.set_defaults(func=_run_fusion)
 
@@ -154,8 +155,9 @@ def _add_train(bsub: argparse._SubParsersAction) -> None:
 
     tr = bsub.add_parser("train", help="training samples/s: tunelab vs the framework's data-parallel path")
     _common(tr, iters=10, warmup=3)
-    tr.add_argument("--model", choices=sorted(MODELS), default="resnet50")
-    tr.add_argument("--framework", choices=["torch", "tensorflow"], default="torch")
+    tr.add_argument("--model", choices=sorted(MODELS), default="resnet50", help="the model to train (default resnet50)")
+    tr.add_argument("--framework", choices=["torch", "tensorflow"], default="torch",
+                    help="the training framework and its baseline: DDP or MultiWorkerMirroredStrategy (default torch)")
     tr.add_argument("--image-size", type=positive_int, default=64, help="square input images (default %(default)s)")
     tr.add_argument("--batch-size", type=positive_int, default=8, help="per rank (default %(default)s)")
     tr.add_argument("--rounds", type=positive_int, default=2,

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = lab.add_subparsers(dest="lab", required=True, parser_class=type(lab))
 
     upp = sub.add_parser("up", help="create H hosts linked by a bridge, each link shaped to G Gb/s")
-    upp.add_argument("--hosts", type=positive_int, required=True, metavar="H")
+    upp.add_argument("--hosts", type=positive_int, required=True, metavar="H",
+                     help="hosts to create, each a network namespace with its own hostname")
     upp.add_argument("--link-gbps", type=link_gbps, required=True, metavar="G",
                      help="each host's link rate, both directions (tc tbf)")
     upp.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="K",

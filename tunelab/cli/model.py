@@ -52,18 +52,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fit.set_defaults(func=run_fit)
 
     pr = msub.add_parser("predict", help="predicted allreduce times, crossover and step time per knob setting")
-    pr.add_argument("--model-file", type=Path, required=True, metavar="MODEL.json")
+    pr.add_argument("--model-file", type=Path, required=True, metavar="MODEL.json",
+                    help="a model written by tunelab model fit")
     named_input(pr.add_argument("--scenario", default=None, metavar="NAME|FILE",
                                 help="a scenario (its model's gradients and backward timing) for the step-time table"),
                 scenario_input)
-    pr.add_argument("--hosts", type=positive_int, required=True)
-    pr.add_argument("--ranks-per-host", type=positive_int, required=True)
+    pr.add_argument("--hosts", type=positive_int, required=True, help="hosts to predict for (any number)")
+    pr.add_argument("--ranks-per-host", type=positive_int, required=True, help="ranks on each host")
     pr.add_argument("--link-gbps", type=link_gbps, default=None, metavar="GBPS",
                     help="the link between hosts (default: the model's only fitted link; an unfitted speed "
                          "is derived from the nearest fitted one)")
     pr.add_argument("--oversubscription", type=positive_float, default=1.0, metavar="X",
                     help="ranks per machine over its cores (default 1: a core per rank)")
-    pr.add_argument("--sizes", type=size_list, default=size_list(DEFAULT_SIZES))
+    pr.add_argument("--sizes", type=size_list, default=size_list(DEFAULT_SIZES),
+                    help=f"comma-separated allreduce sizes (default {DEFAULT_SIZES})")
     pr.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
                     help="pin a knob for every prediction (repeatable)")
     pr.add_argument("--check", type=Path, nargs="+", default=[], metavar="FILE.json",

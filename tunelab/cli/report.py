@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="a tunelab bench --json result; repeatable")
     rep.add_argument("--tune", type=Path, action="append", default=[], metavar="FILE.json",
                      help="a tunelab tune --json result; repeatable")
-    rep.add_argument("--title", default="tunelab report")
+    rep.add_argument("--title", default="tunelab report", help="the page's title (default: tunelab report)")
     rep.add_argument("--out", type=output_file, default=None, metavar="PATH",
                      help="output file (default reports/report-<timestamp>.html)")
     rep.set_defaults(func=run)

@@ -30,17 +30,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     named_input(which.add_argument("--model", default=None, help="scenario name (scenarios/NAME.toml; default resnet50)"),
                 scenario_input, default_scenario_input)
     which.add_argument("--scenario", type=input_file, default=None, help="a scenario file (instead of --model)")
-    tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None)
+    tune.add_argument("--framework", choices=["torch", "tensorflow"], default=None,
+                      help="the training framework (default: the scenario's)")
     tune.add_argument("--np", type=positive_int, default=None, help="ranks to launch")
     tune.add_argument("--lab", action="store_true",
                       help="train on the hosts of 'tunelab lab up' (or give the scenario a [lab] table)")
-    tune.add_argument("--ranks-per-node", type=positive_int, default=None)
+    tune.add_argument("--ranks-per-node", type=positive_int, default=None,
+                      help="emulate nodes of K ranks on one host (hierarchical joins the search)")
     add_link_flags(tune)
     add_training_flags(tune)
     budget = tune.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES")
-    budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS")
-    tune.add_argument("--seed", type=non_negative_int, default=0)
+    budget.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
+                        help="blocks to explore, the default's reference blocks included (default: the "
+                             "scenario's budget_samples, 20)")
+    budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
+                        help="explore for this long instead of a number of blocks")
+    tune.add_argument("--seed", type=non_negative_int, default=0,
+                      help="seeds the search strategy (default 0): the same seed proposes the same knobs for the same measurements")
     tune.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
                       help="pin a knob (excluded from the search); repeatable")
     tune.add_argument("--no-store", action="store_true", help="do not write the profile store")

@@ -60,7 +60,8 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     override (each defaults to None, the scenario's own)."""
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
                         help="where each rank trains (cuda: its GPU, torch models); default: the scenario's")
-    parser.add_argument("--image-size", type=positive_int, default=None)
+    parser.add_argument("--image-size", type=positive_int, default=None,
+                        help="square input images; default: the scenario's")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="per rank")
 
 
