@@ -13,7 +13,8 @@
 # DDP uses NCCL and tunelab's optimizer sends nothing), phases (tests/gpu_step_phases.py: a training step's
 # host time by phase, plain against tunelab's coordinator), profile (tests/gpu_call_profile.py at 1 and 2 ranks),
 # cycles (tests/gpu_step_phases.py at one rank for cycle times from 1 to 100 ms), gil (the same at a 1 ms
-# cycle for GIL switch intervals from 5000 to 50 us).
+# cycle for GIL switch intervals from 5000 to 50 us), cycle10 (bench train at 2 ranks with the default 1 ms cycle
+# and with 10 ms, alternated twice).
 set -u
 DIR=${1:-${OUT:-gpu-check}}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -81,6 +82,11 @@ for s in $STEPS; do
             step gil 200 bash -c 'python3 tests/gpu_step_phases.py plain --steps 20 &&
                 for s in 5000 1000 200 50; do
                     python3 tests/gpu_step_phases.py tunelab --steps 20 --switch-us $s || exit 1; done' ;;
+        cycle10)  # 2 ranks sharing the GPU: the default 1 ms cycle against 10 ms, alternated twice (A B A B),
+            # each run with its own no-communication bound, so each row reads against its own run
+            step cycle10 400 bash -c 'for i in 1 2; do for c in 1 10; do
+                    tunelab bench train --device cuda --np 2 --image-size 224 --batch-size 32 --iters 20 --rounds 3 \
+                        --knob cycle_time_ms=$c --json "$1/cycle10-c$c-r$i.json" --no-report || exit 1; done; done' _ "$DIR" ;;
         profile)  # one engine call's time and where its host time goes, at 1 and 2 ranks
             step profile 180 bash -c 'M=$(dirname "$(python3 -c "import sys; print(sys.executable)")")/mpiexec
                 python3 tests/gpu_call_profile.py --out "$1" --top 14 &&
@@ -89,7 +95,7 @@ for s in $STEPS; do
             step tune 420 tunelab tune --model resnet50 --device cuda --image-size 224 --batch-size 32 \
                 --json "$DIR/tune.json" --no-report ;;
         *)
-            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile cycles gil)" >&2
+            echo "gpu_check.sh: unknown step '$s' (steps: tests kernels allreduce tune train train1 phases profile cycles gil cycle10)" >&2
             exit 2 ;;
     esac
 done
