@@ -128,7 +128,7 @@ def test_bench_train_rotates_the_order_of_systems_each_round():
     assert rotated(systems, 3) == systems and rotated([], 1) == []
 
 
-def _replayed_result(speed, drift=0.05, strategy="tunelab"):
+def _replayed_result(speed, drift=0.05, strategy="tunelab", budget=None):
     """A tune result as ``tunelab tune`` builds it, from the driver run on a synthetic landscape."""
     from types import SimpleNamespace
 
@@ -143,7 +143,8 @@ def _replayed_result(speed, drift=0.05, strategy="tunelab"):
     space = search_space({"segment_bytes": 4 * MiB}, 1)
     grid = {"fusion_threshold_bytes": [0, MiB, 16 * MiB, 64 * MiB], "cycle_time_ms": [0.5, 1.0, 8.0, 32.0]}
     land = synthetic("t", space, grid, speed, noise=0.02, seed=1)
-    driver = simulate(Driver(space, lambda e: make_strategy(strategy, space, e), Plan()),
+    plan = Plan() if budget is None else Plan(budget_samples=budget)
+    driver = simulate(Driver(space, lambda e: make_strategy(strategy, space, e), plan),
                       Objective(land, 0, Drift(drift, 60.0, 0)))
     workload = SimpleNamespace(name="tiny", signature="sig")
     return summarise(driver, [10.0, 11.0], workload, space, 12.0, SimpleNamespace(size=2, num_nodes=1))
@@ -208,6 +209,18 @@ def test_result_and_report_state_the_gain_with_its_interval_cost_and_drift(fast,
     else:
         assert f"Kept the default configuration ({result['decision']})" in html
     assert "% of its mean" in html and "{&#39;" not in html
+
+
+def test_a_budget_of_one_block_is_summarised_in_the_singular_and_claims_no_drift(capsys):
+    from tunelab.tuning.report_text import print_tune_summary
+
+    result = _replayed_result(lambda k: 2.0 if k.cycle_time_ms >= 8.0 else 1.0, budget=1)
+    print_tune_summary(result)
+    out = capsys.readouterr().out
+    assert "# 1 block in " in out and "locked after 1 block, " in out and "budget of 1 exploration block spent" in out
+    assert "(mean of its 1 reference block)" in out
+    assert "drift  : one reference block: no drift can be seen; " in out and "ranged over" not in out
+    assert "default kept (no candidate was measured" in out
 
 
 def test_bench_train_notes_say_which_knobs_the_tuned_system_ran():

@@ -1,6 +1,7 @@
 """The tuning driver against synthetic landscapes with known optima (bit-exact, seeded replays), the
 paired-ratio statistics, the strategies' protocols and the search space; no MPI."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -183,6 +184,17 @@ def test_flat_landscape_with_drift_keeps_the_default_and_says_why():
         d = run(land, seed, drift=0.10).decisions[0]
         assert not d.adopted and d.knobs == SPACE.base, seed
         assert d.reason and (d.interval is None or d.interval.low < 1.01)
+
+
+def test_a_budget_of_the_reference_alone_keeps_the_default_and_says_nothing_was_measured():
+    """A budget of one block is the default's reference block and nothing else: the default is kept,
+    and the reason says no candidate was measured, not that none is expected to reach the gain."""
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK, 0.6), noise=0.01, seed=3)
+    driver = run(land, 0, plan=dataclasses.replace(Plan(), budget_samples=1))
+    d = driver.decisions[0]
+    assert [s.role for s in driver.samples] == ["reference"]
+    assert not d.adopted and d.knobs == SPACE.base and "no candidate was measured" in d.reason, d.reason
+    assert "no candidate" not in run(land, 0, plan=dataclasses.replace(Plan(), budget_samples=2)).decisions[0].reason
 
 
 def test_never_locks_a_configuration_whose_interval_includes_the_default():

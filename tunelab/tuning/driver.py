@@ -282,7 +282,8 @@ class Driver:
         if not self.space.names:
             return "every knob is pinned"
         if self._explored >= self.plan.budget_samples:
-            return f"budget of {self.plan.budget_samples} exploration blocks spent"
+            n = self.plan.budget_samples
+            return f"budget of {n} exploration block{'' if n == 1 else 's'} spent"
         t0 = self._epoch_start[0]
         if self.plan.time_budget_s is not None and self.elapsed_s - t0 >= self.plan.time_budget_s:
             return f"time budget of {self.plan.time_budget_s:g} s spent"
@@ -323,6 +324,9 @@ class Driver:
             self._finalists = [self._forced]
         self._round = 0
         if not self._finalists:
+            if not any(s.role == "candidate" and s.epoch == self.epoch for s in self.samples):
+                return self._lock(None, None, "no candidate was measured: the exploration budget held only the "
+                                              "default's reference blocks")
             return self._lock(None, None, "no configuration is expected to reach the minimum gain "
                                           f"({1 + self.plan.min_gain:.2f}x)")
         if self.plan.lock_from_exploration and self._forced is None and not self._remeasured():

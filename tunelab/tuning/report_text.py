@@ -10,17 +10,19 @@ from .run import describe
 def print_tune_summary(result: dict) -> None:
     default, best, final = result["default"], result["best"], result["locked_final"]
     each = f" (exploration blocks of {result['block_steps']} measured steps)" if result.get("block_steps") else ""
-    print(f"# {len(result['samples'])} blocks in {result['seconds']:.0f} s{each}; locked after "
-          f"{result['samples_to_lock']} blocks, {result['steps_to_lock']} steps "
+    print(f"# {_count(len(result['samples']), 'block')} in {result['seconds']:.0f} s{each}; locked after "
+          f"{_count(result['samples_to_lock'], 'block')}, {_count(result['steps_to_lock'], 'step')} "
           f"({result['seconds_to_lock']:.0f} s); exploration ended: {result['stop_reason']}")
     print(f"default: {describe(Knobs(**default['knobs'])):<52} {default['score']:8.2f} samples/s "
-          f"(mean of its {len(default['scores'])} reference blocks)")
+          f"(mean of its {_count(len(default['scores']), 'reference block')})")
     print(f"locked : {describe(Knobs(**best['knobs']), exact=True):<52} {best['score']:8.2f} samples/s")
     print(f"gain   : {gain_text(result)}")
     drift = result.get("drift") or {}
     if drift.get("block_sigma_frac") is not None:
         aside = drift.get("disturbed_blocks") or 0
-        print(f"drift  : the default's blocks ranged over {100 * drift['range_frac']:.1f}% of their mean; "
+        ranged = (f"the default's blocks ranged over {100 * drift['range_frac']:.1f}% of their mean"
+                  if len(default["scores"]) > 1 else "one reference block: no drift can be seen")
+        print(f"drift  : {ranged}; "
               f"one block's noise {100 * drift['block_sigma_frac']:.1f}%"
               + (f"; {aside} disturbed block{'s' if aside > 1 else ''} set aside" if aside else ""))
     for d in result.get("decisions", [])[:-1]:
@@ -58,3 +60,7 @@ def final_text(final: dict, default: dict, same: bool) -> str:
     if same and abs(off - 1) > 0.02:
         text += "; the same knobs, so the difference is the host's"
     return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
