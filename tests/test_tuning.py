@@ -489,6 +489,7 @@ def test_time_budget_and_pinned_everything_end_exploration():
     for _ in range(20):
         driver.step_done(0.1)
     assert driver.decisions[0].stop_reason == "every knob is pinned" and driver.locked == pinned.base
+    assert driver.decisions[0].reason == "every knob is pinned: there is nothing to search"
 
 
 # ---- strategies ---------------------------------------------------------------------------------------

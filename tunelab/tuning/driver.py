@@ -324,6 +324,8 @@ class Driver:
             self._finalists = [self._forced]
         self._round = 0
         if not self._finalists:
+            if not self.space.names:
+                return self._lock(None, None, "every knob is pinned: there is nothing to search")
             if not any(s.role == "candidate" and s.epoch == self.epoch for s in self.samples):
                 return self._lock(None, None, "no candidate was measured: the exploration budget held only the "
                                               "default's reference blocks")
