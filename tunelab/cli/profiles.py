@@ -94,9 +94,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     if best is None:
         print("best: none yet")
     else:
-        print(f"best: {best.score:.2f} samples/s, {best.score / best.default_score:.3f}x the default's "
-              f"{best.default_score:.2f} "
-              f"(spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
+        # (a ratio of the two configurations' mean scores, which drift moves; the tuner's gain, paired
+        # with the default's blocks around each candidate, is the interval on the next line)
+        print(f"best: {best.score:.2f} samples/s, {best.score / best.default_score:.3f}x the default's mean of "
+              f"{best.default_score:.2f} (unpaired; spread {best.spread:.1%}, run {best.run_id}, {best.updated})")
         if best.gain_low is not None or best.steps is not None or best.outcome:
             parts = [f"gain {best.interval_text()} (90 % interval)" if best.gain_low is not None else
                      f"gain: default kept ({best.kept_reason()})"]
