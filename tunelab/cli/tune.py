@@ -42,9 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     budget = tune.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                         help="blocks to explore, the default's reference blocks included (default: the "
-                             "scenario's budget_samples, 20)")
+                             "scenario's budget_samples; 20 where it sets none)")
     budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
-                        help="explore for this long instead of a number of blocks")
+                        help="also end exploration after this many seconds of training, if the scenario's "
+                             "block budget has not ended it first")
     tune.add_argument("--seed", type=non_negative_int, default=0,
                       help="seeds the search strategy (default 0): the same seed proposes the same knobs for the same measurements")
     tune.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
