@@ -13,9 +13,9 @@ def print_tune_summary(result: dict) -> None:
     print(f"# {_count(len(result['samples']), 'block')} in {result['seconds']:.0f} s{each}; locked after "
           f"{_count(result['samples_to_lock'], 'block')}, {_count(result['steps_to_lock'], 'step')} "
           f"({result['seconds_to_lock']:.0f} s); exploration ended: {result['stop_reason']}")
-    print(f"default: {describe(Knobs(**default['knobs'])):<52} {default['score']:8.2f} samples/s "
+    print(f"default: {describe(Knobs(**default['knobs'])):<56} {default['score']:8.2f} samples/s "
           f"(mean of its {_count(len(default['scores']), 'reference block')})")
-    print(f"locked : {describe(Knobs(**best['knobs']), exact=True):<52} {best['score']:8.2f} samples/s")
+    print(f"locked : {describe(Knobs(**best['knobs']), exact=True):<56} {best['score']:8.2f} samples/s")
     print(f"gain   : {gain_text(result)}")
     drift = result.get("drift") or {}
     if drift.get("block_sigma_frac") is not None:

@@ -320,7 +320,7 @@ def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], Non
         if s.phase == "remeasure" and s.role == "candidate" and s.knobs not in explored:
             why = "  (the model's pick near the best measured: single blocks above are noisy)"
             explored.add(s.knobs)
-        print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<52} {s.score:8.2f} samples/s "
+        print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<56} {s.score:8.2f} samples/s "
               f"(spread {100 * s.spread:.1f}%{steps}){ratio}{why}", flush=True)
 
     return show
