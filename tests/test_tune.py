@@ -264,8 +264,12 @@ def test_tune_progress_counts_each_search_against_its_own_budget(capsys):
     for epoch in (0, 1):
         for _ in range(3):  # two blocks of budget, then the closing reference
             show(dataclasses.replace(block, epoch=epoch))
+    show(dataclasses.replace(block, epoch=1, phase="remeasure"))
     labels = [line.split("]")[0] + "]" for line in capsys.readouterr().out.splitlines()]
-    assert labels == ["[  1/2]", "[  2/2]", "[ close]"] * 2
+    assert labels == ["[   1/2]", "[   2/2]", "[ close]"] * 2 + ["[     r]"]  # one column wide
+    show = _progress(100, None)
+    show(block)
+    assert capsys.readouterr().out.startswith("[  1/100] explore")
 
 
 def test_knob_sizes_that_are_not_round_are_not_printed_as_round():

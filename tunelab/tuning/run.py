@@ -299,6 +299,7 @@ def describe(knobs: Knobs, exact: bool = False) -> str:
 def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
     count = [0, 0]  # exploration blocks of this search, the search (a retune re-opens one)
     explored: set[Knobs] = set()
+    width = max(6, 4 + len(str(budget)))  # "  7/20", "close", "r": one column whatever the budget
 
     def show(s: Sample) -> None:
         if recorder is not None:
@@ -308,10 +309,11 @@ def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], Non
             explored.clear()
         count[0] = count[0] + 1 if s.phase == "explore" else count[0]
         if s.phase == "explore":  # the reference that closes a spent budget is past it: "close"
-            label = f"{count[0]:>3}/{budget}" if count[0] <= budget else f"{'close':>6}"
+            label = f"{count[0]:>3}/{budget}" if count[0] <= budget else "close"
             explored.add(s.knobs)
         else:
-            label = f"{s.phase[:1]:>6}"
+            label = s.phase[:1]
+        label = label.rjust(width)
         ratio = f"  {math.exp(s.told):.3f}x ref" if s.told is not None else ""
         if s.role == "candidate" and s.told is None:
             ratio = "  (after a reference set aside as disturbed: not paired)"
