@@ -48,7 +48,7 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
     else:
         assert result["best"]["knobs"] == result["default"]["knobs"] and result["gain"] == 1.0
     assert result["samples_to_lock"] == len(samples) and result["steps_to_lock"] >= 2 * len(samples)  # measure_steps = 2
-    assert "[  1/5] explore   reference" in proc.stdout and "gain   :" in proc.stdout
+    assert "[   1/5] explore   reference" in proc.stdout and "gain   :" in proc.stdout
     assert "stored : profile" in proc.stdout and "locked after" in proc.stdout
     told = sum(1 for s in samples if s["phase"] == "explore" and s["role"] == "candidate")
     listing = tunelab("profiles", "list")
