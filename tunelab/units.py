@@ -83,3 +83,8 @@ def format_size(nbytes: int) -> str:
         if nbytes >= mult and nbytes % mult == 0:
             return f"{nbytes // mult}{suffix}"
     return f"{nbytes}B"
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 block", "2 blocks": a count with its noun, plural unless it is one."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

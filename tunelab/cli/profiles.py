@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import TunelabError, UsageError
 from ..files import write_text
 from ..knobs import Knobs, knob_text
+from ..units import counted
 from .types import output_file, profile_id
 
 
@@ -61,7 +62,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"# no profiles in {store.path}")
         return 0
-    print(f"# {_count(len(rows), 'profile')} in {store.path}")
+    print(f"# {counted(len(rows), 'profile')} in {store.path}")
     print(format_table(_left_aligned([vars(r) for r in rows], ("hardware_name", "model_name")), [
         ("id", "id", "d"), ("hardware_name", "hardware", ""), ("model_name", "model", ""),
         ("framework", "framework", ""), ("world_size", "world", "d"), ("n_trials", "trials", "d"),
@@ -121,10 +122,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def _changed_knobs(knobs: dict) -> str:
     """Only what differs from the defaults, so a trial row stays one readable line."""
     defaults = Knobs().as_dict()
@@ -141,7 +138,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     write_text(args.out, text)
     n_trials = sum(len(p["trials"]) for p in data["profiles"])
-    print(f"# wrote {_count(len(data['profiles']), 'profile')} ({_count(n_trials, 'trial')}) to {args.out}")
+    print(f"# wrote {counted(len(data['profiles']), 'profile')} ({counted(n_trials, 'trial')}) to {args.out}")
     return 0
 
 
@@ -161,8 +158,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         result = store.merge(data)
     except InvalidExport as exc:
         raise UsageError(f"{args.file} is not a valid tunelab profiles export: {exc}") from None
-    print(f"imported {args.file}: {_count(result.profiles_added, 'new profile')}, "
-          f"{_count(result.trials_added, 'new trial')} ({_count(len(result.profile_ids), 'profile')} in the file) "
+    print(f"imported {args.file}: {counted(result.profiles_added, 'new profile')}, "
+          f"{counted(result.trials_added, 'new trial')} ({counted(len(result.profile_ids), 'profile')} in the file) "
           f"into {store.path}")
     return 0
 

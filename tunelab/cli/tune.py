@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import UsageError
+from ..units import counted
 from .finish import add_output_flags, finish
 from .lab import scenario_ranks, scenario_session
 from .types import (
@@ -92,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
             check_ranks_fit(np_)  # before the header, which would name them
         print(f"# tuning {scenario.name}: {scenario.model} "
               f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {np_} ranks, "
-              + f"budget {scenario.budget_samples} exploration block{'' if scenario.budget_samples == 1 else 's'} "
-              "(the default's included)"
+              + f"budget {counted(scenario.budget_samples, 'exploration block')} (the default's included)"
               + (f" or {scenario.time_budget_s:g} s of exploration, whichever ends first" if scenario.time_budget_s else "")
               + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
         if lab is not None:

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..knobs import Knobs
+from ..units import counted
 from . import noise, stats
 from .plan import Decision, Plan, Sample, block_steps_for
 from .space import SearchSpace
@@ -282,8 +283,7 @@ class Driver:
         if not self.space.names:
             return "every knob is pinned"
         if self._explored >= self.plan.budget_samples:
-            n = self.plan.budget_samples
-            return f"budget of {n} exploration block{'' if n == 1 else 's'} spent"
+            return f"budget of {counted(self.plan.budget_samples, 'exploration block')} spent"
         t0 = self._epoch_start[0]
         if self.plan.time_budget_s is not None and self.elapsed_s - t0 >= self.plan.time_budget_s:
             return f"time budget of {self.plan.time_budget_s:g} s spent"

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from ..knobs import Knobs
+from ..units import counted
 from .result import gain_text
-from .run import describe
+from .run import KNOBS_WIDTH, describe
 
 
 def print_tune_summary(result: dict) -> None:
     default, best, final = result["default"], result["best"], result["locked_final"]
     each = f" (exploration blocks of {result['block_steps']} measured steps)" if result.get("block_steps") else ""
-    print(f"# {_count(len(result['samples']), 'block')} in {result['seconds']:.0f} s{each}; locked after "
-          f"{_count(result['samples_to_lock'], 'block')}, {_count(result['steps_to_lock'], 'step')} "
+    print(f"# {counted(len(result['samples']), 'block')} in {result['seconds']:.0f} s{each}; locked after "
+          f"{counted(result['samples_to_lock'], 'block')}, {counted(result['steps_to_lock'], 'step')} "
           f"({result['seconds_to_lock']:.0f} s); exploration ended: {result['stop_reason']}")
-    print(f"default: {describe(Knobs(**default['knobs'])):<56} {default['score']:8.2f} samples/s "
-          f"(mean of its {_count(len(default['scores']), 'reference block')})")
-    print(f"locked : {describe(Knobs(**best['knobs']), exact=True):<56} {best['score']:8.2f} samples/s")
+    print(f"default: {describe(Knobs(**default['knobs'])):<{KNOBS_WIDTH}} {default['score']:8.2f} samples/s "
+          f"(mean of its {counted(len(default['scores']), 'reference block')})")
+    print(f"locked : {describe(Knobs(**best['knobs']), exact=True):<{KNOBS_WIDTH}} {best['score']:8.2f} samples/s")
     print(f"gain   : {gain_text(result)}")
     drift = result.get("drift") or {}
     if drift.get("block_sigma_frac") is not None:
@@ -50,9 +51,9 @@ def final_text(final: dict, default: dict, same: bool) -> str:
         n = recent["blocks"]
         text += (f"{last:.2f}x the default's last {n} reference block{'s' if n > 1 else ''} "
                  f"({recent['score']:.2f}), {whole:.2f}x its mean while tuning")
-        moved = abs(recent["score"] / default["score"] - 1.0) > 0.02 if default["score"] else False
-        if moved:
-            text += f" (the host moved by {100 * (recent['score'] / default['score'] - 1.0):+.0f}% meanwhile)"
+        moved = recent["score"] / default["score"] - 1.0 if default["score"] else 0.0
+        if abs(moved) > 0.02:
+            text += f" (the host moved by {100 * moved:+.0f}% meanwhile)"
         off = last
     else:
         text += f"{whole:.2f}x the default's mean while tuning"
@@ -60,7 +61,3 @@ def final_text(final: dict, default: dict, same: bool) -> str:
     if same and abs(off - 1) > 0.02:
         text += "; the same knobs, so the difference is the host's"
     return text
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"

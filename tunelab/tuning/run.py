@@ -283,6 +283,9 @@ def _measure_locked(workload: Workload, comm: Any, steps: int) -> list[float]:
     return [workload.samples_per_step / t for t in times]
 
 
+KNOBS_WIDTH = 56  # the column :func:`describe` fills in tune's block lines and summary
+
+
 def describe(knobs: Knobs, exact: bool = False) -> str:
     """Knobs on one line, sizes as people read them (:func:`knob_size`); ``exact``: as ``--knob`` takes
     them back (the locked line, which users copy)."""
@@ -322,7 +325,7 @@ def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], Non
         if s.phase == "remeasure" and s.role == "candidate" and s.knobs not in explored:
             why = "  (the model's pick near the best measured: single blocks above are noisy)"
             explored.add(s.knobs)
-        print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<56} {s.score:8.2f} samples/s "
+        print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<{KNOBS_WIDTH}} {s.score:8.2f} samples/s "
               f"(spread {100 * s.spread:.1f}%{steps}){ratio}{why}", flush=True)
 
     return show
