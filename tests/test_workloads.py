@@ -5,6 +5,8 @@ a formula written out here independently of the code under test.
 """
 
 import math
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -130,6 +132,44 @@ def test_missing_frameworks_name_the_extra(monkeypatch):
         torch_models.build("resnet50")
     with pytest.raises(ImportError, match=r"pip install 'tunelab\[tensorflow\]'"):
         keras_models.build("resnet50")
+
+
+# --- TensorFlow's start-up lines ----------------------------------------------------------------
+
+
+def test_native_start_up_lines_are_left_out_as_the_log_level_says(capfd):
+    lines = [keras_models._ABSL_BANNER + "\n",
+             "I0000 00:00:1.0  1 port.cc:153] oneDNN custom operations are on.\n",
+             "W0000 00:00:1.0  1 x.cc:1] a warning\n",
+             "E0000 00:00:1.0  1 cuda_platform.cc:52] failed call to cuInit: no driver\n",
+             "a line of the program's own\n"]
+    for level, kept in [(2, [3, 4]), (1, [2, 3, 4]), (0, [0, 1, 2, 3, 4])]:
+        with keras_models._native_stderr_filtered([lambda line, lv=level: keras_models._hidden_by_level(line, lv)]):
+            for line in lines:
+                os.write(2, line.encode())  # as a C++ library writes: to the descriptor, not sys.stderr
+        assert capfd.readouterr().err == "".join(lines[i] for i in kept), level
+    # an error in the body still lets what it wrote through, and stderr is back where it was
+    with pytest.raises(RuntimeError, match="in the body"), keras_models._native_stderr_filtered([]):
+        os.write(2, b"E0000 before the error\n")
+        raise RuntimeError("in the body")
+    assert capfd.readouterr().err == "E0000 before the error\n"
+
+
+@pytest.mark.parametrize("level", [None, "0"])
+def test_tensorflow_is_imported_without_its_start_up_lines(level):
+    pytest.importorskip("tensorflow")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    if level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = level
+    code = ("from tunelab.workloads.keras_models import configure_runtime, import_tensorflow\n"
+            "import_tensorflow(); configure_runtime(1)\n")
+    err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stderr
+    start_up = [line for line in err.splitlines() if line.startswith(("I0000", "WARNING: All log messages"))]
+    if level == "0":  # TensorFlow does print them (else the other case would pass for nothing)
+        assert start_up, err
+    else:
+        assert start_up == [] and "cuInit" not in err, err
 
 
 # --- keras -------------------------------------------------------------------------------------

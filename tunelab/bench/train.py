@@ -256,18 +256,15 @@ def _tf_bench(p: dict) -> dict:
     """TensorFlow rounds.  MultiWorkerMirroredStrategy configures TensorFlow's collectives at runtime
     startup, so it is created first, before any other TensorFlow op, and kept for every round; the
     tunelab phases run in the same process outside its scope (its gRPC server idles meanwhile)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO lines would bury the table
-    import tensorflow as tf
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    from ..workloads.keras_models import configure_runtime
+    from ..workloads.keras_models import configure_runtime, import_tensorflow, synthetic_batch
 
+    tf = import_tensorflow()  # without its C++ start-up lines, which would bury the table
+    comm = MPI.COMM_WORLD
     configure_runtime(_threads_per_rank(comm))
     systems, notes = list(p["systems"]), []
     strategy = _mwms_strategy(comm, systems, notes) if "mwms" in systems else None
-    from ..workloads.keras_models import synthetic_batch
-
     x, y = synthetic_batch(p["model"], p["batch_size"], p["image_size"], seed=1 + comm.rank)
     x, y = tf.constant(x), tf.constant(y)
     if "tunelab-tuned" in systems and not _tf_has_profile(comm, p):

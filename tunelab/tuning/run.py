@@ -234,12 +234,9 @@ def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
 def _tf_workload(p: dict, rt: Any, threads: int) -> Workload:
     """The Keras model in a ``tf.function`` step.  Thread counts are set before TensorFlow starts its
     runtime (it ignores later changes), so ranks sharing a host do not oversubscribe its cores."""
-    import os
+    from ..workloads.keras_models import build, configure_runtime, import_tensorflow, synthetic_batch
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ INFO lines would bury the progress
-    import tensorflow as tf
-
-    from ..workloads.keras_models import build, configure_runtime, synthetic_batch
+    tf = import_tensorflow()  # without its C++ start-up lines, which would bury the progress
 
     configure_runtime(threads)
     import keras

@@ -14,8 +14,13 @@ TensorFlow and Keras are imported lazily so that ``tunelab`` imports without the
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,16 +31,76 @@ if TYPE_CHECKING:
 DEFAULT_CLASSES = {"resnet50": 1000, "vgg16": 1000, "bert": 2}
 
 
+# What TensorFlow's C++ libraries print while they load, before its log level applies: absl's banner
+# and lines of a severity the level hides (I: 0, W: 1, E: 2; TF_CPP_MIN_LOG_LEVEL hides those below it).
+_ABSL_BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_LOG_LINE = re.compile(r"^([IWEF])\d{4} ")
+_SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
+
+
+def _log_level() -> int:
+    text = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return int(text) if text.strip().isdigit() else 0
+
+
+def _hidden_by_level(line: str, level: int) -> bool:
+    if line.startswith(_ABSL_BANNER):
+        return level >= 1
+    m = _LOG_LINE.match(line)
+    return m is not None and _SEVERITY[m.group(1)] < level
+
+
+@contextlib.contextmanager
+def _native_stderr_filtered(drop: list[Callable[[str], bool]]) -> Iterator[None]:
+    """Run the body with file descriptor 2 (where C++ libraries write) sent to a temporary file, then
+    pass what it wrote on to stderr, less the lines for which any function in ``drop`` (which the body
+    may still append to) says so.  Python's own writes to stderr in the body go the same way."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not any(d(line) for d in drop)))
+            sys.stderr.flush()
+
+
+def import_tensorflow() -> Any:
+    """Import TensorFlow for tunelab's own commands, whose progress lines would otherwise sit among its
+    start-up lines.  TensorFlow 2.21's C++ libraries write INFO lines (oneDNN, "could not find cuda
+    drivers") while they load, before ``TF_CPP_MIN_LOG_LEVEL`` applies; here they are left out as that
+    level says (2 unless set: errors are kept; 0 keeps everything)."""
+    if sys.modules.get("tensorflow") is not None:  # imported already (None: blocked, the import says so)
+        return sys.modules["tensorflow"]
+    level = _log_level()
+    with _native_stderr_filtered([lambda line: _hidden_by_level(line, level)]):
+        import tensorflow as tf
+    return tf
+
+
 def configure_runtime(threads: int) -> None:
     """Set TensorFlow up for one rank of a CPU run, before its runtime starts (it ignores later changes):
     ``threads`` for its ops, one inter-op thread (ranks sharing a host must not oversubscribe its
     cores), and no GPU.  The Keras workloads train on the CPU; a TensorFlow that sees GPUs would
-    otherwise place every rank's ops on the first one, each rank reserving nearly all its memory."""
-    import tensorflow as tf
-
+    otherwise place every rank's ops on the first one, each rank reserving nearly all its memory.
+    Looking for GPUs on a machine without a CUDA driver logs a failed ``cuInit`` as an error; when
+    none is found that line only says so, and is left out (TF_CPP_MIN_LOG_LEVEL=0 keeps it)."""
+    tf = import_tensorflow()
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    if tf.config.list_physical_devices("GPU"):
+    level = _log_level()
+    drop: list[Callable[[str], bool]] = [lambda line: _hidden_by_level(line, level)]
+    with _native_stderr_filtered(drop):
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus and level > 0:
+            drop.append(lambda line: "cuInit" in line)
+    if gpus:
         tf.config.set_visible_devices([], "GPU")
 
 
