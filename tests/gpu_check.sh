@@ -13,8 +13,8 @@
 # DDP uses NCCL and tunelab's optimizer sends nothing), phases (tests/gpu_step_phases.py: a training step's
 # host time by phase, plain against tunelab's coordinator), profile (tests/gpu_call_profile.py at 1 and 2 ranks),
 # cycles (tests/gpu_step_phases.py at one rank for cycle times from 1 to 100 ms), gil (the same at a 1 ms
-# cycle for GIL switch intervals from 5000 to 50 us), cycle10 (bench train at 2 ranks with the default 1 ms cycle
-# and with 10 ms, alternated twice).
+# cycle for GIL switch intervals from 5000 to 50 us), cycle10 (bench train at 2 ranks with a 1 ms cycle, the
+# default until 2026-11-28, and with 10 ms, today's default, alternated twice).
 set -u
 DIR=${1:-${OUT:-gpu-check}}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -82,7 +82,7 @@ for s in $STEPS; do
             step gil 200 bash -c 'python3 tests/gpu_step_phases.py plain --steps 20 &&
                 for s in 5000 1000 200 50; do
                     python3 tests/gpu_step_phases.py tunelab --steps 20 --switch-us $s || exit 1; done' ;;
-        cycle10)  # 2 ranks sharing the GPU: the default 1 ms cycle against 10 ms, alternated twice (A B A B),
+        cycle10)  # 2 ranks sharing the GPU: a 1 ms cycle against the default 10 ms, alternated twice (A B A B),
             # each run with its own no-communication bound, so each row reads against its own run
             step cycle10 400 bash -c 'for i in 1 2; do for c in 1 10; do
                     tunelab bench train --device cuda --np 2 --image-size 224 --batch-size 32 --iters 20 --rounds 3 \

@@ -28,13 +28,14 @@ from tunelab.tuning.replay import Drift, Objective
 pytest.importorskip("skopt")
 
 NAMES = ["fusion_threshold_bytes", "cycle_time_ms"]
+BASE = Knobs(cycle_time_ms=1.0)  # the default of these landscapes, as of those recorded before 2026-11-28
 
 
 def landscape(points, names=NAMES, steps=False):
     """A handmade landscape: points are (knob changes, visit scores); with ``steps`` each visit also
     carries step times (samples_per_step 1: a step of 1/score seconds)."""
-    doc = {"space": {"names": names, "base": Knobs().as_dict()},
-           "points": [{"knobs": Knobs().replace(**k).as_dict(), "scores": s,
+    doc = {"space": {"names": names, "base": BASE.as_dict()},
+           "points": [{"knobs": BASE.replace(**k).as_dict(), "scores": s,
                        **({"steps_s": [[1.0 / x] for x in s]} if steps else {})} for k, s in points]}
     return Landscape.from_dict(doc, "tiny")
 

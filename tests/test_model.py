@@ -707,13 +707,15 @@ def test_no_first_proposals_where_the_model_expects_no_setting_to_pay(tmp_path: 
     model.save(path)
     p = {"name": "tiny", "model": "resnet50", "workload": "replay", "replay_forward_ms": 20.0,
          "replay_backward_ms": 40.0}
-    first, lines = job_proposals(path, p, 1, 2, None, 1.0, search_space({}, num_nodes=1))
+    # the default at a 1 ms cycle: the model prices a cycle's wait, and a 10 ms one would be 1 % to gain here
+    base = Knobs(cycle_time_ms=1.0)
+    first, lines = job_proposals(path, p, 1, 2, None, 1.0, search_space({}, num_nodes=1, base=base))
     assert first == [] and len(lines) == 1 and "no setting is predicted to beat the default" in lines[0]
     work = Workload("tiny", tuple(4 * math.prod(s) for s in gradient_shapes("resnet50")), 20.0, 40.0)
     one_host = Topology(1, 2, "none", 1.0)
     best = predicted_best(model, work, one_host, 1)[0].predicted_step_s
-    assert best > simulate_step(model, work, one_host, Knobs()).step_s / 1.01  # (the case: no 1 % to gain)
-    two_hosts = search_space({}, num_nodes=2)
+    assert best > simulate_step(model, work, one_host, base).step_s / 1.01  # (the case: no 1 % to gain)
+    two_hosts = search_space({}, num_nodes=2, base=base)
     first, lines = job_proposals(path, p, 2, 2, 1.0, 2.0, two_hosts)
     assert len(first) == 2 and all(k.hierarchical for k in first) and "first proposals" in lines[0]
     # each proposal on a line as tune prints its blocks: sizes in binary units, switches on/off

@@ -132,7 +132,7 @@ def _replayed_result(speed, drift=0.05, strategy="tunelab", budget=None):
     """A tune result as ``tunelab tune`` builds it, from the driver run on a synthetic landscape."""
     from types import SimpleNamespace
 
-    from tunelab.knobs import MiB
+    from tunelab.knobs import Knobs, MiB
     from tunelab.tuning.driver import Driver
     from tunelab.tuning.plan import Plan
     from tunelab.tuning.replay import Drift, Objective, simulate, synthetic
@@ -140,7 +140,7 @@ def _replayed_result(speed, drift=0.05, strategy="tunelab", budget=None):
     from tunelab.tuning.space import search_space
     from tunelab.tuning.strategies import make_strategy
 
-    space = search_space({"segment_bytes": 4 * MiB}, 1)
+    space = search_space({"segment_bytes": 4 * MiB}, 1, base=Knobs(cycle_time_ms=1.0))  # the default: slow here
     grid = {"fusion_threshold_bytes": [0, MiB, 16 * MiB, 64 * MiB], "cycle_time_ms": [0.5, 1.0, 8.0, 32.0]}
     land = synthetic("t", space, grid, speed, noise=0.02, seed=1)
     plan = Plan() if budget is None else Plan(budget_samples=budget)
@@ -276,8 +276,8 @@ def test_knob_sizes_that_are_not_round_are_not_printed_as_round():
     from tunelab.knobs import Knobs
     from tunelab.tuning.run import describe
 
-    assert describe(Knobs(fusion_threshold_bytes=1025 * 1024, segment_bytes=4 << 20)).startswith(
-        "fusion=1.00MiB cycle=1ms segment=4MiB")
+    assert describe(Knobs(fusion_threshold_bytes=1025 * 1024, cycle_time_ms=2.5, segment_bytes=4 << 20)).startswith(
+        "fusion=1.00MiB cycle=2.5ms segment=4MiB")
     assert "fusion=68.1MiB" in describe(Knobs(fusion_threshold_bytes=69712 * 1024))
     assert "fusion=516KiB" in describe(Knobs(fusion_threshold_bytes=516 * 1024))
     # three integer digits: no bare decimal point ("228.MiB"), and still not a round size's spelling

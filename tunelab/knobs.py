@@ -56,7 +56,7 @@ SPECS: dict[str, KnobSpec] = {s.name: s for s in (
 @dataclass(frozen=True)
 class Knobs:
     fusion_threshold_bytes: int = 64 * MiB
-    cycle_time_ms: float = 1.0
+    cycle_time_ms: float = 10.0
     hierarchical: bool = False
     group_fusion: bool = True
     segment_bytes: int = 4 * MiB
