@@ -311,6 +311,18 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     store.set_best(pid, Knobs().as_dict(), 99.0, 99.0, 0.02, "r", steps=3, outcome="every knob is pinned")
     line, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("its tuning kept the default knobs (every knob was pinned)")
+    # stored before the cycle's default went from 1 to 10 ms: that run's default cycle gives way to today's
+    store.set_best(pid, Knobs(cycle_time_ms=1.0, segment_bytes=1 << 20).as_dict(), 99.0, 99.0, 0.02, "r", steps=30,
+                   outcome="budget exhausted, default kept")
+    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert line.endswith("that run's default had segment_bytes=1MiB (pinned then), applied here; its "
+                         "cycle_time_ms=1, tunelab's default then, is 10 now, and that applies"), line
+    assert "cycle_time_ms" not in knobs and knobs["segment_bytes"] == 1 << 20
+    # a tuned configuration is applied as it was locked, whatever the defaults did since
+    store.set_best(pid, Knobs(cycle_time_ms=1.0, fusion_threshold_bytes=0).as_dict(), 99.0, 90.0, 0.02, "r",
+                   gain_interval=(1.1, 1.05, 1.15), steps=30, outcome="converged")
+    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert knobs["cycle_time_ms"] == 1.0 and "cycle_time_ms=1" in line
 
 
 def test_a_lock_after_a_retune_is_stored_as_retuned():

@@ -242,7 +242,7 @@ class Runtime:
 
     def _lookup_profile(self, signature: str, framework: str, model_name: str) -> tuple[str, dict | None]:
         from .errors import StoreError
-        from .knobs import knob_text
+        from .knobs import FORMER_DEFAULTS, knob_text
         from .profiles import ProfileStore
 
         topo = self.topology
@@ -258,11 +258,18 @@ class Runtime:
 
         if best.gain_low is None and best.outcome is not None:  # tuned, and the default was kept
             why = best.kept_reason() + ("" if best.ended == "every knob is pinned" else f"; {best.ended}")
-            # the default of that run: the knobs pinned while it tuned may differ from this job's
+            # the default of that run: the knobs pinned while it tuned may differ from this job's, and so
+            # may a default that changed since (FORMER_DEFAULTS), which gives way to today's
             ours = self.config.knobs.as_dict()
-            other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items() if ours.get(k, v) != v)
+            differ = {k: v for k, v in knobs.items() if ours.get(k, v) != v}
+            former = {k: v for k, v in differ.items() if v in FORMER_DEFAULTS.get(k, ())}
+            knobs = {k: v for k, v in knobs.items() if k not in former}
+            other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items() if k not in former)
+            since = ", ".join(f"{k}={knob_text(k, v)}, tunelab's default then, is {knob_text(k, ours[k])} now"
+                              for k, v in former.items())
             return (f"tunelab: loaded profile {best.profile_id} for {what}: its tuning kept the default knobs "
-                    f"({why})" + (f"; that run's default had {other} (pinned then), applied here" if other else "")), knobs
+                    f"({why})" + (f"; that run's default had {other} (pinned then), applied here" if other else "")
+                    + (f"; its {since}, and that applies" if since else "")), knobs
         shown = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items())
         return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
                 f"(measured {best.interval_text()} the default)"), knobs
