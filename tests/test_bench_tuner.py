@@ -503,7 +503,7 @@ def test_bench_landscape_visits_last_a_tuning_block_where_steps_are_fast(tmp_pat
     out = tmp_path / "fast.json"
     proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "landscape", "--scenario",
                            str(tmp_path / "fast.toml"), "--grid", "fusion_threshold_bytes=0,64MiB", "--repeats", "1",
-                           "--json", str(out)], capture_output=True, text=True, timeout=240, check=False)
+                           "--json", str(out), "--no-report"], capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     n = doc["measure_steps"]
@@ -521,7 +521,7 @@ def test_bench_landscape_trains_the_batch_and_images_it_is_given(tmp_path):
     out = tmp_path / "small.json"
     proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "bench", "landscape", "--model", "resnet50",
                            "--batch-size", "3", "--image-size", "32", "--grid", "cycle_time_ms=1,8", "--repeats", "1",
-                           "--json", str(out)], capture_output=True, text=True, timeout=240, check=False)
+                           "--json", str(out), "--no-report"], capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert doc["world_size"] == 2 and doc["samples_per_step"] == 6

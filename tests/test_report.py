@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
@@ -23,6 +24,7 @@ from tunelab.profiles import ProfileStore
 from tunelab.report.build import build_html
 
 DATA = Path(__file__).resolve().parent / "data"
+LANDSCAPE = Path(__file__).resolve().parents[1] / "tunelab" / "bench" / "landscapes" / "resnet50-torch-2ranks-10ms.json"
 BENCHES = ["report-allreduce.json", "report-fusion.json", "report-kernels.json", "report-tuner.json"]
 PAYLOAD = "<script>document.title='pwned'</script>"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -303,6 +305,9 @@ def test_a_damaged_tune_result_is_one_line_and_exit_2(inputs: dict, tmp_path: Pa
     ("report-allreduce.json", lambda d: d.update(rows=5), "not a tunelab bench --json result"),
     ("report-kernels.json", lambda d: d["rows"][0].pop("copy_gbps"), "copy_gbps must be a number, got None"),
     ("report-tuner.json", lambda d: d["curves"].update(tunelab=["a"]), "its curves must be lists of numbers"),
+    (LANDSCAPE, lambda d: d["points"][2]["scores"].append(-1.0),
+     "a damaged tunelab bench landscape result (point 3: its scores must be a list of positive numbers)"),
+    (LANDSCAPE, lambda d: d["points"][0]["knobs"].update(cycle_time_ms="x"), "point 1: its knobs are not knobs"),
 ])
 def test_a_damaged_bench_result_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture, name, damage,
                                                       named) -> None:
@@ -314,6 +319,25 @@ def test_a_damaged_bench_result_is_one_line_and_exit_2(tmp_path: Path, capsys: p
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err and "damaged.json" in err, err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_landscape_is_reported_best_first_with_its_default_marked(tmp_path: Path) -> None:
+    """``bench landscape``'s JSON (a shipped recording) in a report: a figure, and a table of its points
+    ranked by their mean over the visits (the order and figures numpy gives), the default marked."""
+    data = json.loads(LANDSCAPE.read_text())
+    out = tmp_path / "r.html"
+    assert main(["report", "--bench", str(LANDSCAPE), "--out", str(out)]) == 0
+    html = out.read_text()
+    assert [m[0] for m in IMG.findall(html)] == ["fig-landscape-0"]
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    means = sorted(((float(np.mean(pt["scores"])), pt) for pt in data["points"]), key=lambda m: -m[0])
+    best, (last, last_pt) = means[0][0], means[-1]
+    assert means[0][1]["knobs"]["fusion_threshold_bytes"] == 0 and means[0][1]["knobs"]["cycle_time_ms"] == 32
+    assert f"1 fusion=off cycle=32ms segment=256KiB hier=off {best:.4g}" in text, text[:2000]
+    assert f"24 fusion=64MiB cycle=1ms segment=4MiB hier=off {last:.4g} {min(last_pt['scores']):.4g}" in text
+    default = next(i for i, (_, pt) in enumerate(means) if pt["knobs"] == data["space"]["base"])
+    assert f"{default + 1} fusion=64MiB cycle=10ms segment=4MiB hier=off (default) {means[default][0]:.4g}" in text
+    assert text.count("(default)") == 1 and f"{means[default][0] / best:.4g} 5" in text
 
 
 def test_the_tuner_section_counts_the_targets_each_strategy_meets(tmp_path: Path) -> None:

@@ -211,7 +211,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=non_negative_int, default=0, help="shuffles the visiting order")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="gradient dtype of a replay scenario (default float32)")
-    add_output_flags(p, report=False, what="the landscape")
+    add_output_flags(p, what="the landscape")
     p.set_defaults(func=_cmd)
     return p
 
@@ -250,7 +250,7 @@ def _cmd(args: argparse.Namespace) -> int:
         result = run_job("bench-landscape", params, scenario_ranks(lab, args.np, scenario), lab=lab)
     result["scenario"] = scenario.name
     _print_table(result)
-    return finish(args, result, "landscape")
+    return finish(args, result, "landscape", "bench")
 
 
 def _print_table(result: dict) -> None:

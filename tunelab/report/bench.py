@@ -1,4 +1,4 @@
-"""Benchmark sections: allreduce bus bandwidth, fusion modes, kernels, tuner quality.
+"""Benchmark sections: allreduce bus bandwidth, fusion modes, kernels, training, knob landscapes, tuner quality.
 
 Several results of one kind are compared side by side: one series (or column) per input, labelled
 by its hardware (host name) when that tells them apart, else by file name.
@@ -20,6 +20,8 @@ def kind_of(data: dict[str, Any]) -> str:
     """Which bench command wrote ``data``, from its first row ("unknown" when it has no rows to tell)."""
     if "curves" in data:
         return "tuner"
+    if "points" in data and "space" in data:
+        return "landscape"
     rows = data.get("rows")
     if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
         return "unknown"
@@ -99,6 +101,42 @@ def tuner_section(results: list[Result]) -> dict[str, Any]:
         if isinstance(lands, dict) and lands:
             blocks.append(table_block(f"landscapes: {label}", [_landscape_row(n, i) for n, i in lands.items()]))
     return {"id": "bench-tuner", "title": "Tuner quality", "blocks": blocks}
+
+
+def landscape_section(results: list[Result]) -> dict[str, Any]:
+    """Each recorded landscape: its points ranked by mean samples/s, every visit beside the mean, the
+    default marked; and what was recorded, where."""
+    from ..knobs import Knobs
+    from ..tuning.run import describe
+
+    blocks: list[dict[str, Any]] = []
+    for label, d in results:
+        base = d["space"].get("base") if isinstance(d["space"], dict) else None
+        ranked = sorted(d["points"], key=lambda pt: -sum(pt["scores"]) / len(pt["scores"]))
+        means = [sum(pt["scores"]) / len(pt["scores"]) for pt in ranked]
+        best = means[0]
+        default = next((i for i, pt in enumerate(ranked) if pt["knobs"] == base), None)
+        names = [describe(Knobs(**pt["knobs"])) for pt in ranked]
+        fig = figures.ranked_points(names, [pt["scores"] for pt in ranked], default, "samples/s")
+        what = (f"{d.get('model', '?')} ({d.get('framework') or d.get('workload', '?')}) on "
+                f"{d.get('world_size', '?')} ranks")
+        blocks.append(_figure(f"fig-landscape-{len(blocks)}", f"{label}: {what}, {len(ranked)} points, best first; "
+                              "a bar to each point's mean over its visits, a dot for each visit"
+                              + ("; the default in orange" if default is not None else ""), fig))
+        rows = [{"rank": i + 1, "knobs": names[i] + (" (default)" if i == default else ""),
+                 "samples/s": means[i], "min": min(pt["scores"]), "max": max(pt["scores"]),
+                 "vs best": means[i] / best, "visits": len(pt["scores"])} for i, pt in enumerate(ranked)]
+        blocks.append(table_block(f"landscape: {label}", rows))
+        facts = [("scenario", d.get("scenario")), ("device", d.get("device")), ("nodes", d.get("nodes")),
+                 ("link (Gb/s)", d.get("link_gbps")), ("visits a point", d.get("repeats")),
+                 ("visiting order seed", d.get("seed")), ("seconds", d.get("seconds")),
+                 ("measured steps a visit", d.get("measure_steps"))]
+        blocks.append(table_block(f"recorded: {label}", [{"fact": k, "value": str(v)} for k, v in facts
+                                                         if v is not None]))
+        hw = d.get("hardware")
+        if isinstance(hw, dict) and hw:
+            blocks.append(table_block(f"hardware: {label}", [{"fact": k, "value": str(v)} for k, v in hw.items()]))
+    return {"id": "bench-landscape", "title": "Knob landscapes", "blocks": blocks}
 
 
 def _scoreboard_rows(board: Any) -> list[dict[str, Any]]:
@@ -220,7 +258,7 @@ def train_section(results: list[Result]) -> dict[str, Any]:
 
 
 SECTIONS = {"train": train_section, "allreduce": allreduce_section, "fusion": fusion_section, "kernels": kernels_section,
-            "tuner": tuner_section}
+            "tuner": tuner_section, "landscape": landscape_section}
 
 
 # What each section reads of every row: its name field, and the numbers it plots.
@@ -251,6 +289,8 @@ def _damage(kind: str, data: dict[str, Any]) -> str:
                 isinstance(c, list) and all(_number(x) for x in c) for c in curves.values()):
             return "its curves must be lists of numbers per strategy, beside a list of rows"
         return ""
+    if kind == "landscape":
+        return _landscape_damage(data)
     name, numbers = ROW_FIELDS[kind]
     for i, row in enumerate(data["rows"]):
         if not isinstance(row, dict) or not isinstance(row.get(name), str):
@@ -259,6 +299,23 @@ def _damage(kind: str, data: dict[str, Any]) -> str:
         if bad:
             must = "must be a number" if len(bad) == 1 else "must be numbers"
             return f"row {i + 1} ({row[name]}): {', '.join(bad)} {must}, got {', '.join(repr(row.get(f)) for f in bad)}"
+    return ""
+
+
+def _landscape_damage(data: dict[str, Any]) -> str:
+    from ..knobs import Knobs
+
+    points = data["points"]
+    if not isinstance(points, list) or not points or not isinstance(data["space"], dict):
+        return "it must hold a space and a list of points"
+    for i, pt in enumerate(points):
+        scores = pt.get("scores") if isinstance(pt, dict) else None
+        if not isinstance(scores, list) or not scores or not all(_number(x) and x > 0 for x in scores):
+            return f"point {i + 1}: its scores must be a list of positive numbers"
+        try:
+            Knobs(**pt["knobs"])
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"point {i + 1}: its knobs are not knobs ({exc})"
     return ""
 
 

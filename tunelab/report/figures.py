@@ -60,6 +60,27 @@ def grouped_bars(groups: Sequence[str], series: dict[str, Sequence[float]], ylab
     return to_data_uri(fig)
 
 
+def ranked_points(labels: Sequence[str], visits: Sequence[Sequence[float]], highlight: int | None,
+                  xlabel: str) -> str:
+    """One row per point, first at the top: a bar to its mean over ``visits`` and a dot for each visit;
+    the ``highlight`` row (the default) in another colour."""
+    n = max(1, len(labels))
+    fig, ax = new_figure(7.0, max(2.5, 0.28 * n + 1.0))
+    for i, scores in enumerate(visits):
+        y = n - 1 - i
+        colour = "tab:orange" if i == highlight else "tab:blue"
+        ax.barh(y, sum(scores) / len(scores), color=colour, alpha=0.45, height=0.7)
+        ax.plot(list(scores), [y] * len(scores), "o", color=colour, markersize=3)
+    ax.set_yticks([n - 1 - i for i in range(len(labels))])
+    ax.set_yticklabels(labels, fontsize="x-small")
+    lows = [min(v) for v in visits if v]
+    if lows:
+        ax.set_xlim(left=0.95 * min(lows))
+    ax.set_xlabel(xlabel)
+    ax.grid(True, axis="x", alpha=0.3)
+    return to_data_uri(fig)
+
+
 def convergence(scores: Sequence[float], phases: Sequence[str], default_score: float) -> str:
     fig, ax = new_figure()
     xs = list(range(len(scores)))
