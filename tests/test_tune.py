@@ -325,6 +325,33 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     assert knobs["cycle_time_ms"] == 1.0 and "cycle_time_ms=1" in line
 
 
+def test_a_warm_start_leaves_out_runs_measured_against_another_default(capsys):
+    """Stored trials are ratios to their run's own default blocks: a run whose default was the 1 ms cycle
+    (before the default changed) is left out, said aloud; a run against today's default is told, each
+    candidate's log samples/s over the mean of that run's default blocks (by hand: 11 over 10)."""
+    from types import SimpleNamespace
+
+    from tunelab.knobs import Knobs
+    from tunelab.tuning import run
+
+    old, today = Knobs(cycle_time_ms=1.0), Knobs()
+    fast = Knobs(fusion_threshold_bytes=0)
+
+    def trial(run_id, phase, knobs, score):
+        return SimpleNamespace(run_id=run_id, phase=phase, knobs=knobs.as_dict(), score=score)
+
+    trials = [trial("a", "default", old, 8.0), trial("a", "explore", fast, 11.0), trial("a", "default", old, 8.0),
+              trial("b", "default", today, 9.0), trial("b", "explore", fast, 11.0), trial("b", "default", today, 11.0)]
+    store = SimpleNamespace(trials=lambda pid: trials)
+    recorder = run._Recorder(store, 7, "r", None, None)
+    told = recorder.warm_start_observations(today)
+    assert [o.knobs for o in told] == [fast] and told[0].value == pytest.approx(math.log(11.0 / 10.0))
+    out = capsys.readouterr().out
+    assert "earlier runs of profile 7 whose default differs from this run's (cycle_time_ms=1) are left out" in out
+    assert "# warm start: 1 stored trial from profile 7" in out
+    assert len(recorder.warm_start_observations(old)) == 1 and "(cycle_time_ms=10)" in capsys.readouterr().out
+
+
 def test_a_lock_after_a_retune_is_stored_as_retuned():
     """tune --retune stores the run's last lock; its outcome says it came from a re-opened search, so a
     profile's report counts that search's blocks, not the first one's."""
@@ -367,10 +394,12 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
     assert "oneshot_max_bytes" in spaces["cuda-161p-x"].names
     assert "oneshot_max_bytes" not in spaces["161p-x"].names
 
-    monkeypatch.setattr(run._Recorder, "create", lambda *a, **k: SimpleNamespace(warm_start_observations=list))
+    monkeypatch.setattr(run._Recorder, "create",
+                        lambda *a, **k: SimpleNamespace(warm_start_observations=lambda reference: []))
     monkeypatch.setattr(run, "_model_proposals", lambda p, rt, space: ([Knobs(cycle_time_ms=9.0)], "m.json"))
     comm = SimpleNamespace(rank=0, bcast=lambda value, root=0: value)
-    first = {device: run._prepare_on_rank0({"device": device}, None, None, None, comm)[2] for device in ("cuda", "cpu")}
+    space = SimpleNamespace(base=Knobs())
+    first = {device: run._prepare_on_rank0({"device": device}, None, None, space, comm)[2] for device in ("cuda", "cpu")}
     assert first == {"cuda": ([], None), "cpu": ([Knobs(cycle_time_ms=9.0)], "m.json")}
 
 

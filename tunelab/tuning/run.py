@@ -110,7 +110,7 @@ def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any,
     if comm.rank == 0:
         try:
             recorder = _Recorder.create(p, rt, workload, write=p.get("store", True))
-            stored = recorder.warm_start_observations()
+            stored = recorder.warm_start_observations(space.base)
             # (the scale model is fitted on the host path: no first proposals for a GPU job)
             first = _model_proposals(p, rt, space) if not stored and p.get("device") != "cuda" else ([], None)
         except Exception as exc:  # noqa: BLE001 - raised again below, on every rank
@@ -349,10 +349,12 @@ class _Recorder:
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
         return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write, (fp.name, dict(fp.facts)))
 
-    def warm_start_observations(self) -> list[Any]:
+    def warm_start_observations(self, reference: Knobs) -> list[Any]:
         """Stored trials of this profile (or of the nearest one, said aloud) as paired log ratios: each
-        earlier run's candidates over the mean of that run's default blocks, with extra variance."""
-        from .result import stored_observations
+        earlier run's candidates over the mean of that run's default blocks, with extra variance; only
+        runs whose default was ``reference``, this run's (the others are left out, said aloud)."""
+        from ..units import counted
+        from .result import against_reference, stored_observations
 
         source = self.profile_id
         if (source is None or not self.store.trials(source)) and self.seeded_from is not None:
@@ -361,9 +363,14 @@ class _Recorder:
                   f"({self.seeded_from.hardware_name})", flush=True)
         if source is None:
             return []
-        observations = stored_observations(self.store.trials(source), Plan().warm_start_noise)
+        trials, differ = against_reference(self.store.trials(source), reference)
+        if differ:
+            what = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items())
+            print(f"# warm start: earlier runs of profile {source} whose default differs from this run's "
+                  f"({what}) are left out: their ratios are to another configuration", flush=True)
+        observations = stored_observations(trials, Plan().warm_start_noise)
         if observations:
-            print(f"# warm start: {len(observations)} stored trials from profile {source}", flush=True)
+            print(f"# warm start: {counted(len(observations), 'stored trial')} from profile {source}", flush=True)
         return observations
 
     def record(self, s: Sample) -> None:
