@@ -333,10 +333,11 @@ def test_a_landscape_is_reported_best_first_with_its_default_marked(tmp_path: Pa
     means = sorted(((float(np.mean(pt["scores"])), pt) for pt in data["points"]), key=lambda m: -m[0])
     best, (last, last_pt) = means[0][0], means[-1]
     assert means[0][1]["knobs"]["fusion_threshold_bytes"] == 0 and means[0][1]["knobs"]["cycle_time_ms"] == 32
-    assert f"1 fusion=off cycle=32ms segment=256KiB hier=off {best:.4g}" in text, text[:2000]
-    assert f"24 fusion=64MiB cycle=1ms segment=4MiB hier=off {last:.4g} {min(last_pt['scores']):.4g}" in text
+    assert f"1 fusion=off cycle=32ms segment=256KiB {best:.4g}" in text, text[:2000]
+    assert f"24 fusion=64MiB cycle=1ms segment=4MiB {last:.4g} {min(last_pt['scores']):.4g}" in text
     default = next(i for i, (_, pt) in enumerate(means) if pt["knobs"] == data["space"]["base"])
-    assert f"{default + 1} fusion=64MiB cycle=10ms segment=4MiB hier=off (default) {means[default][0]:.4g}" in text
+    assert f"{default + 1} fusion=64MiB cycle=10ms segment=4MiB (default) {means[default][0]:.4g}" in text
+    assert "hier=" not in text  # one node: hierarchical is not a knob of this grid
     assert text.count("(default)") == 1 and f"{means[default][0] / best:.4g} 5" in text
 
 

@@ -233,7 +233,7 @@ def test_bench_train_notes_say_which_knobs_the_tuned_system_ran():
     assert same[0].endswith("the same knobs as tunelab (no stored tuning changed them)")
     assert "one round" in same[1]
     other = _knob_notes({"tunelab": default, "tunelab-tuned": tuned}, {"rounds": 3})
-    assert other == ["tunelab-tuned ran fusion=64MiB cycle=8ms segment=4MiB hier=off"]
+    assert other == ["tunelab-tuned ran fusion=64MiB cycle=8ms segment=4MiB"]
     assert _knob_notes({"tunelab": default}, {"rounds": 2}) == []  # no tuned system: nothing to say
 
 
@@ -269,7 +269,13 @@ def test_tune_progress_counts_each_search_against_its_own_budget(capsys):
     assert labels == ["[   1/2]", "[   2/2]", "[ close]"] * 2 + ["[     r]"]  # one column wide
     show = _progress(100, None)
     show(block)
-    assert capsys.readouterr().out.startswith("[  1/100] explore")
+    out = capsys.readouterr().out
+    # hierarchical is a knob of a job of several nodes: said there, on or off; on one node only if on
+    assert out.startswith("[  1/100] explore") and "hier" not in out, out
+    _progress(100, None, hier=True)(block)
+    _progress(100, None)(dataclasses.replace(block, knobs=Knobs(hierarchical=True)))
+    lines = capsys.readouterr().out.splitlines()
+    assert " segment=4MiB hier=off " in lines[0] and " segment=4MiB hier=on " in lines[1], lines
 
 
 def test_knob_sizes_that_are_not_round_are_not_printed_as_round():

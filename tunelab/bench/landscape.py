@@ -32,7 +32,6 @@ from ..cli.types import (
 )
 from ..errors import UsageError
 from ..knobs import Knobs, parse_bool
-from ..units import format_size
 
 ALIASES = {"fusion": "fusion_threshold_bytes", "cycle": "cycle_time_ms", "segment": "segment_bytes",
            "hier": "hierarchical", "hierarchical": "hierarchical", "oneshot": "oneshot_max_bytes"}
@@ -183,9 +182,10 @@ def _result(p: dict, rt: Any, workload: Any, space: Any, points: list[Knobs], sc
 
 
 def describe(knobs: Knobs) -> str:
-    fusion = "off" if knobs.fusion_threshold_bytes == 0 else format_size(knobs.fusion_threshold_bytes)
-    return (f"fusion={fusion} cycle={knobs.cycle_time_ms:g}ms segment={format_size(knobs.segment_bytes)}"
-            + (" hier=on" if knobs.hierarchical else ""))
+    """A grid point as this command prints it: exact sizes, ``hier=on`` only where it is on."""
+    from ..tuning.run import describe as knobs_line
+
+    return knobs_line(knobs, exact=True)
 
 
 # ---- command line -----------------------------------------------------------------------------------

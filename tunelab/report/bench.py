@@ -116,7 +116,8 @@ def landscape_section(results: list[Result]) -> dict[str, Any]:
         means = [sum(pt["scores"]) / len(pt["scores"]) for pt in ranked]
         best = means[0]
         default = next((i for i, pt in enumerate(ranked) if pt["knobs"] == base), None)
-        names = [describe(Knobs(**pt["knobs"])) for pt in ranked]
+        hier = "hierarchical" in (d["space"].get("names") or ())
+        names = [describe(Knobs(**pt["knobs"]), hier=hier) for pt in ranked]
         fig = figures.ranked_points(names, [pt["scores"] for pt in ranked], default, "samples/s")
         what = (f"{d.get('model', '?')} ({d.get('framework') or d.get('workload', '?')}) on "
                 f"{d.get('world_size', '?')} ranks")

@@ -10,13 +10,14 @@ from .run import KNOBS_WIDTH, describe
 
 def print_tune_summary(result: dict) -> None:
     default, best, final = result["default"], result["best"], result["locked_final"]
+    hier = "hierarchical" in result.get("searched", ())  # hier=off said where it was searched
     each = f" (exploration blocks of {result['block_steps']} measured steps)" if result.get("block_steps") else ""
     print(f"# {counted(len(result['samples']), 'block')} in {result['seconds']:.0f} s{each}; locked after "
           f"{counted(result['samples_to_lock'], 'block')}, {counted(result['steps_to_lock'], 'step')} "
           f"({result['seconds_to_lock']:.0f} s); exploration ended: {result['stop_reason']}")
-    print(f"default: {describe(Knobs(**default['knobs'])):<{KNOBS_WIDTH}} {default['score']:8.2f} samples/s "
+    print(f"default: {describe(Knobs(**default['knobs']), hier=hier):<{KNOBS_WIDTH}} {default['score']:8.2f} samples/s "
           f"(mean of its {counted(len(default['scores']), 'reference block')})")
-    print(f"locked : {describe(Knobs(**best['knobs']), exact=True):<{KNOBS_WIDTH}} {best['score']:8.2f} samples/s")
+    print(f"locked : {describe(Knobs(**best['knobs']), exact=True, hier=hier):<{KNOBS_WIDTH}} {best['score']:8.2f} samples/s")
     print(f"gain   : {gain_text(result)}")
     drift = result.get("drift") or {}
     if drift.get("block_sigma_frac") is not None:
@@ -27,7 +28,7 @@ def print_tune_summary(result: dict) -> None:
               f"one block's noise {100 * drift['block_sigma_frac']:.1f}%"
               + (f"; {aside} disturbed block{'s' if aside > 1 else ''} set aside" if aside else ""))
     for d in result.get("decisions", [])[:-1]:
-        print(f"retune : epoch {d['epoch']} had locked {describe(Knobs(**d['knobs']))}; its step time left "
+        print(f"retune : epoch {d['epoch']} had locked {describe(Knobs(**d['knobs']), hier=hier)}; its step time left "
               "the locked interval, so the search re-opened")
     print(final_text(final, default, best["knobs"] == default["knobs"]))
     if "profile_id" in result:

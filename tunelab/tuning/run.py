@@ -74,7 +74,7 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
                 measure_steps=p["measure_steps"], block_seconds=p.get("block_seconds", Plan().block_seconds),
                 budget_samples=p["budget_samples"],
                 time_budget_s=p.get("time_budget_s"), retune=retune_steps > 0)
-    printer = _progress(p["budget_samples"], recorder) if comm.rank == 0 else None
+    printer = _progress(p["budget_samples"], recorder, hier="hierarchical" in space.names) if comm.rank == 0 else None
     session = TuningSession(rt.coordinator, comm, workload.samples_per_step, space, strategy, plan, printer)
     t0 = time.perf_counter()
     _train_until_locked(workload, session)
@@ -283,20 +283,23 @@ def _measure_locked(workload: Workload, comm: Any, steps: int) -> list[float]:
 KNOBS_WIDTH = 56  # the column :func:`describe` fills in tune's block lines and summary
 
 
-def describe(knobs: Knobs, exact: bool = False) -> str:
+def describe(knobs: Knobs, exact: bool = False, hier: bool = False) -> str:
     """Knobs on one line, sizes as people read them (:func:`knob_size`); ``exact``: as ``--knob`` takes
-    them back (the locked line, which users copy)."""
+    them back (the locked line, which users copy).  ``hier=on`` whenever it is on, ``hier=off`` only
+    where ``hier`` asks (a job of several nodes, where it is searched): on one node it means nothing."""
     def text(name: str) -> str:
         return knob_text(name, getattr(knobs, name), exact)
 
     line = (f"fusion={text('fusion_threshold_bytes')} cycle={text('cycle_time_ms')}ms "
-            f"segment={text('segment_bytes')} hier={text('hierarchical')}")
+            f"segment={text('segment_bytes')}")
+    if hier or knobs.hierarchical:
+        line += f" hier={text('hierarchical')}"
     if knobs.oneshot_max_bytes != Knobs().oneshot_max_bytes:  # searched on GPUs: shown where it moved
         line += f" oneshot={text('oneshot_max_bytes')}"
     return line
 
 
-def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], None]:
+def _progress(budget: int, recorder: _Recorder | None, hier: bool = False) -> Callable[[Sample], None]:
     count = [0, 0]  # exploration blocks of this search, the search (a retune re-opens one)
     explored: set[Knobs] = set()
     width = max(6, 4 + len(str(budget)))  # "  7/20", "close", "r": one column whatever the budget
@@ -322,7 +325,7 @@ def _progress(budget: int, recorder: _Recorder | None) -> Callable[[Sample], Non
         if s.phase == "remeasure" and s.role == "candidate" and s.knobs not in explored:
             why = "  (the model's pick near the best measured: single blocks above are noisy)"
             explored.add(s.knobs)
-        print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs):<{KNOBS_WIDTH}} {s.score:8.2f} samples/s "
+        print(f"[{label}] {s.phase:<9} {s.role:<9} {describe(s.knobs, hier=hier):<{KNOBS_WIDTH}} {s.score:8.2f} samples/s "
               f"(spread {100 * s.spread:.1f}%{steps}){ratio}{why}", flush=True)
 
     return show
