@@ -68,7 +68,8 @@ for s in $STEPS; do
         train1)  # one rank: NCCL runs there, so DDP's baseline is NCCL's
             step train1 180 tunelab bench train --device cuda --np 1 --image-size 224 --batch-size 32 --iters 20 \
                 --rounds 3 --json "$DIR/train1.json" --no-report ;;
-        phases)  # a training step's host time by phase, plain torch against the DistributedOptimizer
+        phases)  # a training step's host time by phase, plain torch against the DistributedOptimizer at the
+            # default knobs (a 10 ms cycle since 2026-11-28; the records in docs/gpu.md before that ran 1 ms)
             # (then where the host time goes, by function: cProfile slows it, so a run of its own)
             step phases 240 bash -c 'python3 tests/gpu_step_phases.py plain && python3 tests/gpu_step_phases.py tunelab &&
                 python3 tests/gpu_step_phases.py tunelab --steps 10 --profile 20' ;;
@@ -81,7 +82,7 @@ for s in $STEPS; do
             # how long the autograd thread waits for the GIL behind the coordinator's thread
             step gil 200 bash -c 'python3 tests/gpu_step_phases.py plain --steps 20 &&
                 for s in 5000 1000 200 50; do
-                    python3 tests/gpu_step_phases.py tunelab --steps 20 --switch-us $s || exit 1; done' ;;
+                    python3 tests/gpu_step_phases.py tunelab --steps 20 --switch-us $s --knob cycle_time_ms=1 || exit 1; done' ;;
         cycle10)  # 2 ranks sharing the GPU: a 1 ms cycle against the default 10 ms, alternated twice (A B A B),
             # each run with its own no-communication bound, so each row reads against its own run
             step cycle10 400 bash -c 'for i in 1 2; do for c in 1 10; do

@@ -336,9 +336,9 @@ def test_a_landscape_is_reported_best_first_with_its_default_marked(tmp_path: Pa
     assert f"1 fusion=off cycle=32ms segment=256KiB {best:.4g}" in text, text[:2000]
     assert f"24 fusion=64MiB cycle=1ms segment=4MiB {last:.4g} {min(last_pt['scores']):.4g}" in text
     default = next(i for i, (_, pt) in enumerate(means) if pt["knobs"] == data["space"]["base"])
-    assert f"{default + 1} fusion=64MiB cycle=10ms segment=4MiB (default) {means[default][0]:.4g}" in text
+    assert f"{default + 1} fusion=64MiB cycle=10ms segment=4MiB (recorded default) {means[default][0]:.4g}" in text
     assert "hier=" not in text  # one node: hierarchical is not a knob of this grid
-    assert text.count("(default)") == 1 and f"{means[default][0] / best:.4g} 5" in text
+    assert text.count("(recorded default)") == 1 and f"{means[default][0] / best:.4g} 5" in text
 
 
 def test_the_tuner_section_counts_the_targets_each_strategy_meets(tmp_path: Path) -> None:

@@ -318,12 +318,19 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     line, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("its tuning kept the default knobs (every knob was pinned)")
     # stored before the cycle's default went from 1 to 10 ms: that run's default cycle gives way to today's
-    store.set_best(pid, Knobs(cycle_time_ms=1.0, segment_bytes=1 << 20).as_dict(), 99.0, 99.0, 0.02, "r", steps=30,
-                   outcome="budget exhausted, default kept")
+    kept = Knobs(cycle_time_ms=1.0, segment_bytes=1 << 20).as_dict()
+    monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-27T10:00:00.000+00:00")
+    store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
     line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("that run's default had segment_bytes=1MiB (pinned then), applied here; its "
                          "cycle_time_ms=1, tunelab's default then, is 10 now, and that applies"), line
     assert "cycle_time_ms" not in knobs and knobs["segment_bytes"] == 1 << 20
+    # stored since: a 1 ms cycle in it was pinned, and applies
+    monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-29T10:00:00.000+00:00")
+    store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
+    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert line.endswith("that run's default had cycle_time_ms=1, segment_bytes=1MiB (pinned then), applied here")
+    assert knobs["cycle_time_ms"] == 1.0
     # a tuned configuration is applied as it was locked, whatever the defaults did since
     store.set_best(pid, Knobs(cycle_time_ms=1.0, fusion_threshold_bytes=0).as_dict(), 99.0, 90.0, 0.02, "r",
                    gain_interval=(1.1, 1.05, 1.15), steps=30, outcome="converged")

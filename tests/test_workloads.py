@@ -128,6 +128,9 @@ def test_unknown_model_is_refused():
 def test_missing_frameworks_name_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
     monkeypatch.setitem(sys.modules, "tensorflow", None)
+    # and Keras: imported for the first time here, it would fail half-way for want of TensorFlow and
+    # leave its half-made modules behind for every later test of this process
+    monkeypatch.setitem(sys.modules, "keras", None)
     with pytest.raises(ImportError, match=r"pip install 'tunelab\[torch\]'"):
         torch_models.build("resnet50")
     with pytest.raises(ImportError, match=r"pip install 'tunelab\[tensorflow\]'"):

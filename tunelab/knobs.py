@@ -53,11 +53,12 @@ SPECS: dict[str, KnobSpec] = {s.name: s for s in (
 )}
 
 
-# Defaults that changed, knob by knob: what each was before (newest last).  A stored profile whose tuning
-# kept the default holds that run's default; a value here in it is read as the default of then, not as a
-# knob the user pinned, so a job loading it gets today's default (runtime._lookup_profile says so).
-FORMER_DEFAULTS: dict[str, tuple[object, ...]] = {
-    "cycle_time_ms": (1.0,),  # until 2026-11-28
+# Defaults that changed, knob by knob: (the value, the UTC time it stopped being the default, as the
+# profile store writes times).  A stored profile whose tuning kept the default holds that run's default;
+# in one stored before then, the value is read as the default of then, not as a knob the user pinned, so
+# a job loading it gets today's default (runtime._lookup_profile says so).
+FORMER_DEFAULTS: dict[str, tuple[tuple[object, str], ...]] = {
+    "cycle_time_ms": ((1.0, "2026-11-28T02:01:20"),),
 }
 
 

@@ -187,7 +187,7 @@ class Runtime:
     def _watch_profile(self, loaded: Any, signature: str, framework: str) -> Any:
         from .profiles import ProfileStore
         from .tuning.plan import Plan
-        from .tuning.result import stored_observations
+        from .tuning.result import against_reference, stored_observations
         from .tuning.space import search_space
         from .tuning.watch import ProfileWatch, StoreWriter
 
@@ -198,7 +198,9 @@ class Runtime:
                              device=signature.startswith("cuda-"))
         store = ProfileStore()
         best = store.best(self.profile_key(signature, framework))
-        stored = stored_observations(store.trials(best.profile_id), Plan().warm_start_noise) if best else []
+        # (only runs measured against this job's default: a re-opened search's ratios are to it)
+        trials = against_reference(store.trials(best.profile_id), space.base)[0] if best else []
+        stored = stored_observations(trials, Plan().warm_start_noise)
         writer = StoreWriter(store, best.profile_id, f"retune-{uuid.uuid4().hex[:8]}") if best else None
         print("tunelab: retune on: watching the loaded configuration's step time", flush=True)
         return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer)
@@ -262,7 +264,8 @@ class Runtime:
             # may a default that changed since (FORMER_DEFAULTS), which gives way to today's
             ours = self.config.knobs.as_dict()
             differ = {k: v for k, v in knobs.items() if ours.get(k, v) != v}
-            former = {k: v for k, v in differ.items() if v in FORMER_DEFAULTS.get(k, ())}
+            former = {k: v for k, v in differ.items()
+                      if any(v == was and best.updated < until for was, until in FORMER_DEFAULTS.get(k, ()))}
             knobs = {k: v for k, v in knobs.items() if k not in former}
             other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items() if k not in former)
             since = ", ".join(f"{k}={knob_text(k, v)}, tunelab's default then, is {knob_text(k, ours[k])} now"

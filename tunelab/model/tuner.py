@@ -31,11 +31,13 @@ class Proposal:
     predicted_step_s: float
     source: str = "scale model"
 
-    def describe(self) -> str:
-        """One line as ``tune`` prints its blocks: sizes in binary units, switches on/off."""
+    def describe(self, hier: bool = False) -> str:
+        """One line as ``tune`` prints its blocks: sizes in binary units, switches on/off (``hier``: say
+        hierarchical when off too, as for a job of several hosts)."""
         from ..tuning.run import describe
 
-        return f"{self.source}: {describe(self.knobs)} (predicted {self.predicted_step_s * 1e3:.1f} ms/step)"
+        return (f"{self.source}: {describe(self.knobs, hier=hier)} "
+                f"(predicted {self.predicted_step_s * 1e3:.1f} ms/step)")
 
 
 def predicted_best(model: ScaleModel, workload: Workload, topo: Topology, count: int = 3,
@@ -179,7 +181,7 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
                      f"knobs' {default_s * 1e3:.1f} ms/step by {100 * gain:g} %: no first proposals")]
     head = (f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials for this "
             f"hardware; the default knobs predicted at {default_s * 1e3:.1f} ms/step):")
-    lines = [head] + [f"#   {b.describe()}" for b in best]
+    lines = [head] + [f"#   {b.describe(hier=hosts > 1)}" for b in best]
     return [b.knobs for b in best], lines
 
 

@@ -115,7 +115,11 @@ def landscape_section(results: list[Result]) -> dict[str, Any]:
         ranked = sorted(d["points"], key=lambda pt: -sum(pt["scores"]) / len(pt["scores"]))
         means = [sum(pt["scores"]) / len(pt["scores"]) for pt in ranked]
         best = means[0]
-        default = next((i for i, pt in enumerate(ranked) if pt["knobs"] == base), None)
+        try:
+            knobs_of_base = Knobs(**base) if isinstance(base, dict) else None
+        except (TypeError, ValueError):
+            knobs_of_base = None  # a base the report cannot read marks no point
+        default = next((i for i, pt in enumerate(ranked) if Knobs(**pt["knobs"]) == knobs_of_base), None)
         hier = "hierarchical" in (d["space"].get("names") or ())
         names = [describe(Knobs(**pt["knobs"]), hier=hier) for pt in ranked]
         fig = figures.ranked_points(names, [pt["scores"] for pt in ranked], default, "samples/s")
@@ -123,8 +127,8 @@ def landscape_section(results: list[Result]) -> dict[str, Any]:
                 f"{d.get('world_size', '?')} ranks")
         blocks.append(_figure(f"fig-landscape-{len(blocks)}", f"{label}: {what}, {len(ranked)} points, best first; "
                               "a bar to each point's mean over its visits, a dot for each visit"
-                              + ("; the default in orange" if default is not None else ""), fig))
-        rows = [{"rank": i + 1, "knobs": names[i] + (" (default)" if i == default else ""),
+                              + ("; the default it was recorded with in orange" if default is not None else ""), fig))
+        rows = [{"rank": i + 1, "knobs": names[i] + (" (recorded default)" if i == default else ""),
                  "samples/s": means[i], "min": min(pt["scores"]), "max": max(pt["scores"]),
                  "vs best": means[i] / best, "visits": len(pt["scores"])} for i, pt in enumerate(ranked)]
         blocks.append(table_block(f"landscape: {label}", rows))

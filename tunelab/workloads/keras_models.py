@@ -39,7 +39,8 @@ _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 
 
 def _log_level() -> int:
-    text = os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    """TensorFlow's C++ log level as it reads it: the variable, or TensorFlow's own 0 without it."""
+    text = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")
     return int(text) if text.strip().isdigit() else 0
 
 
@@ -54,12 +55,21 @@ def _hidden_by_level(line: str, level: int) -> bool:
 def _native_stderr_filtered(drop: list[Callable[[str], bool]]) -> Iterator[None]:
     """Run the body with file descriptor 2 (where C++ libraries write) sent to a temporary file, then
     pass what it wrote on to stderr, less the lines for which any function in ``drop`` (which the body
-    may still append to) says so.  Python's own writes to stderr in the body go the same way."""
+    may still append to) says so.  Python's own writes to stderr in the body go the same way.  (A process
+    that dies inside the body, a fatal abort, loses what the body wrote: the price of filtering.)"""
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
+    held = None
+    try:
+        held = tempfile.TemporaryFile()  # noqa: SIM115 (closed below: by the with, or here if dup fails)
+        saved = os.dup(2)
+    except OSError:  # nowhere to hold it, or no stderr to restore: nothing is filtered, nothing is lost
+        if held is not None:
+            held.close()
+        yield
+        return
+    with held:
         try:
+            os.dup2(held.fileno(), 2)
             yield
         finally:
             sys.stderr.flush()
@@ -78,6 +88,7 @@ def import_tensorflow() -> Any:
     level says (2 unless set: errors are kept; 0 keeps everything)."""
     if sys.modules.get("tensorflow") is not None:  # imported already (None: blocked, the import says so)
         return sys.modules["tensorflow"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     level = _log_level()
     with _native_stderr_filtered([lambda line: _hidden_by_level(line, level)]):
         import tensorflow as tf
