@@ -187,7 +187,7 @@ class Runtime:
     def _watch_profile(self, loaded: Any, signature: str, framework: str) -> Any:
         from .profiles import ProfileStore
         from .tuning.plan import Plan
-        from .tuning.result import against_reference, stored_observations
+        from .tuning.result import stored_observations
         from .tuning.space import search_space
         from .tuning.watch import ProfileWatch, StoreWriter
 
@@ -199,8 +199,7 @@ class Runtime:
         store = ProfileStore()
         best = store.best(self.profile_key(signature, framework))
         # (only runs measured against this job's default: a re-opened search's ratios are to it)
-        trials = against_reference(store.trials(best.profile_id), space.base)[0] if best else []
-        stored = stored_observations(trials, Plan().warm_start_noise)
+        stored = stored_observations(store.trials(best.profile_id), Plan().warm_start_noise, space.base) if best else []
         writer = StoreWriter(store, best.profile_id, f"retune-{uuid.uuid4().hex[:8]}") if best else None
         print("tunelab: retune on: watching the loaded configuration's step time", flush=True)
         return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer)

@@ -112,16 +112,17 @@ def landscape_section(results: list[Result]) -> dict[str, Any]:
     blocks: list[dict[str, Any]] = []
     for label, d in results:
         base = d["space"].get("base") if isinstance(d["space"], dict) else None
-        ranked = sorted(d["points"], key=lambda pt: -sum(pt["scores"]) / len(pt["scores"]))
-        means = [sum(pt["scores"]) / len(pt["scores"]) for pt in ranked]
+        ranked = sorted(((sum(pt["scores"]) / len(pt["scores"]), pt) for pt in d["points"]), key=lambda m: -m[0])
+        means, ranked = [m for m, _ in ranked], [pt for _, pt in ranked]
         best = means[0]
         try:
             knobs_of_base = Knobs(**base) if isinstance(base, dict) else None
         except (TypeError, ValueError):
             knobs_of_base = None  # a base the report cannot read marks no point
-        default = next((i for i, pt in enumerate(ranked) if Knobs(**pt["knobs"]) == knobs_of_base), None)
+        knobs = [Knobs(**pt["knobs"]) for pt in ranked]
+        default = next((i for i, k in enumerate(knobs) if k == knobs_of_base), None)
         hier = "hierarchical" in (d["space"].get("names") or ())
-        names = [describe(Knobs(**pt["knobs"]), hier=hier) for pt in ranked]
+        names = [describe(k, hier=hier) for k in knobs]
         fig = figures.ranked_points(names, [pt["scores"] for pt in ranked], default, "samples/s")
         what = (f"{d.get('model', '?')} ({d.get('framework') or d.get('workload', '?')}) on "
                 f"{d.get('world_size', '?')} ranks")

@@ -127,36 +127,20 @@ def decision_dict(d: Decision) -> dict:
             "seconds": d.seconds}
 
 
-def against_reference(trials: list[Any], reference: Knobs) -> tuple[list[Any], dict[str, object]]:
-    """The trials of the earlier runs whose default blocks measured ``reference`` (a run's ratios are
-    to its own default: those of a run whose default was another configuration, before a default
-    changed or under other pins, would be told as ratios to this one), and the knobs by which the
-    others' defaults differed from it, each with one of its values."""
-    by_run: dict[str, list[Any]] = {}
-    for t in trials:
-        by_run.setdefault(t.run_id, []).append(t)
-    kept: list[Any] = []
-    differ: dict[str, object] = {}
-    for run in by_run.values():
-        defaults = {Knobs(**t.knobs) for t in run if t.phase == "default"}
-        if defaults and defaults != {reference}:
-            for other in defaults - {reference}:
-                differ.update({k: v for k, v in other.as_dict().items() if getattr(reference, k) != v})
-            continue
-        kept += run
-    return kept, differ
-
-
-def stored_observations(trials: list[Any], extra_sigma: float) -> list[Observation]:
+def stored_observations(trials: list[Any], extra_sigma: float, reference: Knobs | None = None) -> list[Observation]:
     """Earlier runs' trials as a strategy's observations: per run, each explored candidate's log
-    samples/s over the mean of that run's default blocks, its variance widened by ``extra_sigma``."""
+    samples/s over the mean of that run's default blocks, its variance widened by ``extra_sigma``.
+    With ``reference`` (this search's default), only runs whose default blocks measured it: a run's
+    ratios are to its own default, and one whose default was another configuration (before a default
+    changed, or under other pins) would be told as ratios to this one."""
     by_run: dict[str, list[Any]] = {}
     for t in trials:
         by_run.setdefault(t.run_id, []).append(t)
     out: list[Observation] = []
     for run in by_run.values():
         refs = [t.score for t in run if t.phase == "default" and t.score > 0]
-        if not refs:
+        if not refs or (reference is not None
+                        and any(Knobs(**t.knobs) != reference for t in run if t.phase == "default")):
             continue
         ref = math.log(float(np.mean(refs)))
         logs = [math.log(t) - ref for t in refs]

@@ -357,7 +357,7 @@ class _Recorder:
         earlier run's candidates over the mean of that run's default blocks, with extra variance; only
         runs whose default was ``reference``, this run's (the others are left out, said aloud)."""
         from ..units import counted
-        from .result import against_reference, stored_observations
+        from .result import stored_observations
 
         source = self.profile_id
         if (source is None or not self.store.trials(source)) and self.seeded_from is not None:
@@ -366,12 +366,14 @@ class _Recorder:
                   f"({self.seeded_from.hardware_name})", flush=True)
         if source is None:
             return []
-        trials, differ = against_reference(self.store.trials(source), reference)
-        if differ:
+        trials = self.store.trials(source)
+        others = {Knobs(**t.knobs) for t in trials if t.phase == "default"} - {reference}
+        if others:  # (stored_observations leaves their runs out)
+            differ = {k: v for o in others for k, v in o.as_dict().items() if getattr(reference, k) != v}
             what = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items())
             print(f"# warm start: earlier runs of profile {source} whose default differs from this run's "
                   f"({what}) are left out: their ratios are to another configuration", flush=True)
-        observations = stored_observations(trials, Plan().warm_start_noise)
+        observations = stored_observations(trials, Plan().warm_start_noise, reference)
         if observations:
             print(f"# warm start: {counted(len(observations), 'stored trial')} from profile {source}", flush=True)
         return observations
