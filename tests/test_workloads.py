@@ -158,6 +158,32 @@ def test_native_start_up_lines_are_left_out_as_the_log_level_says(capfd):
     assert capfd.readouterr().err == "E0000 before the error\n"
 
 
+def test_a_process_that_dies_inside_the_filter_still_shows_what_it_wrote():
+    # a C++ library's fatal error aborts the process: the filter's own code never runs again, and the
+    # held lines (the reason for the abort among them) must not vanish with it
+    code = ("import os\n"
+            "from tunelab.workloads import keras_models\n"
+            "with keras_models._native_stderr_filtered([lambda line: True]):\n"
+            "    os.write(2, b'I0000 an info line\\n')\n"
+            "    os.write(2, b'F0000 cpu_feature_guard.cc:1] this CPU lacks what TensorFlow was built for\\n')\n"
+            "    os.abort()\n")
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "this CPU lacks what TensorFlow was built for" in done.stderr, done.stderr
+    assert "I0000 an info line" in done.stderr and "died while" in done.stderr
+    # and a body that ends normally leaves no watcher behind, nor a line of its own
+    code = ("import os\n"
+            "from tunelab.workloads import keras_models\n"
+            "with keras_models._native_stderr_filtered([]):\n"
+            "    os.write(2, b'kept\\n')\n"
+            "try:\n"
+            "    os.waitpid(-1, os.WNOHANG)\n"
+            "except ChildProcessError:\n"
+            "    print('no child left')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stderr == "kept\n" and done.stdout == "no child left\n"
+
+
 @pytest.mark.parametrize("level", [None, "0"])
 def test_tensorflow_is_imported_without_its_start_up_lines(level):
     pytest.importorskip("tensorflow")

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -51,12 +52,47 @@ def _hidden_by_level(line: str, level: int) -> bool:
     return m is not None and _SEVERITY[m.group(1)] < level
 
 
+# Run by a small process beside one that filters its stderr: it waits on a pipe from that process and,
+# should the pipe close without the word that the filtered block ended (the process died inside it: a
+# C++ library's fatal abort, say), writes out the held file, whose last lines say why it died.
+_WATCH = """import os, sys
+if sys.stdin.buffer.read() != b"ended":
+    fd = int(sys.argv[1])
+    os.lseek(fd, 0, 0)
+    held = b"".join(iter(lambda: os.read(fd, 1 << 16), b""))
+    sys.stderr.buffer.write(b"tunelab: the process died while its native output was held back "
+                            b"(TensorFlow's start-up); what it wrote then:\\n" + held)
+"""
+
+
+def _watch_held(held: Any) -> subprocess.Popen | None:
+    """Start the watcher of ``held`` (see ``_WATCH``) with this process's stderr as its own; None where
+    it cannot start (the filter still works, but a death inside it loses the held lines)."""
+    try:
+        return subprocess.Popen([sys.executable, "-S", "-E", "-c", _WATCH, str(held.fileno())],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, pass_fds=(held.fileno(),))
+    except (OSError, ValueError):
+        return None
+
+
+def _release(watch: subprocess.Popen | None) -> None:
+    """The filtered block ended: the watcher leaves without a word."""
+    if watch is None:
+        return
+    try:
+        watch.communicate(b"ended", timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        watch.kill()
+        watch.wait()
+
+
 @contextlib.contextmanager
 def _native_stderr_filtered(drop: list[Callable[[str], bool]]) -> Iterator[None]:
     """Run the body with file descriptor 2 (where C++ libraries write) sent to a temporary file, then
     pass what it wrote on to stderr, less the lines for which any function in ``drop`` (which the body
-    may still append to) says so.  Python's own writes to stderr in the body go the same way.  (A process
-    that dies inside the body, a fatal abort, loses what the body wrote: the price of filtering.)"""
+    may still append to) says so.  Python's own writes to stderr in the body go the same way.  A process
+    that dies inside the body (a fatal abort) runs no more of its own code, so a small watcher process
+    (``_WATCH``) writes out everything the body wrote instead."""
     sys.stderr.flush()
     held = None
     try:
@@ -68,6 +104,7 @@ def _native_stderr_filtered(drop: list[Callable[[str], bool]]) -> Iterator[None]
         yield
         return
     with held:
+        watch = _watch_held(held)
         try:
             os.dup2(held.fileno(), 2)
             yield
@@ -75,6 +112,7 @@ def _native_stderr_filtered(drop: list[Callable[[str], bool]]) -> Iterator[None]
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+            _release(watch)
             held.seek(0)
             lines = held.read().decode(errors="replace").splitlines(keepends=True)
             sys.stderr.write("".join(line for line in lines if not any(d(line) for d in drop)))
