@@ -235,6 +235,35 @@ def case_tf_retune(comm, env_home: str) -> dict:
     return result
 
 
+def case_tf_keras_watch(comm, env_home: str) -> dict:
+    """The Keras DistributedOptimizer in a custom tf.function loop, not built before its first step (it
+    is built, and its profile loaded, inside that step's trace): the retune watch sees every step."""
+    import os
+
+    os.environ["TUNELAB_HOME"] = env_home
+    rt, model, _, x, y = _tiny_job(comm, retune=True)
+    if tl.rank() == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        pid = store.upsert_profile(rt.profile_key(tl.model_signature(model), "tensorflow"), "test hardware", {}, "tiny")
+        store.set_best(pid, {"cycle_time_ms": 3.0}, 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.25, 1.1, 1.4))
+    comm.Barrier()
+    opt = tl.DistributedOptimizer(keras.optimizers.SGD(0.1), model_name="tiny")
+
+    @tf.function
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, x, y)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    log = _captured(lambda: [step() for _ in range(12)])
+    result = {"log": log, "steps": rt._watch.steps if rt._watch is not None else None}
+    tl.shutdown()
+    return result
+
+
 from mpi_tf_parity_cases import case_tf_parity  # noqa: F401  (dispatched by mpi_cases.py)
 
 

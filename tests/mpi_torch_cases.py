@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -600,6 +601,88 @@ def case_torch_retune(comm, env_home: str) -> dict:
         result.update(best=best.knobs, outcome=best.outcome, run_id=best.run_id,
                       trials=sum(1 for t in store.trials(best.profile_id) if t.run_id == best.run_id),
                       decisions=len(rt._watch.driver.decisions))
+    tl.shutdown()
+    return result
+
+
+def case_torch_retune_edges(comm, env_home: str) -> dict:
+    """The retune watch where it must not get in the way (each part trains on every rank and must not
+    hang): a profile whose trials are damaged (the watch does not start: one line), a job of two models
+    of which one has a profile (only its steps are timed), a second profile loaded while watching (the
+    watch ends: one line), and an error inside the watch (one line; training goes on)."""
+    import contextlib
+    import io
+    import os
+    import sqlite3
+
+    os.environ["TUNELAB_HOME"] = env_home
+    torch.set_num_threads(1)
+    tl.init(comm, retune=True)
+    rt = tl._rt.current()
+    loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    a, b, c = tiny_model(0), torch.nn.Linear(7, 3), torch.nn.Linear(5, 2)
+    if tl.rank() == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        for model, name in ((a, "a"), (c, "c")):
+            pid = store.upsert_profile(rt.profile_key(tl.model_signature(model), "torch"), "test hardware", {}, name)
+            store.set_best(pid, loaded if name == "a" else {**loaded, "cycle_time_ms": 5.0}, 125.0, 100.0, 0.01,
+                           "tune-run", gain_interval=(1.25, 1.1, 1.4))
+            store.record_trial(pid, loaded, 100.0, 0.01, 3, 0.1, "tune-run", "default")
+    comm.Barrier()
+
+    def train(opts: list, models: list, steps: int) -> None:
+        for step in range(steps):
+            for opt, model in zip(opts, models):
+                opt.zero_grad()
+                if isinstance(model, torch.nn.Sequential):
+                    x, y = batches(step % 5, tl.size(), 1)[tl.rank()][0]
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                else:
+                    model(torch.ones(2, model.in_features)).sum().backward()
+                opt.step()
+
+    logs, counted = [], []
+    if tl.rank() == 0:  # damage a's trial: the watch cannot read them
+        with sqlite3.connect(Path(env_home) / "profiles.sqlite") as conn:
+            conn.execute("UPDATE trials SET score = -1")
+    comm.Barrier()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        opt_a = tl.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1), model_name="a")
+        train([opt_a], [a], 3)
+    logs.append(out.getvalue())
+    watched = rt._watch is not None
+    if tl.rank() == 0:
+        with sqlite3.connect(Path(env_home) / "profiles.sqlite") as conn:
+            conn.execute("UPDATE trials SET score = 100.0")
+    comm.Barrier()
+    rt._profiles_loaded.clear()  # as a new job would: look a up again, now with readable trials
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        a = tiny_model(0)  # (a model of its own for each part: the hooks of an optimizer stay on its model)
+        opt_a = tl.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1), model_name="a")
+        opt_b = tl.DistributedOptimizer(torch.optim.SGD(b.parameters(), lr=0.1), model_name="b")  # no profile
+        train([opt_a, opt_b], [a, b], 12)
+        counted.append(rt._watch.steps if rt._watch is not None else None)
+        tl.DistributedOptimizer(torch.optim.SGD(c.parameters(), lr=0.1), model_name="c")  # its knobs win
+        counted.append(rt._watch is None)
+    logs.append(out.getvalue())
+    rt._profiles_loaded.clear()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        a = tiny_model(0)
+        opt_a = tl.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1), model_name="a")
+        if rt._watch is not None:
+            def broken(elapsed: float) -> None:
+                raise RuntimeError("a fault inside the watch")
+
+            rt._watch.driver.step_done = broken
+        train([opt_a], [a], 4)
+        counted.append(rt._watch is None)
+    logs.append(out.getvalue())
+    result = {"logs": logs, "counted": counted, "watched_damaged": watched}
     tl.shutdown()
     return result
 

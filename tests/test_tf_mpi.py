@@ -52,6 +52,12 @@ def test_tf_job_with_the_retune_setting_reports_steps_from_its_graph_and_retunes
     assert r1["log"] == ""
 
 
+def test_a_keras_optimizer_built_inside_its_first_traced_step_reports_every_step(tmp_path):
+    r0, r1 = run_ok("tf_keras_watch", 2, limit_s=300, env_home=str(tmp_path / "home"))
+    assert "retune on: watching" in r0["log"] and r0["steps"] == 12, r0
+    assert r1["log"] == "" and r1["steps"] is None
+
+
 TF_SCENARIO = """
 name = "tiny-tf"
 workload = "train"

@@ -117,6 +117,23 @@ def test_a_job_with_the_retune_setting_retunes_and_saves_what_it_found(tmp_path)
     assert r1["log"] == ""  # only rank 0 watches and speaks
 
 
+@pytest.mark.mpi
+def test_the_retune_watch_never_stops_training_and_times_only_its_own_model(tmp_path):
+    r0, r1 = run_ok("torch_retune_edges", 2, limit_s=240, env_home=str(tmp_path / "home"))
+    damaged, two, broken = r0["logs"]
+    # trials that cannot be read: one line, no watch, and every rank trained (no hang, no error)
+    assert "retune off: the profile's trials could not be read" in damaged and "is damaged" in damaged, damaged
+    assert not r0["watched_damaged"]
+    # two models, one of them with a profile: the watch timed that one's 12 steps, not b's as well
+    assert "retune on: watching" in two and r0["counted"][0] == 12, (two, r0["counted"])
+    # another model's profile changed the knobs: the watch ends, saying why
+    assert r0["counted"][1] is True and "retune off: c's profile changed the knobs" in two, two
+    # an error inside the watch: said once, the watch ends, training went on
+    assert r0["counted"][2] is True and broken.count("retune off after an error in the watch") == 1, broken
+    assert "a fault inside the watch" in broken
+    assert r1["logs"] == ["", "", ""]  # only rank 0 watches and speaks
+
+
 def test_bench_train_rotates_the_order_of_systems_each_round():
     from tunelab.bench.train import rotated
 
@@ -324,7 +341,27 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("that run's default had segment_bytes=1MiB (pinned then), applied here; its "
                          "cycle_time_ms=1, tunelab's default then, is 10 now, and that applies"), line
-    assert "cycle_time_ms" not in knobs and knobs["segment_bytes"] == 1 << 20
+    # today's value is in what the job applies, not left out (an earlier profile's cycle would stay)
+    assert knobs["cycle_time_ms"] == 10.0 and knobs["segment_bytes"] == 1 << 20
+    # a time with another offset is read as the instant it names: 03:00 at +01:00 is before 02:01:20 UTC
+    monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-28T03:00:00+01:00")
+    store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
+    assert Runtime._lookup_profile(job, "m", "torch", "tiny")[1]["cycle_time_ms"] == 10.0
+    monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-28T04:00:00+01:00")  # 03:00 UTC: after
+    store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
+    assert Runtime._lookup_profile(job, "m", "torch", "tiny")[1]["cycle_time_ms"] == 1.0
+    # a store from before outcomes were recorded (schema 1: no outcome, no interval): a best that is its
+    # run's default blocks' knobs kept the default, and is read so; one that is not is a tuned choice
+    monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-23T10:00:00.000+00:00")
+    store.record_trial(pid, kept, 99.0, 0.02, 3, 1.0, "schema-1-run", "default")
+    store.set_best(pid, kept, 99.0, 99.0, 0.02, "schema-1-run")
+    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert "its tuning kept the default knobs (stored before tunelab recorded why)" in line, line
+    assert knobs["cycle_time_ms"] == 10.0 and "tunelab's default then, is 10 now" in line
+    store.set_best(pid, Knobs(cycle_time_ms=1.0, fusion_threshold_bytes=0).as_dict(), 99.0, 90.0, 0.02,
+                   "schema-1-run")
+    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert line.startswith(f"tunelab: loaded tuned profile {pid}") and knobs["cycle_time_ms"] == 1.0
     # stored since: a 1 ms cycle in it was pinned, and applies
     monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-29T10:00:00.000+00:00")
     store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
@@ -397,10 +434,10 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
     assert "oneshot" not in run.describe(Knobs())
 
     monkeypatch.setenv("TUNELAB_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(watch, "ProfileWatch", lambda coordinator, space, loaded, stored, writer=None: space)
+    monkeypatch.setattr(watch, "ProfileWatch", lambda coordinator, space, loaded, stored, writer=None, key=None: space)
     key = SimpleNamespace()  # the store has no profile under it: nothing to warm-start from
     rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs()),
-                         topology=SimpleNamespace(num_nodes=1), coordinator=None,
+                         topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                          profile_key=lambda signature, framework: key)
     monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: None)
     spaces = {sig: runtime.Runtime._watch_profile(rt, Knobs(), sig, "torch") for sig in ("cuda-161p-x", "161p-x")}

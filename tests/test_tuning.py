@@ -573,6 +573,12 @@ def test_seeded_coordinate_descent_walks_from_a_given_point_that_measured_better
 def test_space_excludes_pinned_knobs_and_hierarchical_on_one_node():
     assert search_space({}, 1).names == ("fusion_threshold_bytes", "cycle_time_ms", "segment_bytes")
     assert "hierarchical" in search_space({}, 2).names
+    # nodes of unequal size cannot run hierarchical (the engine refuses it): not searched there
+    assert "hierarchical" not in search_space({}, 2, uniform_nodes=False).names
+    from tunelab.bench.landscape import grid_space
+
+    with pytest.raises(ValueError, match="nodes of unequal size"):
+        grid_space({"hierarchical": [False, True]}, {}, 2, uniform_nodes=False)
     sp = search_space({"cycle_time_ms": 3.0}, 2)
     assert "cycle_time_ms" not in sp.names and sp.base.cycle_time_ms == 3.0
 

@@ -62,6 +62,24 @@ FORMER_DEFAULTS: dict[str, tuple[tuple[object, str], ...]] = {
 }
 
 
+def former_default(name: str, value: object, stored: str) -> bool:
+    """Whether ``value`` of knob ``name``, stored at ``stored`` (an ISO time, as the store writes it, or
+    as an imported file gives it: any offset, or none for UTC), was tunelab's default then and is no
+    longer (``FORMER_DEFAULTS``).  A time that does not parse is read as after every change (the value
+    then counts as chosen)."""
+    from datetime import datetime, timezone
+
+    def utc(text: str) -> datetime:
+        t = datetime.fromisoformat(text)
+        return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t
+
+    try:
+        when = utc(stored)
+    except (TypeError, ValueError):
+        return False
+    return any(value == was and when < utc(until) for was, until in FORMER_DEFAULTS.get(name, ()))
+
+
 @dataclass(frozen=True)
 class Knobs:
     fusion_threshold_bytes: int = 64 * MiB

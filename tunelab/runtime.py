@@ -168,7 +168,12 @@ class Runtime:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
         if self.sync_comm.rank == 0 and line:
             print(line, flush=True)
-        if knobs and self.config.retune and self.sync_comm.rank == 0 and self._watch is None:
+        if knobs and self.sync_comm.rank == 0 and self._watch is not None:
+            # the knobs are the job's, not a model's: the watched configuration is gone
+            self._watch = None
+            print(f"tunelab: retune off: {model_name or signature}'s profile changed the knobs of the profile "
+                  "being watched (a job watches one model's profile)", flush=True)
+        elif knobs and self.config.retune and self.sync_comm.rank == 0 and self._watch is None:
             self._watch = self._watch_profile(self.engine.knobs.replace(**knobs), signature, framework)
         self._profiles_loaded[(signature, framework)] = line
         return line
@@ -178,13 +183,24 @@ class Runtime:
         """Whether a loaded profile is being watched (the retune setting): adapters then report steps."""
         return self._watch is not None
 
-    def step_done(self) -> None:
-        """A training step finished (the framework adapters call it every step): with the retune
-        setting, the watch of a loaded profile (:mod:`tunelab.tuning.watch`) times it; else nothing."""
-        if self._watch is not None:
-            self._watch.step_done()
+    def step_done(self, signature: str, framework: str) -> None:
+        """A training step of the model ``signature`` finished (the framework adapters call it every
+        step): with the retune setting, the watch of that model's loaded profile
+        (:mod:`tunelab.tuning.watch`) times it; another model's steps, or none watched: nothing.  An
+        error inside the watch is said once and ends the watch; training goes on."""
+        watch = self._watch
+        if watch is None or watch.key != (signature, framework):
+            return
+        try:
+            watch.step_done()
+        except Exception as exc:  # noqa: BLE001 - the watch must never stop the training it watches
+            self._watch = None
+            print(f"tunelab: warning: retune off after an error in the watch ({type(exc).__name__}: {exc}); "
+                  "training goes on with the knobs applied now", flush=True)
 
     def _watch_profile(self, loaded: Any, signature: str, framework: str) -> Any:
+        """The watch of a loaded profile (rank 0), or None where it cannot start (a store that cannot be
+        read again, a damaged trial): said in one line, and the job trains on without it."""
         from .profiles import ProfileStore
         from .tuning.plan import Plan
         from .tuning.result import stored_observations
@@ -195,14 +211,19 @@ class Runtime:
         # a GPU model's profile (its signature says so) was tuned over the device path's knobs too: a
         # search re-opened here searches them as well, rather than putting them back to their defaults
         space = search_space(pinned, self.topology.num_nodes, base=self.config.knobs,
-                             device=signature.startswith("cuda-"))
-        store = ProfileStore()
-        best = store.best(self.profile_key(signature, framework))
-        # (only runs measured against this job's default: a re-opened search's ratios are to it)
-        stored = stored_observations(store.trials(best.profile_id), Plan().warm_start_noise, space.base) if best else []
+                             device=signature.startswith("cuda-"), uniform_nodes=self.topology.homogeneous)
+        try:
+            store = ProfileStore(create=False)
+            best = store.best(self.profile_key(signature, framework))
+            # (only runs measured against this job's default: a re-opened search's ratios are to it)
+            stored = (stored_observations(store.trials(best.profile_id), Plan().warm_start_noise, space.base)
+                      if best else [])
+        except Exception as exc:  # noqa: BLE001 - the job itself must not stop for it (on rank 0 alone)
+            print(f"tunelab: warning: retune off: the profile's trials could not be read ({exc})", flush=True)
+            return None
         writer = StoreWriter(store, best.profile_id, f"retune-{uuid.uuid4().hex[:8]}") if best else None
         print("tunelab: retune on: watching the loaded configuration's step time", flush=True)
-        return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer)
+        return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer, key=(signature, framework))
 
     def fingerprint(self) -> Fingerprint:
         """This job's hardware fingerprint: the host, the node layout and any emulated or lab link."""
@@ -243,29 +264,30 @@ class Runtime:
 
     def _lookup_profile(self, signature: str, framework: str, model_name: str) -> tuple[str, dict | None]:
         from .errors import StoreError
-        from .knobs import FORMER_DEFAULTS, knob_text
+        from .knobs import former_default, knob_text
         from .profiles import ProfileStore
 
         topo = self.topology
         key = self.profile_key(signature, framework)
         what = f"{model_name or signature} / {framework} / {topo.size} ranks"
         try:
-            best = ProfileStore(create=False).best(key)
+            store = ProfileStore(create=False)
+            best = store.best(key)
         except StoreError as exc:
             return f"tunelab: warning: {exc}; using default knobs", None
         if best is None:
             return f"tunelab: no tuned profile for {what} on this hardware: using default knobs", None
         knobs = {k: v for k, v in best.knobs.items() if k not in self.config.pinned}
 
-        if best.gain_low is None and best.outcome is not None:  # tuned, and the default was kept
-            why = best.kept_reason() + ("" if best.ended == "every knob is pinned" else f"; {best.ended}")
+        if best.gain_low is None and (best.outcome is not None or _kept_before_outcomes(store, best)):
+            why = (best.kept_reason() + ("" if best.ended in ("every knob is pinned", None) else f"; {best.ended}")
+                   if best.outcome is not None else "stored before tunelab recorded why")
             # the default of that run: the knobs pinned while it tuned may differ from this job's, and so
             # may a default that changed since (FORMER_DEFAULTS), which gives way to today's
             ours = self.config.knobs.as_dict()
             differ = {k: v for k, v in knobs.items() if ours.get(k, v) != v}
-            former = {k: v for k, v in differ.items()
-                      if any(v == was and best.updated < until for was, until in FORMER_DEFAULTS.get(k, ()))}
-            knobs = {k: v for k, v in knobs.items() if k not in former}
+            former = {k: v for k, v in differ.items() if former_default(k, v, best.updated)}
+            knobs.update({k: ours[k] for k in former})  # today's, stated: an earlier profile's must not stay
             other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items() if k not in former)
             since = ", ".join(f"{k}={knob_text(k, v)}, tunelab's default then, is {knob_text(k, ours[k])} now"
                               for k, v in former.items())
@@ -291,6 +313,19 @@ class Runtime:
         self.coordinator.shutdown()
         self.sync_comm.Free()
         self.engine.close()
+
+
+def _kept_before_outcomes(store: Any, best: Any) -> bool:
+    """Whether a best stored before the store recorded how a search ended (schema 1: no outcome, no
+    interval) is its run's default: the knobs of that run's default blocks.  Such a profile kept the
+    default, and is read as one that says so (its values are that run's default, not a tuned choice)."""
+    if best.outcome is not None or best.gain_low is not None:
+        return False
+    try:
+        defaults = [t.knobs for t in store.trials(best.profile_id) if t.run_id == best.run_id and t.phase == "default"]
+    except Exception:  # noqa: BLE001 - unreadable trials: read as a tuned choice, as before
+        return False
+    return bool(defaults) and all(k == best.knobs for k in defaults)
 
 
 def _displs(counts: list[int]) -> list[int]:

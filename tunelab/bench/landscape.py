@@ -84,18 +84,20 @@ def visit_order(points: int, repeats: int, seed: int) -> list[int]:
     return order
 
 
-def grid_space(grid: dict[str, list[Any]], pinned: dict[str, Any], num_nodes: int, device: bool = False) -> Any:
+def grid_space(grid: dict[str, list[Any]], pinned: dict[str, Any], num_nodes: int, device: bool = False,
+               uniform_nodes: bool = True) -> Any:
     """The tuner's search space restricted to the grid's knobs, so a replay searches what was measured.
     A grid knob the tuner would not search here (pinned, hierarchical on one node, the device path's
     knobs for a job that is not on GPUs) is refused.  ``device``: the scenario trains on GPUs."""
     from ..tuning.space import SearchSpace, search_space
 
-    full = search_space(pinned, num_nodes, base=Knobs(**pinned), device=device)
+    full = search_space(pinned, num_nodes, base=Knobs(**pinned), device=device, uniform_nodes=uniform_nodes)
     for name in grid:
         if name not in full.names:
             why = "it is pinned by the scenario" if name in pinned else "the tuner does not search it here"
             if name == "hierarchical" and name not in pinned:
-                why += " (one node: use --ranks-per-node to emulate several)"
+                why += (" (one node: use --ranks-per-node to emulate several)" if num_nodes == 1 else
+                        " (nodes of unequal size: it needs as many ranks on every node)")
             if name == "oneshot_max_bytes" and name not in pinned:
                 why += " (it is searched for GPU jobs only: a scenario with device = \"cuda\")"
             raise ValueError(f"grid knob {name} cannot be recorded: {why}")
@@ -116,7 +118,8 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
     from ..tuning.plan import block_steps_for
 
     comm = rt.sync_comm
-    space = grid_space(p["grid"], pinned, rt.topology.num_nodes, device=p.get("device") == "cuda")
+    space = grid_space(p["grid"], pinned, rt.topology.num_nodes, device=p.get("device") == "cuda",
+                       uniform_nodes=rt.topology.homogeneous)
     points = grid_points(p["grid"], space.base)
     order = visit_order(len(points), p["repeats"], p.get("seed", 0))
     scores: list[list[float]] = [[] for _ in points]

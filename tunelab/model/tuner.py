@@ -179,7 +179,7 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
     if not best:
         return [], [(f"# scale model {path} ({where}, link {link}): no setting is predicted to beat the default "
                      f"knobs' {default_s * 1e3:.1f} ms/step by {100 * gain:g} %: no first proposals")]
-    head = (f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials for this "
+    head = (f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials to start from on this "
             f"hardware; the default knobs predicted at {default_s * 1e3:.1f} ms/step):")
     lines = [head] + [f"#   {b.describe(hier=hosts > 1)}" for b in best]
     return [b.knobs for b in best], lines

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -39,23 +39,29 @@ def _load_profile(variables: Sequence[Any], model_name: str) -> None:
         _rt.current().load_profile(variables_signature(variables), "tensorflow", model_name)
 
 
-def _step_done() -> bool:
-    _rt.current().step_done()
-    return True
-
-
-def _report_step(grads: list[Any]) -> list[Any]:
-    """With the retune setting and a loaded profile, tell the runtime that a training step's gradients
-    were reduced (its watch times the steps between two calls, :mod:`tunelab.tuning.watch`): right away
-    when eager, and as an op the returned gradients depend on inside a ``tf.function``, so it runs at
-    every step of the graph, not once at tracing.  Without a watch nothing is added."""
-    if not _rt.current().watching:
+def _report_step(grads: list[Any], signature: Callable[[], str]) -> list[Any]:
+    """With the retune setting and a loaded profile, tell the runtime that a training step of the model
+    ``signature()`` (called only then) had its gradients reduced (the watch of that model's profile times
+    the steps between two calls, :mod:`tunelab.tuning.watch`): right away when eager, and inside a
+    ``tf.function`` as an op that runs after the reduced gradients exist and that the returned gradients
+    depend on, so it runs at every step of the graph, not once at tracing.  Without a watch nothing is
+    added."""
+    runtime = _rt.current()
+    if not runtime.watching:
         return grads
+    key = signature()
     if tf.executing_eagerly():
-        _step_done()
+        runtime.step_done(key, "tensorflow")
         return grads
-    done = tf.py_function(_step_done, [], tf.bool)
-    with tf.control_dependencies([done]):
+
+    def done() -> bool:
+        _rt.current().step_done(key, "tensorflow")
+        return True
+
+    reduced = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+    with tf.control_dependencies(reduced):
+        reported = tf.py_function(done, [], tf.bool)
+    with tf.control_dependencies([reported]):
         return [None if g is None else tf.identity(g) if not isinstance(g, tf.IndexedSlices)
                 else tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape) for g in grads]
 
@@ -87,7 +93,7 @@ class DistributedGradientTape:
         grads = self._tape.gradient(target, sources, output_gradients)
         flat = reduce_gradients(tf.nest.flatten(grads, expand_composites=False), "tape.gradients", self._op,
                                 self._compression, self._sparse_as_dense)
-        return tf.nest.pack_sequence_as(grads, _report_step(flat))
+        return tf.nest.pack_sequence_as(grads, _report_step(flat, lambda: variables_signature(tf.nest.flatten(sources))))
 
 
 def _scaled(g: Any, scale: float) -> Any:
@@ -122,16 +128,27 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     scale = 1.0 if passes == 1 or average_aggregated_gradients else float(passes)
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        grads = _report_step(reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense))
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+            if not self.built:  # built (and the profile loaded) before the step is reported, not after
+                import keras
+
+                with keras.name_scope(self.name, caller=self):
+                    self.build(trainable_variables)
+                self.built = True
+        grads = _report_step(reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense),
+                             lambda: getattr(self, "_tunelab_signature", ""))
         if scale != 1.0:
             grads = [_scaled(g, scale) for g in grads]
         return base.apply(self, grads, trainable_variables)
 
     def build(self: Any, variables: Any) -> None:
+        variables = list(variables)
         base.build(self, variables)
+        self._tunelab_signature = variables_signature(variables)
         if load_profile and not getattr(self, "_tunelab_profile_loaded", False):
             self._tunelab_profile_loaded = True
-            _load_profile(list(variables), model_name)
+            _load_profile(variables, model_name)
 
     cls = type(base.__name__, (base,), {"apply": apply, "build": build, "_tunelab_distributed": True})
     config = optimizer.get_config()

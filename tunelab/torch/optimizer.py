@@ -49,6 +49,7 @@ class _DistributedMixin:
         self._tl_groups = _parameter_groups(params, groups)
         self._tl_group_of = {p: gi for gi, members in enumerate(self._tl_groups) for p in members}
         self._tl_params = params
+        self._tl_signature = parameters_signature(params)  # the model's, for profiles and the retune watch
         self._tl_compression = compression
         # gradients sent as they are (no compression, no factor on the way): the hook's direct path
         self._tl_direct = compression is Compression.none and self._tl_predivide == 1.0
@@ -221,7 +222,8 @@ class _DistributedMixin:
             self.synchronize()
         self._tl_synchronized = False
         result = super(self.__class__, self).step(closure)
-        _rt.current().step_done()  # the retune watch of a loaded profile times steps (else a no-op)
+        # the retune watch of this model's loaded profile times its steps (else a no-op)
+        _rt.current().step_done(self._tl_signature, "torch")
         return result
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
@@ -346,5 +348,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped._tl_setup(named_parameters, compression, backward_passes_per_step, op,
                       num_groups or groups, gradient_predivide_factor, sparse_as_dense)
     if load_profile:
-        _rt.current().load_profile(parameters_signature(wrapped._tl_params), "torch", model_name)
+        _rt.current().load_profile(wrapped._tl_signature, "torch", model_name)
     return wrapped

@@ -55,7 +55,8 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
 
     comm = rt.sync_comm
     topo = rt.topology
-    space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned), device=p.get("device") == "cuda")
+    space = search_space(pinned, topo.num_nodes, base=Knobs(**pinned), device=p.get("device") == "cuda",
+                         uniform_nodes=topo.homogeneous)
     recorder, stored, (first, model_path) = _prepare_on_rank0(p, rt, workload, space, comm)
     seed = p.get("seed", 0)
 

@@ -111,11 +111,12 @@ class SearchSpace:
 
 
 def search_space(pinned: dict[str, object], num_nodes: int, base: Knobs | None = None,
-                 device: bool = False) -> SearchSpace:
+                 device: bool = False, uniform_nodes: bool = True) -> SearchSpace:
     """The space over unpinned knobs; ``pinned`` values are fixed in ``base``.  ``device``: the job
-    reduces GPU tensors, so the device path's knobs are searched too."""
+    reduces GPU tensors, so the device path's knobs are searched too.  ``uniform_nodes``: every node has
+    as many ranks (else hierarchical, which needs that, cannot run and is not searched)."""
     base = (base or Knobs()).replace(**pinned) if pinned else (base or Knobs())
-    names = [n for n, s in SCALES.items() if n not in pinned and (num_nodes > 1 or not s.multi_node)
+    names = [n for n, s in SCALES.items() if n not in pinned and (num_nodes > 1 and uniform_nodes or not s.multi_node)
              and (device or not s.device_only)]
     return SearchSpace(tuple(names), base)
 

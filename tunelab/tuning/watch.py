@@ -37,8 +37,10 @@ class ProfileWatch:
                  plan: Plan | None = None, strategy: str = "tunelab", seed: int = 0,
                  clock: Callable[[], float] = time.perf_counter,
                  say: Callable[[str], None] = lambda line: print(line, flush=True),
-                 writer: StoreWriter | None = None) -> None:
+                 writer: StoreWriter | None = None, key: tuple[str, str] | None = None) -> None:
         self.coordinator, self.clock, self.say, self.writer = coordinator, clock, say, writer
+        self.key = key  # the watched model's (signature, framework): Runtime.step_done passes only its steps
+        self.steps = 0  # steps handed to the watch
         stored = stored or []
 
         def strategy_of(epoch: int) -> Told:
@@ -54,6 +56,7 @@ class ProfileWatch:
 
     def step_done(self) -> None:
         """One training step finished (rank 0 only; the first call only starts the clock)."""
+        self.steps += 1
         now = self.clock()
         if self._last is None:
             self._last = now
