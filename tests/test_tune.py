@@ -362,6 +362,12 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
                    "schema-1-run")
     line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.startswith(f"tunelab: loaded tuned profile {pid}") and knobs["cycle_time_ms"] == 1.0
+    # the one-shot's default was 256 KiB for the first 42 minutes of that knob (1 MiB since)
+    from tunelab.knobs import former_default
+
+    assert former_default("oneshot_max_bytes", 256 << 10, "2026-11-23T08:30:00.000+00:00")
+    assert not former_default("oneshot_max_bytes", 256 << 10, "2026-11-23T09:00:00.000+00:00")
+    assert not former_default("oneshot_max_bytes", 256 << 10, "not a time")
     # stored since: a 1 ms cycle in it was pinned, and applies
     monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-29T10:00:00.000+00:00")
     store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
@@ -400,6 +406,15 @@ def test_a_warm_start_leaves_out_runs_measured_against_another_default(capsys):
     assert "earlier runs of profile 7 whose default differs from this run's (cycle_time_ms=1) are left out" in out
     assert "# warm start: 1 stored trial from profile 7" in out
     assert len(recorder.warm_start_observations(old)) == 1 and "(cycle_time_ms=10)" in capsys.readouterr().out
+    # a run stored before the one-shot and doubling knobs existed ran without those routes (as 0), not
+    # with today's defaults of them: measured against another configuration, it is left out too
+    before = {k: v for k, v in today.as_dict().items() if k not in ("oneshot_max_bytes", "doubling_max_bytes")}
+    trials[:] = [SimpleNamespace(run_id="c", phase="default", knobs=before, score=10.0),
+                 SimpleNamespace(run_id="c", phase="explore", knobs={**before, "fusion_threshold_bytes": 0}, score=11.0)]
+    assert recorder.warm_start_observations(today) == []
+    assert "(oneshot_max_bytes=off, doubling_max_bytes=off) are left out" in capsys.readouterr().out
+    ran = today.replace(oneshot_max_bytes=0, doubling_max_bytes=0)
+    assert [o.knobs for o in recorder.warm_start_observations(ran)] == [ran.replace(fusion_threshold_bytes=0)]
 
 
 def test_a_lock_after_a_retune_is_stored_as_retuned():

@@ -59,7 +59,18 @@ SPECS: dict[str, KnobSpec] = {s.name: s for s in (
 # a job loading it gets today's default (runtime._lookup_profile says so).
 FORMER_DEFAULTS: dict[str, tuple[tuple[object, str], ...]] = {
     "cycle_time_ms": ((1.0, "2026-11-28T02:01:20"),),
+    "oneshot_max_bytes": ((256 << 10, "2026-11-23T08:54:18"),),
 }
+
+# Knobs added after the first profiles were stored, with the value in effect before (the engine had no
+# such route then: every call took the general path, every size the ring): a configuration stored
+# without the knob ran as this, not as today's default.
+ADDED_LATER: dict[str, object] = {"oneshot_max_bytes": 0, "doubling_max_bytes": 0}
+
+
+def stored_knobs(values: dict) -> Knobs:
+    """A stored configuration (a profile's trial or best) as the knobs it ran with (``ADDED_LATER``)."""
+    return Knobs(**{**ADDED_LATER, **values})
 
 
 def former_default(name: str, value: object, stored: str) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..knobs import Knobs
+from ..knobs import Knobs, stored_knobs
 from .driver import Driver
 from .plan import Decision
 from .strategies import Observation
@@ -140,12 +140,12 @@ def stored_observations(trials: list[Any], extra_sigma: float, reference: Knobs 
     for run in by_run.values():
         refs = [t.score for t in run if t.phase == "default" and t.score > 0]
         if not refs or (reference is not None
-                        and any(Knobs(**t.knobs) != reference for t in run if t.phase == "default")):
+                        and any(stored_knobs(t.knobs) != reference for t in run if t.phase == "default")):
             continue
         ref = math.log(float(np.mean(refs)))
         logs = [math.log(t) - ref for t in refs]
         noise = float(np.var(logs)) if len(logs) > 1 else 0.03 ** 2
-        out += [Observation(Knobs(**t.knobs), math.log(t.score) - ref, 2 * noise + extra_sigma ** 2)
+        out += [Observation(stored_knobs(t.knobs), math.log(t.score) - ref, 2 * noise + extra_sigma ** 2)
                 for t in run if t.phase == "explore" and t.score > 0]
     return out
 

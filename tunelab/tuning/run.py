@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TunelabError
-from ..knobs import Knobs, knob_text
+from ..knobs import Knobs, knob_text, stored_knobs
 from .plan import Plan, Sample
 from .result import record_sample, summarise
 from .session import TuningSession
@@ -368,7 +368,7 @@ class _Recorder:
         if source is None:
             return []
         trials = self.store.trials(source)
-        others = {Knobs(**t.knobs) for t in trials if t.phase == "default"} - {reference}
+        others = {stored_knobs(t.knobs) for t in trials if t.phase == "default"} - {reference}
         if others:  # (stored_observations leaves their runs out)
             differ = {k: v for o in others for k, v in o.as_dict().items() if getattr(reference, k) != v}
             what = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items())
