@@ -210,6 +210,28 @@ def test_delete_removes_trials_and_best(store):
     assert len(store.trials(other)) == 1
 
 
+def test_a_deleted_profiles_id_is_never_given_again(store):
+    """A run holds its profile's id while it tunes: deleted meanwhile, and a new profile made, its writes
+    must fail (the profile is gone), not land in the new one, as they would if SQLite gave the id again."""
+    a = new_profile(store)
+    b = new_profile(store, ProfileKey("b" * 16, "m", "torch", 2))
+    assert store.delete(b)
+    c = new_profile(store, ProfileKey("c" * 16, "other", "torch", 8))
+    assert c not in (a, b) and c > b
+    with pytest.raises(StoreError, match=f"no profile with id {b}"):
+        trial(store, b, 10.0)
+    with pytest.raises(StoreError, match=f"no profile with id {b}"):
+        store.set_best(b, KNOBS, 10.0, 9.0, 0.0, "r1")
+    assert store.trials(c) == [] and store.best_of(c) is None
+    # the same for a profile an import adds, and the largest id (deleted last) is not given again either
+    assert store.delete(c)
+    data = ProfileStore(Path(str(store.path) + ".src"))
+    data.upsert_profile(ProfileKey("d" * 16, "m", "torch", 2), "hw", FACTS, "m")
+    (d,) = store.merge(data.export()).profile_ids
+    assert d > c
+    assert new_profile(store, ProfileKey("e" * 16, "m", "torch", 2)) > d
+
+
 # -- export / import -----------------------------------------------------------------------------
 
 def populated(store):
@@ -260,6 +282,17 @@ def test_import_merges_trials_and_keeps_the_higher_best(store, tmp_path):
     (lambda d: d["profiles"][0].pop("framework"), "framework is missing"),
     (lambda d: d["profiles"][0]["trials"][0].update(phase="warmup"), "phase"),
     (lambda d: d["profiles"][0]["trials"][0].update(score="fast"), "score"),
+    # an empty key is one no store can hold or look up (every later tune would fail on it)
+    (lambda d: d["profiles"][0].update(framework=""), r"profiles\[0\]\.framework is empty"),
+    (lambda d: d["profiles"][1].update({k: d["profiles"][0][k] for k in
+                                        ("hardware_hash", "model_signature", "framework", "world_size")}),
+     "the key of an earlier profile"),
+    # a uid names one trial: a second of the same uid would be dropped without a word
+    (lambda d: d["profiles"][0]["trials"][1].update(uid=d["profiles"][0]["trials"][0]["uid"]),
+     r"uid is also the uid of profiles\[0\]\.trials\[0\]"),
+    (lambda d: d["profiles"][0]["best"].update(gain_low=2.0, gain_high=0.5, gain=None), "go together"),
+    (lambda d: d["profiles"][0]["best"].update(gain_high=None, gain=None), "go together"),
+    (lambda d: d["profiles"][0].update(model_name="\ud800"), "not valid text"),
 ])
 def test_invalid_exports_are_rejected_without_writing(store, tmp_path, mutate, message):
     populated(store)
@@ -269,6 +302,52 @@ def test_invalid_exports_are_rejected_without_writing(store, tmp_path, mutate, m
     with pytest.raises(InvalidExport, match=message):
         fresh.merge(data)
     assert fresh.profiles() == []
+
+
+def test_an_import_that_would_move_a_trial_to_another_profile_is_refused(store, tmp_path):
+    """A trial's uid already here under one profile, given under another (a key edited by hand): the
+    import is refused whole, rather than the new profile arriving without its trials."""
+    a, _ = populated(store)
+    data = store.export([a])
+    data["profiles"][0]["world_size"] = 4
+    before = store.export()
+    with pytest.raises(InvalidExport, match=f"is a trial of profile {a} here"):
+        store.merge(data)
+    assert store.export() == before
+
+
+def test_importing_over_a_damaged_best_names_the_profile(store, tmp_path):
+    a, _ = populated(store)
+    data = store.export([a])
+    data["profiles"][0]["best"]["score"] = 500.0
+    conn = sqlite3.connect(store.path)
+    with conn:
+        conn.execute("UPDATE best SET score = 'x' WHERE profile_id = ?", (a,))
+    conn.close()
+    with pytest.raises(StoreError, match=f"profile {a} is damaged"):
+        store.merge(data)
+
+
+def test_cli_import_of_a_deeply_nested_file_is_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    one_error_line(cli(tmp_path / "home", "import", str(deep)), 2, "nested too deeply")
+
+
+def test_a_store_opened_to_read_does_not_write_after_a_newer_tunelab_upgraded_it(tmp_path):
+    path = tmp_path / FILE_NAME
+    pid = populated(ProfileStore(path))[0]
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")  # as an older file
+    reader = ProfileStore(path, create=False)
+    with conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")  # a newer tunelab, meanwhile
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="schema version 99, newer"):
+        trial(reader, pid, 10.0)
+    assert path.read_bytes() == before
 
 
 # -- robustness ----------------------------------------------------------------------------------

@@ -41,27 +41,64 @@ def validate_export(data: object) -> list[dict]:
     profiles = data.get("profiles")
     if not isinstance(profiles, list):
         raise InvalidExport('"profiles" must be a list')
+    uids: dict[str, str] = {}
+    keys: set[tuple] = set()
     for i, p in enumerate(profiles):
         _check_fields(p, _PROFILE_FIELDS, f"profiles[{i}]")
         if p["world_size"] < 1:
             raise InvalidExport(f"profiles[{i}].world_size must be >= 1")
+        for name in _KEY_STRINGS:  # a profile's key: a store cannot hold (nor look up) an empty one
+            if not p[name].strip():
+                raise InvalidExport(f"profiles[{i}].{name} is empty")
+        key = tuple(p[name] for name in (*_KEY_STRINGS, "world_size"))
+        if key in keys:
+            raise InvalidExport(f"profiles[{i}] has the key of an earlier profile of the file")
+        keys.add(key)
         for j, t in enumerate(p["trials"]):
-            _check_fields(t, _TRIAL_FIELDS, f"profiles[{i}].trials[{j}]")
+            where = f"profiles[{i}].trials[{j}]"
+            _check_fields(t, _TRIAL_FIELDS, where)
             if t["phase"] not in PHASES:
-                raise InvalidExport(f"profiles[{i}].trials[{j}].phase {t['phase']!r} is not one of {PHASES}")
-            _check_knobs(t["knobs"], f"profiles[{i}].trials[{j}].knobs")
+                raise InvalidExport(f"{where}.phase {t['phase']!r} is not one of {PHASES}")
+            _check_knobs(t["knobs"], f"{where}.knobs")
+            if not t["uid"].strip():
+                raise InvalidExport(f"{where}.uid is empty")
+            if t["uid"] in uids:  # a uid names one trial: a second would be dropped without a word
+                raise InvalidExport(f"{where}.uid is also the uid of {uids[t['uid']]}")
+            uids[t["uid"]] = where
         if p.get("best") is not None:
             _check_fields(p["best"], _BEST_FIELDS, f"profiles[{i}].best")
             optional = {k: v for k, v in _BEST_OPTIONAL.items() if p["best"].get(k) is not None}
             _check_fields(p["best"], optional, f"profiles[{i}].best")
             _check_knobs(p["best"]["knobs"], f"profiles[{i}].best.knobs")
             b = p["best"]
-            if b.get("gain") is not None and not (b.get("gain_low") is not None and b.get("gain_high") is not None
-                                                  and 0 < b["gain_low"] <= b["gain"] <= b["gain_high"]):
+            low, high = b.get("gain_low"), b.get("gain_high")
+            if (low is None) != (high is None) or (low is not None and not 0 < low <= high):
+                raise InvalidExport(f"profiles[{i}].best: gain_low and gain_high go together, 0 < gain_low <= gain_high")
+            if b.get("gain") is not None and not (low is not None and low <= b["gain"] <= high):
                 raise InvalidExport(f"profiles[{i}].best.gain must lie within gain_low .. gain_high (> 0)")
             if p["best"]["default_score"] <= 0:
                 raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
+    _check_text(data, "the file")
     return profiles
+
+
+_KEY_STRINGS = ("hardware_hash", "model_signature", "framework")
+
+
+def _check_text(value: object, where: str) -> None:
+    """Every string (keys included) as text the store can hold: a lone surrogate cannot be encoded."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack += list(v.keys()) + list(v.values())
+        elif isinstance(v, list):
+            stack += v
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidExport(f"{where} holds a string that is not valid text ({v[:40]!r})") from None
 
 
 def _check_knobs(knobs: dict, where: str) -> None:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import StoreError
-from .profile_export import (  # noqa: F401 (InvalidExport: still importable from here, where it began)
+from .profile_export import (  # (InvalidExport: importable from here too, where it began)
     EXPORT_FORMAT,
     EXPORT_VERSION,
     PHASES,
@@ -32,6 +32,7 @@ from .profile_records import (  # noqa: F401 (DamagedProfileError: importable fr
     ProfileSummary,
     Trial,
     best_from_row,
+    damaged,
     stored_count,
     stored_number,
     stored_object,
@@ -111,14 +112,13 @@ class ProfileStore:
         """The id of ``key``'s profile, created if new (names and facts are refreshed if not)."""
         now = _now()
         with self._write() as conn:
-            conn.execute(
-                "INSERT INTO profiles (hardware_hash, model_signature, framework, world_size, hardware_name,"
-                " hardware_facts, model_name, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (hardware_hash, model_signature, framework, world_size) DO UPDATE SET"
-                " hardware_name = excluded.hardware_name, hardware_facts = excluded.hardware_facts,"
-                " model_name = excluded.model_name, updated = excluded.updated",
-                (*key.params(), str(hardware_name), to_json(hardware_facts), str(model_name), now, now))
-            return int(conn.execute(f"SELECT id FROM profiles WHERE {_KEY_WHERE}", key.params()).fetchone()[0])
+            row = conn.execute(f"SELECT id FROM profiles WHERE {_KEY_WHERE}", key.params()).fetchone()
+            if row is None:
+                return _insert_profile(conn, key.params(), str(hardware_name), to_json(hardware_facts),
+                                       str(model_name), now, now)
+            conn.execute("UPDATE profiles SET hardware_name = ?, hardware_facts = ?, model_name = ?, updated = ?"
+                         " WHERE id = ?", (str(hardware_name), to_json(hardware_facts), str(model_name), now, row[0]))
+            return int(row[0])
 
     def record_trial(self, profile_id: int, knobs: dict, score: float, spread: float, steps: int,
                      seconds: float, run_id: str, phase: str) -> int:
@@ -242,6 +242,10 @@ class ProfileStore:
                 ids.append(pid)
                 added_profiles += new
                 for t in p["trials"]:
+                    there = conn.execute("SELECT profile_id FROM trials WHERE uid = ?", (t["uid"],)).fetchone()
+                    if there is not None and there[0] != pid:  # (the same trial again is skipped below)
+                        raise InvalidExport(f"trial {t['uid']} is a trial of profile {there[0]} here, not of the "
+                                            f"profile the file gives it (profile {pid} here): a copy edited by hand?")
                     added_trials += conn.execute(
                         "INSERT OR IGNORE INTO trials (uid, profile_id, knobs, score, spread, steps, seconds,"
                         " run_id, phase, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -294,7 +298,12 @@ class ProfileStore:
     def _upgrade(self, conn: sqlite3.Connection) -> None:
         """An older store gains the later versions' columns (empty for the bests it already holds)."""
         conn.execute("BEGIN IMMEDIATE")
-        if (self._schema_version(conn, True) or 0) >= SCHEMA_VERSION:  # upgraded meanwhile (or newer)
+        version = self._schema_version(conn, True) or 0
+        if version > SCHEMA_VERSION:  # a newer tunelab upgraded it meanwhile: not ours to write
+            conn.execute("ROLLBACK")
+            raise StoreError(f"{self.path} has schema version {version}, newer than this tunelab "
+                             f"supports ({SCHEMA_VERSION}); upgrade tunelab to use it")
+        if version == SCHEMA_VERSION:  # upgraded meanwhile
             conn.execute("COMMIT")
             return
         columns = {r[1] for r in conn.execute("PRAGMA table_info(best)")}
@@ -396,15 +405,13 @@ class ProfileStore:
         if row is not None:
             conn.execute("UPDATE profiles SET updated = MAX(updated, ?) WHERE id = ?", (p["updated"], row[0]))
             return int(row[0]), False
-        cur = conn.execute("INSERT INTO profiles (hardware_hash, model_signature, framework, world_size,"
-                           " hardware_name, hardware_facts, model_name, created, updated)"
-                           " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           (*key, p["hardware_name"], to_json(p["hardware_facts"]), p["model_name"],
-                            p["created"], p["updated"]))
-        return int(cur.lastrowid), True
+        return _insert_profile(conn, key, p["hardware_name"], to_json(p["hardware_facts"]), p["model_name"],
+                               p["created"], p["updated"]), True
 
     def _import_best(self, conn: sqlite3.Connection, profile_id: int, b: dict) -> None:
         here = conn.execute("SELECT score FROM best WHERE profile_id = ?", (profile_id,)).fetchone()
+        if here is not None and (isinstance(here[0], bool) or not isinstance(here[0], (int, float))):
+            raise damaged(self.path, profile_id, f"the score of its best is {here[0]!r}")
         if here is not None and here[0] >= b["score"]:
             return
         conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES ({_BEST_SLOTS})",
@@ -414,6 +421,23 @@ class ProfileStore:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+def _insert_profile(conn: sqlite3.Connection, key: tuple, hardware_name: str, facts_json: str, model_name: str,
+                    created: str, updated: str) -> int:
+    """A new profile row under an id no profile of this file ever had: a deleted profile's id is not
+    given again (SQLite would: the largest id plus one), so a run or a command that still holds an
+    id writes to that profile or fails, never into another.  The highest id given is kept in meta."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'last_profile_id'").fetchone()
+    given = int(row[0]) if row is not None and str(row[0]).isdigit() else 0
+    highest = conn.execute("SELECT MAX(id) FROM profiles").fetchone()[0] or 0
+    new_id = max(given, int(highest)) + 1
+    conn.execute("INSERT INTO profiles (id, hardware_hash, model_signature, framework, world_size, hardware_name,"
+                 " hardware_facts, model_name, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (new_id, *key, hardware_name, facts_json, model_name, created, updated))
+    conn.execute("INSERT INTO meta (key, value) VALUES ('last_profile_id', ?)"
+                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(new_id),))
+    return new_id
+
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")

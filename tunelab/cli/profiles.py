@@ -153,6 +153,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file} is not a tunelab profiles export (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise UsageError(f"{args.file} is not a tunelab profiles export (nested too deeply)") from None
     store = _store(create=True)
     try:
         result = store.merge(data)
