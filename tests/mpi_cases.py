@@ -315,6 +315,36 @@ def case_mismatch(comm: MPI.Comm, ranks_per_node: int | None = None) -> dict:
     return out
 
 
+def case_one_rank_invalid(comm: MPI.Comm, ranks_per_node: int | None = None) -> dict:
+    """Only the last rank passes invalid arguments (an unknown op, a wrong output, a wrong number of
+    outputs, small and large tensors): that rank gets its own error, every other rank a mismatch naming
+    it, at the same call, and the next calls reduce the right data (a rank that raised before the
+    call's agreement used to leave the others pairing this call with its next one)."""
+    engine = Engine(comm, load_engine_config(timeout_s=30, ranks_per_node=ranks_per_node))
+    r, last = comm.rank, comm.size - 1
+    out = {}
+    for size in (8, 1 << 18):
+        calls = {
+            "op": lambda size=size: engine.allreduce(np.ones(size, np.float32), "product" if r == last else "sum"),
+            "out": lambda size=size: engine.allreduce(np.ones(size, np.float32),
+                                                      out=np.empty(size, np.float64 if r == last else np.float32)),
+            "outs": lambda size=size: engine.allreduce_batch(
+                [np.ones(size, np.float32)] * 2, outs=[np.empty(size, np.float32)] * (1 if r == last else 2)),
+        }
+        for kind, call in calls.items():
+            t0 = time.monotonic()
+            try:
+                call()
+                message = ""
+            except (RankMismatchError, ValueError) as exc:
+                message = f"{type(exc).__name__}: {exc}"
+            after = [engine.allreduce(np.full(size, 10 * k + r, np.float32)) for k in (1, 2)]
+            out[f"{kind}-{size}"] = {"message": message, "elapsed_s": time.monotonic() - t0,
+                                     "after": [float(a[0]) for a in after]}
+    engine.close()
+    return out
+
+
 def case_bad_requests(comm: MPI.Comm) -> dict:
     """Invalid requests raise the same clear error on every rank, without hanging."""
     engine = Engine(comm, load_engine_config(timeout_s=30))

@@ -75,6 +75,23 @@ def test_disagreeing_ranks_get_one_clear_error_everywhere(n, ranks_per_node):
             assert res[kind]["recovered"]
 
 
+@pytest.mark.parametrize("n,ranks_per_node", [(2, None), (3, 1)])
+def test_one_ranks_invalid_arguments_fail_that_call_everywhere_and_leave_the_next_calls_right(n, ranks_per_node):
+    results = run_ok("one_rank_invalid", n, limit_s=120, ranks_per_node=ranks_per_node)
+    own = {"op": "ValueError: unknown reduction 'product'", "out": "ValueError: output 0 must be",
+           "outs": "ValueError: 1 outputs for 2 tensors"}
+    for key in results[0]:
+        kind = key.split("-")[0]
+        assert own[kind] in results[-1][key]["message"], (key, results[-1][key])
+        for res in results[:-1]:
+            assert res[key]["message"].startswith("RankMismatchError: ranks disagree on allreduce call"), res[key]
+            assert (f"rank {n - 1}: not an op" if kind == "op" else f"rank {n - 1}: invalid") in res[key]["message"]
+        for res in results:
+            # (by hand: ranks 0..n-1 pass 10k + rank)
+            assert res[key]["after"] == [10.0 * n + sum(range(n)), 20.0 * n + sum(range(n))], (key, res[key])
+            assert res[key]["elapsed_s"] < 10
+
+
 def test_invalid_requests_fail_on_every_rank_with_a_reason():
     results = run_ok("bad_requests", 2, limit_s=120)
     for res in results:

@@ -27,7 +27,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -53,7 +53,10 @@ if TYPE_CHECKING:
 OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
        "min": (ReduceOp.MIN, False), "max": (ReduceOp.MAX, False)}
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
-_HEADER_LABELS = (("op", tuple(OPS)), ("number of tensors", None))
+_NO_OP = len(OPS)  # the op code of a call whose op is not one (refused on that rank: Engine._refuse)
+_HEADER_LABELS = (("op", (*OPS, "not an op")), ("number of tensors", None),
+                  ("arguments", ("invalid (an error on that rank)", "valid")))
+_VALID, _INVALID = 1, 0  # a header's last field: whether this rank's arguments were valid
 _PLAN_CACHE_SIZE = 256
 
 
@@ -172,12 +175,16 @@ class Engine:
     # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensor: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         """Allreduce one array.  Out-of-place by default; ``out=tensor`` reduces in place."""
-        if type(tensor) is np.ndarray:
+        if type(tensor) is np.ndarray and isinstance(op, str):
             small = self._small.get((tensor.dtype, tensor.shape, op))
-            if small is None and self._small_host_call(tensor):
+            if small is None and op in _OP_LOOKUP and self._small_host_call(tensor):
                 small = self._small_call(tensor.dtype, tensor.shape, op)
             if small is not None:
-                return self._short_route(small, tensor, None if out is None else _check_out(0, tensor, out))
+                try:
+                    checked = None if out is None else _check_out(0, tensor, out)
+                except ValueError as exc:
+                    self._refuse(exc, *small.signature)
+                return self._short_route(small, tensor, checked)
         return self.allreduce_batch([tensor], op, None if out is None else [out])[0]
 
     def grouped_allreduce(self, tensors: Sequence[np.ndarray], op: str = "sum",
@@ -193,25 +200,31 @@ class Engine:
         """Allreduce many arrays at once, fused into buffers of at most ``fusion_threshold_bytes``.
         ``verify=False`` skips rank agreement: only for callers (the coordinator) that negotiated
         the exact same call on every rank already."""
-        name, kop, average = _op(op)
         n = len(tensors)
-        if outs is not None and len(outs) != n:
-            raise ValueError(f"{len(outs)} outputs for {n} tensors")
-        groups_ = list(groups) if groups is not None else [None] * n
-        if len(groups_) != n:
-            raise ValueError(f"{len(groups_)} group ids for {n} tensors")
-        on_device = [is_device_tensor(t) for t in tensors]
-        arrays, outs_ = self._inputs(tensors, outs, on_device)
+        try:
+            name, kop, average = _op(op)
+            if outs is not None and len(outs) != n:
+                raise ValueError(f"{len(outs)} outputs for {n} tensors")
+            groups_ = list(groups) if groups is not None else [None] * n
+            if len(groups_) != n:
+                raise ValueError(f"{len(groups_)} group ids for {n} tensors")
+            on_device = [is_device_tensor(t) for t in tensors]
+            arrays, outs_ = self._inputs(tensors, outs, on_device)
+            # Where a tensor lives is part of the call: ranks that disagree get one clear error.
+            rows = [(_safe_code(a.dtype) | (DEVICE_ROW if d else 0), -1 if g is None else int(g), *a.shape)
+                    for a, g, d in zip(arrays, groups_, on_device)]
+        except (ValueError, TypeError) as exc:
+            if not verify:
+                raise
+            found = _OP_LOOKUP.get(op) if isinstance(op, str) else None
+            self._refuse(exc, (_NO_OP if found is None else _OP_CODES[found[0]], n, _VALID), [])
         if verify and n == 1 and not on_device[0] and groups_[0] is None and self._small_host_call(arrays[0]):
             small = self._small_call(arrays[0].dtype, arrays[0].shape, name)
             return [self._short_route(small, arrays[0], outs_[0])]
-        # Where a tensor lives is part of the call: ranks that disagree get one clear error.
-        rows = [(_safe_code(a.dtype) | (DEVICE_ROW if d else 0), -1 if g is None else int(g), *a.shape)
-                for a, g, d in zip(arrays, groups_, on_device)]
         self._calls += 1
         what = f"allreduce call #{self._calls}"
         if verify:
-            agree(self.topology.world, (_OP_CODES[name], n), rows, self.config.timeout_s, what,
+            agree(self.topology.world, (_OP_CODES[name], n, _VALID), rows, self.config.timeout_s, what,
                   _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None, self._spin_s)
         # The verdicts below are the same on every rank: the dtypes were just agreed.
         for a, row in zip(arrays, rows):
@@ -383,7 +396,7 @@ class Engine:
         """Everything a one-tensor one-shot call of this kind needs, computed once (cached)."""
         name, kop, average = _op(op)
         code = _safe_code(dtype)
-        header, row = (_OP_CODES[name], 1), (code, -1, *shape)
+        header, row = (_OP_CODES[name], 1, _VALID), (code, -1, *shape)
         error: Exception | None = None
         try:
             _check_reducible(dtype, code, average)
@@ -473,6 +486,20 @@ class Engine:
 
     def _call_name(self) -> str:
         return f"allreduce call #{self._calls}"
+
+    def _refuse(self, exc: Exception, header: tuple[int, ...], rows: list[tuple[int, ...]]) -> NoReturn:
+        """This rank's arguments to a call are invalid (``exc``): the call still takes its part in the
+        agreement every rank makes, under a header marked invalid, so the other ranks fail this call at
+        once (RankMismatchError, naming this rank) instead of pairing it with this rank's next call, a
+        silent mix of two calls' data; then ``exc`` is raised here.  Where every rank passed the same
+        invalid arguments, they agree, and each raises its own error."""
+        self._calls += 1
+        try:
+            agree(self.topology.world, (*header[:-1], _INVALID), rows, self.config.timeout_s, self._call_name(),
+                  _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None, self._spin_s)
+        except RankMismatchError:
+            pass  # the others raise it; here the error is this rank's own
+        raise exc
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
