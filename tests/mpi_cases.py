@@ -550,6 +550,20 @@ def case_coordinator_changed_call(comm: MPI.Comm) -> dict:
     except Exception as exc:  # noqa: BLE001 (the error's type and text are the finding)
         out["mismatch"] = f"{type(exc).__name__}: {exc}"
     checked("after_mismatch", 3)
+    # ranks disagree on a group's size (the last passes one tensor fewer): every member fails on every
+    # rank within the stall timeout's fraction, none is reduced alone, and the coordinator goes on
+    t0 = time.monotonic()
+    size = 3 if rank < n - 1 else 2
+    handles = coord.submit_group([f"g.{i}" for i in range(size)], [np.ones(4, np.float32)] * size, group="g")
+    errors = []
+    for h in handles:
+        try:
+            h.wait(20)
+            errors.append("no error")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{type(exc).__name__}: {exc}")
+    out["group_size"], out["group_size_s"] = errors, time.monotonic() - t0
+    checked("after_group", 2)
     # a joined rank contributes zeros of the shape the others submit now, not of the one cached
     if rank == n - 1 and n > 1:
         out["last"] = coord.join()

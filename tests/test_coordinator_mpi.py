@@ -75,6 +75,12 @@ def test_a_name_reused_with_another_call_is_negotiated_again(n):
         assert res["wrong"] == 0, (rank, res)
         assert res["first"] == [4] and res["grown"] == [6] and res["after_mismatch"] == [3], (rank, res)
         assert res["mismatch"].startswith("RankMismatchError: ranks disagree on tensor 'm'"), (rank, res)
+        first, *rest = res["group_size"]
+        assert first.startswith("RankMismatchError: ranks disagree on tensor 'g.0'") and "g (3 tensors)" in first
+        assert "g (2 tensors)" in first and res["after_group"] == [2] and res["group_size_s"] < 10, (rank, res)
+        assert all(e.startswith("RankMismatchError: ranks disagree on tensor 'g.") for e in rest), (rank, rest)
+        if rank < n - 1:  # g.2, which only these ranks hold, fails with its group instead of stalling
+            assert rest[-1].endswith("so tensor 'g.2' of its group is not reduced either"), rest
         assert res["int_average"].startswith("TypeError: average needs a floating dtype, got int32"), res
         assert res["int8"].startswith("TypeError: tunelab cannot reduce dtype int8"), res
         assert res["twice"].startswith("ValueError: tensor 'a' is named twice in one call"), res

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import RankMismatchError, StallError, TunelabError
 from ..knobs import Knobs
+from ..units import counted
 from .consensus import allgather_object, bcast_object, wait_or_timeout
 from .device import device_buffer, empty_like
 from .engine import check_reducible
@@ -187,6 +188,9 @@ class Coordinator:
         if len(set(names)) != len(names):
             twice = next(n for n in names if names.count(n) > 1)
             raise ValueError(f"tensor {twice!r} is named twice in one call; each tensor needs its own name")
+        # A group's size is part of what ranks agree on: ranks that pass a group of different sizes
+        # disagree on its first tensor, rather than reducing the common ones and stalling on the rest.
+        group = None if group is None else f"{group} ({counted(len(names), 'tensor')})"
         reqs = []
         for i, (name, a) in enumerate(zip(names, arrays)):
             if self.engine.is_device_tensor(a):  # zero-copy views of device tensors; results land in ``out``
@@ -560,7 +564,15 @@ class Coordinator:
         """Complete the rejected calls' handles with their error and forget the calls."""
         with self._lock:
             reqs = [self._pending.pop(name) for name in self._rejected if name in self._pending]
-        errors, self._rejected = self._rejected, {}
+            errors, self._rejected = self._rejected, {}
+            # the rest of a group one of whose tensors was rejected here: reduced together or not at all
+            # (a member only some ranks hold would otherwise wait for the others until the stall timeout)
+            failed = {r.group: errors[r.name] for r in reqs if r.group is not None}
+            for name in [n for n, r in self._pending.items() if r.group in failed]:
+                r = self._pending.pop(name)
+                errors[name] = RankMismatchError(f"{failed[r.group]}; so tensor {name!r} of its group is not "
+                                                 "reduced either")
+                reqs.append(r)
         for r in reqs:
             r.handle._complete(errors[r.name])
 
