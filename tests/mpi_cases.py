@@ -381,6 +381,34 @@ def case_skipped_call(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     return result | {"abort": True}  # the stuck collective cannot be finished: end the job
 
 
+def case_skipped_collectives(comm: MPI.Comm) -> dict:
+    """The last rank skips a collective of the runtime (a broadcast, an allgather, a barrier) and goes
+    on to shut down, or shuts down while the others are in join(): the others get a timeout naming the
+    call (not a hang), every rank's join or shutdown still finishes, and the job ends cleanly."""
+    from tunelab import runtime
+
+    out: dict = {}
+    for kind in ("broadcast", "allgather", "barrier", "join"):
+        rt = runtime.init(comm, timeout_s=3)
+        t0 = time.monotonic()
+        message = ""
+        if comm.rank != comm.size - 1:
+            try:
+                if kind == "broadcast":
+                    rt.broadcast_(np.ones(4, np.float32), 0, "weights")
+                elif kind == "allgather":
+                    rt.allgather_object({"rank": comm.rank})
+                elif kind == "barrier":
+                    rt.barrier()
+                else:
+                    rt.coordinator.join()
+            except CollectiveTimeoutError as exc:
+                message = str(exc)
+        runtime.shutdown()
+        out[kind] = {"message": message, "elapsed_s": time.monotonic() - t0}
+    return out
+
+
 def case_dead_rank(comm: MPI.Comm) -> dict:
     """The last rank dies mid-run: the launcher must end the job (non-zero) instead of hanging."""
     engine = Engine(comm, load_engine_config(timeout_s=20))

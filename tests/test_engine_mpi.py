@@ -92,6 +92,19 @@ def test_one_ranks_invalid_arguments_fail_that_call_everywhere_and_leave_the_nex
             assert res[key]["elapsed_s"] < 10
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_skips_a_runtime_collective_gives_a_timeout_and_shutdown_still_ends(n):
+    results = run_ok("skipped_collectives", n, limit_s=120)
+    names = {"broadcast": "broadcast weights", "allgather": "allgather_object", "barrier": "barrier"}
+    for res in results[:-1]:
+        for kind, what in names.items():
+            assert f"did not reach {what} within 3 s" in res[kind]["message"], (kind, res[kind])
+            assert res[kind]["elapsed_s"] < 15, (kind, res[kind])
+        # a rank shutting down counts as joined: the others' join returns, and every shutdown finishes
+        assert res["join"]["message"] == "" and res["join"]["elapsed_s"] < 10, res["join"]
+    assert all(v["message"] == "" for v in results[-1].values())
+
+
 def test_invalid_requests_fail_on_every_rank_with_a_reason():
     results = run_ok("bad_requests", 2, limit_s=120)
     for res in results:

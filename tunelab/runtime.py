@@ -57,9 +57,26 @@ class Runtime:
         return f"{kind}.noname.{next(self._names)}"
 
     # ---- synchronous collectives on the caller's thread ----------------------------------------
+    # Each exchange is waited for with the engine's timeout: a rank that skipped the call, stalled or
+    # died makes the others raise CollectiveTimeoutError naming the call, instead of blocking for ever.
+    def _wait(self, req: Any, what: str) -> None:
+        from .engine.consensus import wait_or_timeout
+
+        wait_or_timeout(req, self.config.timeout_s, what, self.sync_comm.rank)
+
+    def _allgather(self, obj: object, what: str) -> list:
+        from .engine.consensus import allgather_object
+
+        return allgather_object(self.sync_comm, obj, self.config.timeout_s, what, self.sync_comm.rank)
+
+    def _bcast(self, obj: object, root: int, what: str) -> object:
+        from .engine.consensus import bcast_object
+
+        return bcast_object(self.sync_comm, obj, root, self.config.timeout_s, what, self.sync_comm.rank)
+
     def check_same(self, value: object, what: str) -> None:
         """RankMismatchError on every rank unless ``value`` (picklable) is equal on all ranks."""
-        values = self.sync_comm.allgather(value)
+        values = self._allgather(value, what)
         if any(v != values[0] for v in values[1:]):
             detail = "; ".join(f"rank {r}: {v}" for r, v in enumerate(values))
             raise RankMismatchError(f"ranks disagree on {what}: {detail}")
@@ -67,25 +84,25 @@ class Runtime:
     def broadcast_(self, array: np.ndarray, root: int, what: str) -> None:
         """In-place broadcast of a C-contiguous array from ``root``.  Ranks first agree on the root,
         dtype and shape (one allgather), so a disagreement raises on every rank instead of hanging."""
-        metas = self.sync_comm.allgather((root, array.dtype.name, tuple(array.shape)))
+        metas = self._allgather((root, array.dtype.name, tuple(array.shape)), f"broadcast {what}")
         self._check_roots([m[0] for m in metas], f"broadcast {what}")
         if any(m != metas[root] for m in metas):
             raise RankMismatchError(f"ranks disagree on broadcast {what}: " + "; ".join(
                 f"rank {r}: {m[1]}{list(m[2])}" for r, m in enumerate(metas)))
         from mpi4py import MPI
 
-        self.sync_comm.Bcast([array.reshape(-1).view(np.uint8), MPI.BYTE], root=root)
+        self._wait(self.sync_comm.Ibcast([array.reshape(-1).view(np.uint8), MPI.BYTE], root=root), f"broadcast {what}")
 
     def broadcast_object(self, obj: object, root: int) -> object:
-        self._check_roots(self.sync_comm.allgather(root), "broadcast_object")
-        return self.sync_comm.bcast(obj, root=root)
+        self._check_roots(self._allgather(root, "broadcast_object"), "broadcast_object")
+        return self._bcast(obj, root, "broadcast_object")
 
     def allgather_object(self, obj: object) -> list:
         """Every rank's ``obj`` (picklable), in rank order."""
-        return self.sync_comm.allgather(obj)
+        return self._allgather(obj, "allgather_object")
 
     def barrier(self) -> None:
-        self.sync_comm.Barrier()
+        self._wait(self.sync_comm.Ibarrier(), "barrier")
 
     def alltoall(self, array: np.ndarray, splits: list[int] | None, what: str) -> tuple[np.ndarray, list[int]]:
         """Send ``splits[i]`` rows of ``array`` (dim 0, in order) to rank i (``None``: equal parts, the
@@ -105,7 +122,7 @@ class Runtime:
         else:
             bad = ""
         # Every rank learns of a bad call (so none is left waiting in the exchange below).
-        metas = self.sync_comm.allgather((array.dtype.name, tuple(array.shape[1:]), bad))
+        metas = self._allgather((array.dtype.name, tuple(array.shape[1:]), bad), f"alltoall of {what}")
         culprits = [r for r, m in enumerate(metas) if m[2]]
         if culprits:
             raise ValueError(f"alltoall of {what}: wrong on ranks {culprits}: "
@@ -113,14 +130,18 @@ class Runtime:
         if any(m[:2] != metas[0][:2] for m in metas):
             raise RankMismatchError(f"alltoall of {what} needs the same dtype and trailing shape: " + "; ".join(
                 f"rank {r}: {m[0]}[*, {', '.join(map(str, m[1]))}]" for r, m in enumerate(metas)))
-        received = [int(x) for x in self.sync_comm.alltoall([int(s) for s in splits])]
+        counts = np.array(splits, dtype=np.int64)
+        got = np.empty(n, dtype=np.int64)
+        self._wait(self.sync_comm.Ialltoall(counts, got), f"alltoall of {what}")
+        received = [int(x) for x in got]
         src = np.ascontiguousarray(array).reshape(rows, *array.shape[1:])
         row_bytes = int(np.prod(src.shape[1:], dtype=np.int64)) * src.itemsize
         out = np.empty((sum(received), *src.shape[1:]), dtype=src.dtype)
         send = [s * row_bytes for s in splits]
         recv = [s * row_bytes for s in received]
-        self.sync_comm.Alltoallv([src.reshape(-1).view(np.uint8), (send, _displs(send)), MPI.BYTE],
-                                 [out.reshape(-1).view(np.uint8), (recv, _displs(recv)), MPI.BYTE])
+        self._wait(self.sync_comm.Ialltoallv([src.reshape(-1).view(np.uint8), (send, _displs(send)), MPI.BYTE],
+                                             [out.reshape(-1).view(np.uint8), (recv, _displs(recv)), MPI.BYTE]),
+                   f"alltoall of {what}")
         return out, received
 
     def start_timeline(self, path: str) -> None:
@@ -139,7 +160,8 @@ class Runtime:
         """:meth:`allgather`, and how many rows came from each rank."""
         from mpi4py import MPI
 
-        metas = self.sync_comm.allgather((array.dtype.name, array.shape[1:], array.shape[0] if array.ndim else 1))
+        metas = self._allgather((array.dtype.name, array.shape[1:], array.shape[0] if array.ndim else 1),
+                                f"allgather of {what}")
         if len({m[:2] for m in metas}) > 1:
             detail = "; ".join(f"rank {r}: {m[0]}[*, {', '.join(map(str, m[1]))}]" for r, m in enumerate(metas))
             raise RankMismatchError(f"allgather of {what} needs the same dtype and trailing shape: {detail}")
@@ -149,8 +171,9 @@ class Runtime:
         out = np.empty((sum(rows), *src.shape[1:]), dtype=src.dtype)
         counts = [r * row_bytes for r in rows]
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
-        self.sync_comm.Allgatherv([src.reshape(-1).view(np.uint8), MPI.BYTE],
-                                  [out.reshape(-1).view(np.uint8), (counts, displs), MPI.BYTE])
+        self._wait(self.sync_comm.Iallgatherv([src.reshape(-1).view(np.uint8), MPI.BYTE],
+                                              [out.reshape(-1).view(np.uint8), (counts, displs), MPI.BYTE]),
+                   f"allgather of {what}")
         return out, rows
 
     def load_profile(self, signature: str, framework: str, model_name: str = "") -> str:
@@ -163,7 +186,7 @@ class Runtime:
         line, knobs = "", None
         if self.sync_comm.rank == 0:
             line, knobs = self._lookup_profile(signature, framework, model_name)
-        knobs = self.sync_comm.bcast(knobs, root=0)
+        knobs = self._bcast(knobs, 0, "the profile lookup")
         if knobs:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
         if self.sync_comm.rank == 0 and line:
@@ -255,7 +278,7 @@ class Runtime:
                 found = ProfileStore(create=False).best(self.profile_key(signature, framework)) is not None
             except StoreError as exc:  # every rank raises it, not rank 0 alone (the others would wait)
                 found = str(exc)
-        found = self.sync_comm.bcast(found, root=0)
+        found = self._bcast(found, 0, "the profile lookup")
         if isinstance(found, str):
             from .errors import StoreError
 

@@ -260,7 +260,8 @@ class Coordinator:
         return new
 
     def join(self) -> int:
-        """Contribute zeros to every allreduce the other ranks run until all ranks have joined; returns
+        """Contribute zeros to every allreduce the other ranks run until all ranks have joined (a rank
+        shutting down with nothing in flight counts as joined: it will submit nothing more); returns
         the rank that joined last (the highest such rank when several joined at the same cycle)."""
         with self._lock:
             if self._pending:
@@ -421,7 +422,12 @@ class Coordinator:
         joined = self._joined
         if joined and self._join_cycle < 0:
             self._join_cycle = self.cycles
-        flags |= _ALL_JOINED if joined else _NOT_JOINED
+        # A rank shutting down with nothing pending has finished as a joined rank has: a join waits for
+        # it no more (it will never join: without this both would wait for each other for ever)
+        if joined or (shutdown and not pending):
+            flags |= _ALL_JOINED
+        if not joined:
+            flags |= _NOT_JOINED
         # The exchange: 1 + nwords little-endian 64-bit words (the flags, then one bit per name),
         # AND-reduced.  Built and read as one Python int: numpy's small-array calls cost more than the
         # words themselves, and this runs every cycle while the framework wants the GIL.
@@ -434,7 +440,7 @@ class Coordinator:
         wait_or_timeout(req, self.engine.config.timeout_s, f"negotiation cycle {self.cycles}", self.rank)
         both = int.from_bytes(agreed, "little")
         flags = both & 0xFFFF_FFFF_FFFF_FFFF
-        if flags & _ALL_JOINED:
+        if flags & _ALL_JOINED and not flags & _NOT_JOINED:  # (a rank joined, and every other one too or done)
             self._finish_join()
             return False
         if not flags & _NO_KNOB_CHANGE:
