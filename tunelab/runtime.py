@@ -69,10 +69,17 @@ class Runtime:
 
         return allgather_object(self.sync_comm, obj, self.config.timeout_s, what, self.sync_comm.rank)
 
-    def _bcast(self, obj: object, root: int, what: str) -> object:
+    def _bcast(self, obj: object, root: int, what: str, extra_s: float = 0.0) -> object:
         from .engine.consensus import bcast_object
 
-        return bcast_object(self.sync_comm, obj, root, self.config.timeout_s, what, self.sync_comm.rank)
+        return bcast_object(self.sync_comm, obj, root, self.config.timeout_s + extra_s, what, self.sync_comm.rank)
+
+    def _lookup_done(self, obj: object) -> object:
+        """Rank 0's profile lookup, broadcast: the others wait as long as the store may keep rank 0
+        waiting for its lock too, on top of the timeout."""
+        from .profiles import BUSY_TIMEOUT_S
+
+        return self._bcast(obj, 0, "the profile lookup", BUSY_TIMEOUT_S)
 
     def check_same(self, value: object, what: str) -> None:
         """RankMismatchError on every rank unless ``value`` (picklable) is equal on all ranks."""
@@ -186,7 +193,7 @@ class Runtime:
         line, knobs = "", None
         if self.sync_comm.rank == 0:
             line, knobs = self._lookup_profile(signature, framework, model_name)
-        knobs = self._bcast(knobs, 0, "the profile lookup")
+        knobs = self._lookup_done(knobs)
         if knobs:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
         if self.sync_comm.rank == 0 and line:
@@ -278,7 +285,7 @@ class Runtime:
                 found = ProfileStore(create=False).best(self.profile_key(signature, framework)) is not None
             except StoreError as exc:  # every rank raises it, not rank 0 alone (the others would wait)
                 found = str(exc)
-        found = self._bcast(found, 0, "the profile lookup")
+        found = self._lookup_done(found)
         if isinstance(found, str):
             from .errors import StoreError
 
