@@ -81,6 +81,14 @@ def test_link_bound_is_the_ring_volume_over_the_link():
     bound = [r for r in rows if r["algorithm"] == "link-bound"]
     assert len(bound) == 1 and bound[0]["time_us"] == pytest.approx((1 << 20) * 8 / 1e9 * 1e6)
     assert rows[0]["time_vs_link"] == pytest.approx(20_000.0 / bound[0]["time_us"])
+    # busbw as the measured rows have it, over the run's ranks (4 here, on 2 hosts): a row timed at the
+    # bound shows the bound's busbw (with 2 (H-1)/H over hosts it showed less than that row)
+    t, size = link_bound_s(64 << 20, 2, 1.0), 64 << 20
+    at_bound = {"algorithm": "ring", "size": size, "count": size // 4, "dtype": "float32", "time_us": t * 1e6,
+                "algbw_gbps": size / t / 1e9, "busbw_gbps": size / t / 1e9 * 2 * 3 / 4}
+    four = [at_bound]
+    add_link_bound(four, {"lab": {"hosts": 2, "link_gbps": 1.0}})
+    assert four[1]["algorithm"] == "link-bound" and four[1]["busbw_gbps"] == pytest.approx(at_bound["busbw_gbps"])
     plain = [{"algorithm": "ring", "size": 1024, "count": 256, "dtype": "float32", "time_us": 5.0}]
     add_link_bound(plain, {"nodes": 1})
     assert len(plain) == 1 and "time_vs_link" not in plain[0]

@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from mpi_harness import run_ok
 from scenario_text import tiny_replay
@@ -132,6 +133,20 @@ def test_the_retune_watch_never_stops_training_and_times_only_its_own_model(tmp_
     assert r0["counted"][2] is True and broken.count("retune off after an error in the watch") == 1, broken
     assert "a fault inside the watch" in broken
     assert r1["logs"] == ["", "", ""]  # only rank 0 watches and speaks
+
+
+def test_bench_train_step_times_are_the_slowest_ranks_as_its_samples_per_second_are():
+    """A row's step time and samples/s are both the slowest rank's: without communication ranks do not
+    wait for each other, and a slower peer (here 50 ms a step, against this rank's ~0) sets both."""
+    from types import SimpleNamespace
+
+    from tunelab.bench.train import _timed
+
+    peer = np.full(4, 0.05)
+    comm = SimpleNamespace(Barrier=lambda: None, allreduce=lambda v, op: max(v, 0.2),
+                           Allreduce=lambda mine, out, op: np.copyto(out, np.maximum(mine, peer)))
+    total, per_step = _timed(comm, lambda: None, 4, 1)
+    assert total == 0.2 and per_step == [0.05] * 4
 
 
 def test_bench_train_rotates_the_order_of_systems_each_round():

@@ -46,20 +46,24 @@ def _threads_per_rank(comm: Any) -> int:
 
 
 def _timed(comm: Any, step: Callable[[], None], steps: int, warmup: int) -> tuple[float, list[float]]:
-    """(slowest rank's wall time for ``steps`` steps, this rank's per-step times)."""
+    """(slowest rank's wall time for ``steps`` steps, the slowest rank's time of each step): the two
+    columns a row shows are measured over the same ranks (where ranks do not synchronise, as without
+    communication, a slower rank sets samples/s and must set the step time too)."""
     from mpi4py import MPI
 
     for _ in range(warmup):
         step()
     comm.Barrier()
     t0 = time.perf_counter()
-    per_step = []
-    for _ in range(steps):
+    mine = np.empty(steps)
+    for i in range(steps):
         s = time.perf_counter()
         step()
-        per_step.append(time.perf_counter() - s)
+        mine[i] = time.perf_counter() - s
     total = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    return total, per_step
+    slowest = np.empty_like(mine)
+    comm.Allreduce(mine, slowest, op=MPI.MAX)
+    return total, slowest.tolist()
 
 
 def _weights_identical(comm: Any, model: Any) -> bool:
@@ -207,7 +211,7 @@ def _has_profile(comm: Any, p: dict, build: Any, device: Any) -> bool:
 
     from .. import runtime
 
-    tl.init(comm, ranks_per_node=p.get("ranks_per_node"))
+    tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"))
     try:
         return runtime.current().has_profile(tl.model_signature(build(p["model"]).to(device)), "torch")
     finally:
@@ -220,7 +224,7 @@ def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict, tuned: bool,
 
     import tunelab.torch as tl
 
-    tl.init(comm, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
+    tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
     try:
         tl.broadcast_parameters(model.state_dict(), root_rank=0)
         with _said_once(seen):  # (the profile's line, once per run rather than once per round)
@@ -243,7 +247,9 @@ def _ddp_phase(comm: Any, model: Any, x: Any, y: Any, p: dict) -> tuple[float, l
     group = GlooGroup(comm, p.get("ddp_backend", "gloo"))
     try:
         devices = [x.device] if x.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=devices)  # default 25 MiB buckets; broadcasts rank 0's weights
+        # default 25 MiB buckets; broadcasts rank 0's weights once; no buffer broadcast every step (torch's
+        # default): BatchNorm statistics stay local to each rank, as tunelab's (and Horovod's) do
+        ddp = DistributedDataParallel(model, device_ids=devices, broadcast_buffers=False)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         total, per_step = _timed(comm, _train_step(ddp, opt, x, y), p["steps"], p["warmup"])
         return total, per_step, _weights_identical(comm, model)
@@ -347,7 +353,7 @@ def _tf_has_profile(comm: Any, p: dict) -> bool:
 
     from .. import runtime
 
-    tl.init(comm, ranks_per_node=p.get("ranks_per_node"))
+    tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"))
     try:
         return runtime.current().has_profile(tl.model_signature(_keras_model(p)[0]), "tensorflow")
     finally:
@@ -363,7 +369,7 @@ def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool,
 
     import tunelab.tensorflow as tl
 
-    tl.init(comm, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
+    tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
     try:
         model, opt = _keras_model(p)
         tl.broadcast_variables(model.weights, root_rank=0)
