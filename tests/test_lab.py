@@ -50,6 +50,8 @@ def _state(hosts: int = 4, gbps: float = 1.0) -> LabState:
     ({"hosts": 2, "link_gbps": 0.0001}, "a lab link is"),  # a rate of 0 mbit
     ({"hosts": 2, "link_gbps": 1, "ranks_per_host": 0}, "--ranks-per-host"),
     ({"hosts": 2, "link_gbps": 1, "subnet": "8.8.8.0/24"}, "private"),
+    ({"hosts": 2, "link_gbps": 1, "subnet": "127.5.0.0/24"}, "private"),  # Python calls it private
+    ({"hosts": 2, "link_gbps": 1, "subnet": "169.254.9.0/24"}, "private"),
     ({"hosts": 2, "link_gbps": 1, "subnet": "10.0.0.0/30"}, "too small"),
     ({"hosts": 2, "link_gbps": 1, "subnet": "nonsense"}, "bad --subnet"),
 ])
@@ -165,6 +167,42 @@ def test_lab_up_status_exec_down(lab_dir):
     assert not (lab_dir / "lab.json").exists()
     after = _cli("lab", "status")
     assert after.returncode == 0 and "no lab is up" in after.stdout
+
+
+@needs_lab
+def test_the_lab_touches_only_its_own_and_a_refused_or_broken_lab_says_so(lab_dir):
+    """Namespaces, links and files that only look like the lab's are never removed; a refused `lab up`
+    leaves the lab that was up; a lab missing its bridge or shaping is broken, exit 2 for a run."""
+    from tunelab.lab.spec import clear_lab_dir
+
+    subprocess.run(["ip", "netns", "add", "tlab-mine"], check=True)
+    subprocess.run(["ip", "link", "add", "tlab-vx", "type", "veth", "peer", "name", "tlab-other"], check=True)
+    lab_dir.mkdir()
+    (lab_dir / "hosts-inventory.txt").write_text("mine\n")
+    try:
+        assert _cli("lab", "up", "--hosts", "2", "--link-gbps", "1", "--no-probe").returncode == 0
+        # refused inside `lab up`, after the spec passed: a subnet this host routes (a route made here)
+        subprocess.run(["ip", "route", "add", "blackhole", "10.99.0.0/24"], check=True)
+        refused = _cli("lab", "up", "--hosts", "3", "--link-gbps", "1", "--subnet", "10.99.0.0/24", "--no-probe")
+        assert refused.returncode == 2 and "overlaps the host's route" in refused.stderr, refused.stderr
+        assert _namespaces() == ["tlab-h0", "tlab-h1", "tlab-mine"]  # the lab that was up is still up
+        assert _cli("lab", "status").returncode == 0
+        subprocess.run(["tc", "qdisc", "del", "dev", "tlab-v1", "root"], check=True)
+        broken = _cli("lab", "status")
+        assert broken.returncode == 1 and "the shaping of tlab-v1" in broken.stderr, broken.stderr
+        subprocess.run(["ip", "link", "delete", "tlab-br"], check=True)
+        run = _cli("bench", "allreduce", "--lab", "--np", "2", "--sizes", "1KiB", "--iters", "1", "--no-report")
+        assert run.returncode == 2 and "the lab is broken (missing the bridge tlab-br" in run.stderr, run.stderr
+        assert _cli("lab", "down").returncode == 0
+        assert _namespaces() == ["tlab-mine"]
+        links = subprocess.run(["ip", "-o", "link"], check=True, capture_output=True, text=True).stdout
+        assert "tlab-vx" in links and "tlab-other" in links
+        clear_lab_dir(lab_dir)
+        assert (lab_dir / "hosts-inventory.txt").read_text() == "mine\n"
+    finally:
+        subprocess.run(["ip", "route", "delete", "blackhole", "10.99.0.0/24"], check=False)
+        subprocess.run(["ip", "netns", "delete", "tlab-mine"], check=False)
+        subprocess.run(["ip", "link", "delete", "tlab-vx"], check=False)
 
 
 @needs_lab

@@ -78,7 +78,9 @@ def _status(args: argparse.Namespace) -> int:
             write_text(args.json, json.dumps({"up": False, "left_behind": present}, indent=2) + "\n")
         return 0
     _print_state(state)
-    missing = [h.name for h in state.hosts if h.name not in present["namespaces"]]
+    from ..lab.net import problems
+
+    missing = problems(state)
     counters = link_counters(state)
     for host in state.hosts:
         c = counters[host.name]

@@ -17,19 +17,45 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..errors import TunelabError, UsageError
-from .spec import LabHost, LabSpec, LabState, clear_lab_dir, lab_dir, load_state, save_state
+from .spec import (
+    LabHost,
+    LabSpec,
+    LabState,
+    check_lab_dir,
+    clear_lab_dir,
+    lab_dir,
+    lab_lock,
+    load_state,
+    save_state,
+)
 
 __all__ = ["LabHost", "LabSpec", "LabState", "down", "job_ranks", "load_state", "require_lab", "session",
            "status", "up"]
 
 
 def up(spec: LabSpec, probe: bool = True) -> LabState:
-    """Build the lab (removing whatever an earlier lab left) and return its state."""
+    """Build the lab (removing whatever an earlier lab left) and return its state.  What would refuse
+    the new lab is checked before the old one is taken down: a refused ``up`` leaves the lab that was
+    up as it was.  One ``up`` or ``down`` at a time (``lab_lock``)."""
+    from . import net
+
+    net.require_privileges()
+    with lab_lock():
+        check_lab_dir()
+        net.check_subnet_free(spec)
+        netem = net.has_netem()
+        if spec.link_latency_us > 0 and not netem:
+            raise UsageError("this kernel has no netem qdisc, so tc cannot add link latency: leave out "
+                             "--link-latency-us (the engine's emulated link, --ranks-per-node with "
+                             "--link-latency-us outside the lab, still models latency)")
+        return _build(spec, netem, probe)
+
+
+def _build(spec: LabSpec, netem: bool, probe: bool) -> LabState:
     from . import net
     from .launch import write_launcher
     from .probe import measure_link
 
-    net.require_privileges()
     try:
         previous = load_state()
     except TunelabError:  # an unreadable state file is replaced like the rest
@@ -40,12 +66,6 @@ def up(spec: LabSpec, probe: bool = True) -> LabState:
         notes = [f"replaced the lab that was up ({previous.describe()})"]
     else:
         notes = [f"removed a lab left behind: {', '.join(removed)}"] if removed else []
-    net.check_subnet_free(spec)
-    netem = net.has_netem()
-    if spec.link_latency_us > 0 and not netem:
-        raise UsageError("this kernel has no netem qdisc, so tc cannot add link latency: leave out "
-                         "--link-latency-us (the engine's emulated link, --ranks-per-node with "
-                         "--link-latency-us outside the lab, still models latency)")
     if not netem:
         notes.append("no netem in this kernel: the links add no latency (bandwidth is shaped by tbf)")
     try:
@@ -68,8 +88,9 @@ def down() -> list[str]:
     from . import net
 
     net.require_privileges()
-    removed = net.remove_all()
-    clear_lab_dir()
+    with lab_lock():
+        removed = net.remove_all()
+        clear_lab_dir()
     return removed
 
 
@@ -89,8 +110,7 @@ def require_lab() -> LabState:
     state = load_state()
     if state is None:
         raise UsageError("no lab is up: run 'tunelab lab up --hosts H --link-gbps G' first")
-    present = set(net.leftovers()["namespaces"])
-    missing = [h.name for h in state.hosts if h.name not in present]
+    missing = net.problems(state)
     if missing:
         raise UsageError(f"the lab is broken (missing {', '.join(missing)}): run 'tunelab lab up' again")
     return state

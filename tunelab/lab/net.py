@@ -10,6 +10,7 @@ a bridge in the root namespace.  Its link is shaped in both directions with a to
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,19 +41,49 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def leftovers() -> dict[str, list[str]]:
-    """Every lab object that exists now: namespaces, links and /etc/netns folders named ``tlab-*``."""
-    spaces = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
-              if line.startswith(PREFIX)]
-    links = []
+# The names a lab makes, and only those (a namespace or link of someone else's that merely starts with
+# the prefix is never touched): hosts tlab-h<i>, their veths tlab-v<i>, the bridge, netem's probe.
+_OURS_NS = re.compile(rf"^{re.escape(PREFIX)}(h\d+|netem-probe)$")
+_OURS_LINK = re.compile(rf"^{re.escape(PREFIX)}v\d+$|^{re.escape(BRIDGE)}$")
+
+
+def _links() -> dict[str, str]:
+    """Every link of the root namespace: name -> its ``ip -o link`` line."""
+    out = {}
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         parts = line.split(":", 2)
         if len(parts) > 1:
-            name = parts[1].strip().split("@")[0]
-            if name.startswith(PREFIX):
-                links.append(name)
-    etc = sorted(str(p) for p in NETNS_ETC.glob(PREFIX + "*")) if NETNS_ETC.exists() else []
+            out[parts[1].strip().split("@")[0]] = line
+    return out
+
+
+def leftovers() -> dict[str, list[str]]:
+    """Every lab object that exists now: its namespaces, links and /etc/netns folders, by their exact
+    names (``_OURS_NS``, ``_OURS_LINK``)."""
+    spaces = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
+              if line.split() and _OURS_NS.match(line.split()[0])]
+    links = [name for name in _links() if _OURS_LINK.match(name)]
+    etc = sorted(str(p) for p in NETNS_ETC.glob(PREFIX + "h*") if _OURS_NS.match(p.name)) if NETNS_ETC.exists() else []
     return {"namespaces": sorted(spaces), "links": sorted(links), "etc": etc}
+
+
+def problems(state: LabState) -> list[str]:
+    """What is missing from the lab ``state`` describes: a host's namespace, its link, the bridge it
+    hangs on, or the shaping of its link (a lab without its tbf would run unshaped)."""
+    spaces = set(leftovers()["namespaces"])
+    links = _links()
+    found = [h.name for h in state.hosts if h.name not in spaces]
+    if BRIDGE not in links:
+        found.append(f"the bridge {BRIDGE}")
+    for h in state.hosts:
+        line = links.get(h.veth)
+        if line is None:
+            found.append(f"{h.name}'s link {h.veth}")
+        elif f"master {BRIDGE}" not in line:
+            found.append(f"{h.veth} on the bridge")
+        elif "tbf" not in _run("tc", "qdisc", "show", "dev", h.veth, check=False).stdout:
+            found.append(f"the shaping of {h.veth}")
+    return found
 
 
 def remove_all() -> list[str]:
@@ -77,14 +108,21 @@ def remove_all() -> list[str]:
     return found["namespaces"] + [link for link in found["links"] if link == BRIDGE] + found["etc"]
 
 
+_ROUTE_TYPES = {"unicast", "local", "broadcast", "multicast", "throw", "unreachable", "prohibit", "blackhole",
+                "nat", "anycast"}  # words `ip route` puts before a route's destination
+
+
 def check_subnet_free(spec: LabSpec) -> None:
     """Refuse a subnet that the host already routes (the lab must not shadow a real network)."""
     import ipaddress
 
     net = spec.network()
     for line in _run("ip", "-4", "route", "show", check=False).stdout.splitlines():
-        dest = line.split()[0]
-        if dest == "default":
+        words = line.split()
+        if not words:
+            continue
+        dest = words[1] if words[0] in _ROUTE_TYPES and len(words) > 1 else words[0]
+        if dest == "default" or f" dev {BRIDGE} " in f"{line} ":  # (the lab's own route: it is replaced)
             continue
         try:
             other = ipaddress.IPv4Network(dest, strict=False)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,6 +24,10 @@ HOST_IFACE = "eth0"   # the host's end of its veth pair, inside its namespace
 DEFAULT_SUBNET = "10.213.0.0/24"
 MAX_HOSTS = 64
 LINK_GBPS = (0.001, 1000.0)  # what tc's tbf is asked to shape: 1 Mb/s (its rate in whole mbit) to 1 Tb/s
+
+
+# RFC 1918's ranges: Python's is_private also admits loopback, link-local and documentation ranges
+_PRIVATE = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
 def bucket(gbps: float) -> tuple[int, int]:
@@ -72,8 +78,9 @@ class LabSpec:
         net = self.network()
         if net.num_addresses < self.hosts + 16:
             raise UsageError(f"subnet {self.subnet} is too small for {self.hosts} hosts")
-        if not net.is_private:
-            raise UsageError(f"subnet {self.subnet} is not a private range: the lab keeps to private addresses")
+        if not any(net.subnet_of(block) for block in _PRIVATE):
+            raise UsageError(f"subnet {self.subnet} is not within a private range (10.0.0.0/8, 172.16.0.0/12, "
+                             "192.168.0.0/16): the lab keeps to private addresses")
 
     def network(self) -> ipaddress.IPv4Network:
         try:
@@ -137,14 +144,51 @@ def lab_dir() -> Path:
     return lab_directory()
 
 
-def clear_lab_dir(directory: Path | None = None) -> None:
-    """Remove the files a lab keeps in its directory (its state, launcher and hostfiles), and the
-    directory when that leaves it empty; nothing else in it is touched."""
+def check_lab_dir(directory: Path | None = None) -> Path:
+    """The lab directory, refused (UsageError) when it is a file."""
     d = directory or lab_dir()
     if d.exists() and not d.is_dir():
         raise UsageError(f"the lab directory {d} is a file, not a directory (TUNELAB_LAB_DIR names it): "
                          "remove it or name another")
-    for path in [d / "lab.json", d / "lab.tmp", d / "enter-host.sh", *d.glob("hosts-*")]:
+    return d
+
+
+LOCK_FILE = Path("/run/tunelab-lab.lock")
+
+
+@contextmanager
+def lab_lock(wait_s: float = 120.0) -> Iterator[None]:
+    """Hold the machine's lab lock: one ``lab up`` or ``lab down`` at a time (two at once would each
+    tear down what the other builds).  Waits up to ``wait_s`` for another one to finish."""
+    import fcntl
+    import time
+
+    try:
+        handle = open(LOCK_FILE, "a")  # noqa: SIM115 - held for the body, closed below
+    except OSError as exc:
+        raise TunelabError(f"cannot open the lab's lock {LOCK_FILE}: {exc.strerror or exc}") from None
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TunelabError(f"another 'tunelab lab up' or 'lab down' holds {LOCK_FILE} for more than "
+                                       f"{wait_s:g} s") from None
+                time.sleep(0.1)
+        yield
+    finally:
+        handle.close()
+
+
+def clear_lab_dir(directory: Path | None = None) -> None:
+    """Remove the files a lab keeps in its directory (its state, launcher and hostfiles), and the
+    directory when that leaves it empty; nothing else in it is touched."""
+    d = check_lab_dir(directory)
+    hostfiles = [path for path in d.glob("hosts-*") if path.name[len("hosts-"):].isdigit()] if d.is_dir() else []
+    for path in [d / "lab.json", d / "lab.tmp", d / "enter-host.sh", *hostfiles]:
         if path.is_dir() and not path.is_symlink():
             raise UsageError(f"{path} is a directory where the lab keeps a file: remove it")
         path.unlink(missing_ok=True)
