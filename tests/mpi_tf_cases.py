@@ -264,6 +264,22 @@ def case_tf_keras_watch(comm, env_home: str) -> dict:
     return result
 
 
+def case_tf_api_edges(comm) -> dict:
+    """An integer average with a postscale (one factor, one truncation, as Horovod), and a group of a
+    floating and an integer tensor whose floating one still has its gradient."""
+    tl.init(comm)
+    r = tl.rank()
+    x = tf.constant([7, -7], tf.int64) if r == 0 else tf.zeros(2, tf.int64)
+    avg = tl.allreduce(x, op=tl.Average, postscale_factor=2.0).numpy().tolist()
+    v, i = tf.Variable([1.0, 2.0]), tf.constant([3, 4], tf.int32)
+    with tf.GradientTape() as tape:
+        f, k = tl.grouped_allreduce([v * (r + 1), i], op=tl.Sum)
+        loss = tf.reduce_sum(f)
+    g = tape.gradient(loss, v)
+    tl.shutdown()
+    return {"int_avg_post": avg, "ints": k.numpy().tolist(), "grad": None if g is None else g.numpy().tolist()}
+
+
 from mpi_tf_parity_cases import case_tf_parity  # noqa: F401  (dispatched by mpi_cases.py)
 
 

@@ -687,4 +687,22 @@ def case_torch_retune_edges(comm, env_home: str) -> dict:
     return result
 
 
+def case_torch_api_edges(comm) -> dict:
+    """Horovod's semantics where they are easy to miss: an integer average with a postscale (one factor,
+    one truncation), and reducescatter's gradient (each row's from the rank that kept it)."""
+    torch.set_num_threads(1)
+    tl.init(comm)
+    r = tl.rank()
+    out = {}
+    x = torch.tensor([7, -7]) if r == 0 else torch.zeros(2, dtype=torch.int64)
+    out["int_avg_post"] = tl.allreduce(x, op=tl.Average, postscale_factor=2.0).tolist()
+    for op, name in ((tl.Sum, "sum"), (tl.Average, "avg")):
+        y = (torch.arange(4.0) + r).requires_grad_()
+        z = tl.reducescatter(y, op=op)
+        (z * (r + 1)).sum().backward()
+        out["rs_" + name] = [z.tolist(), y.grad.tolist()]
+    tl.shutdown()
+    return out
+
+
 from mpi_torch_parity_cases import case_torch_optimizer_options, case_torch_parity  # noqa: F401  (dispatched by mpi_cases.py)

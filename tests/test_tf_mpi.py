@@ -58,6 +58,15 @@ def test_a_keras_optimizer_built_inside_its_first_traced_step_reports_every_step
     assert r1["log"] == "" and r1["steps"] is None
 
 
+def test_tf_integer_average_with_postscale_and_a_mixed_groups_gradient_follow_horovod():
+    r0, r1 = run_ok("tf_api_edges", 2, limit_s=300)
+    assert r0["int_avg_post"] == r1["int_avg_post"] == [7, -7]  # trunc(7 * 2.0 / 2), not 2 * trunc(7 / 2)
+    assert r0["ints"] == r1["ints"] == [6, 8]
+    # d/dv of the summed group's float part: the allreduce's gradient (2, the ranks' ones summed) times
+    # this rank's factor r + 1 (it was None: the integer tensor turned the group's gradient off)
+    assert r0["grad"] == [2.0, 2.0] and r1["grad"] == [4.0, 4.0]
+
+
 TF_SCENARIO = """
 name = "tiny-tf"
 workload = "train"

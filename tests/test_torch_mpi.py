@@ -85,6 +85,16 @@ def test_collectives_match_numpy_semantics():
         assert res["after_mismatch"] == [float(n)] * 2
 
 
+def test_integer_average_with_postscale_and_reducescatters_gradient_follow_horovod():
+    r0, r1 = run_ok("torch_api_edges", 2, limit_s=120)
+    # by hand: trunc((7 + 0) * 2.0 / 2) = 7 (truncating the average 3 first, then scaling, gave 6)
+    assert r0["int_avg_post"] == r1["int_avg_post"] == [7, -7]
+    # rank r holds arange(4) + r; rank 0 keeps rows 0-1, rank 1 rows 2-3; its loss weighs them by r + 1,
+    # so every rank's gradient is (1, 1, 2, 2), halved for the average
+    assert r0["rs_sum"] == [[1.0, 3.0], [1.0, 1.0, 2.0, 2.0]] and r1["rs_sum"] == [[5.0, 7.0], [1.0, 1.0, 2.0, 2.0]]
+    assert r0["rs_avg"] == [[0.5, 1.5], [0.5, 0.5, 1.0, 1.0]] and r1["rs_avg"][1] == [0.5, 0.5, 1.0, 1.0]
+
+
 def test_one_rank_optimizer_options_match_single_process_without_the_coordinator():
     """One rank in all: sparse gradients (coalesced; divided by the passes), sparse_as_dense, predivide,
     groups and clipping give what one process gives, with no gradient sent to the coordinator (the

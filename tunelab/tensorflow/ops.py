@@ -206,16 +206,24 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
     how = resolve_op(op, average)
     pre, post = scale_factors(prescale_factor, postscale_factor)
     dense = [_scale(tf.convert_to_tensor(t), pre) for t in tensors]  # IndexedSlices become dense here
+    floating = [t.dtype.is_floating for t in dense]
+    if post != 1.0 and how == "average" and not any(floating):
+        # Horovod's integer average takes the postscale into its factor (postscale / size, one truncation)
+        size = _rt.current().topology.size
+        return [_scale(r, post / size) for r in grouped_allreduce(dense, None, base, "sum", compression, grouped)]
     if pre != 1.0 or post != 1.0:  # (the factors around the reduction: TF differentiates them itself)
         return [_scale(r, post) for r in grouped_allreduce(dense, None, base, how, compression, grouped)]
-    if not all(t.dtype.is_floating for t in dense):
+    if not any(floating):
         return _grouped(dense, base, how, compression, grouped)
 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
-        def grad(*dys: Any) -> list[tf.Tensor]:
-            dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d) for d, x in zip(dys, xs)]
-            return _grouped(dys, f"{base}.grad", how, Compression.none, grouped)
+        def grad(*dys: Any) -> list[Any]:
+            # the floating tensors' gradients (integers have none: a group may hold both)
+            dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d)
+                   for d, x, f in zip(dys, xs, floating) if f]
+            reduced = iter(_grouped(dys, f"{base}.grad", how, Compression.none, grouped))
+            return [next(reduced) if f else None for f in floating]
 
         return _grouped(list(xs), base, how, compression, grouped), grad
 

@@ -178,20 +178,48 @@ def _my_rows(total: int, world: int, rank: int) -> tuple[int, int]:
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
                           compression: type = Compression.none, op: str | None = Average) -> list[torch.Tensor]:
     """Reduce each tensor over all ranks and keep this rank's rows of dim 0 (split as Horovod does).
-    Runs as one grouped engine allreduce; each rank then keeps its rows."""
+    Runs as one grouped engine allreduce; each rank then keeps its rows.  Differentiable: a row's
+    gradient comes from the rank that kept it (an allgather of the gradients, over the ranks for
+    Average), as Horovod's."""
     how = resolve_op(op)
     if how not in ("sum", "average"):
         raise ValueError(f"reducescatter supports Sum and Average, got {how!r}")
     if any(t.dim() == 0 for t in tensors):
         raise ValueError("reducescatter needs tensors with at least one dimension")
+    name = name or _rt.current().auto_name("reducescatter")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return list(_Reducescatter.apply(how, name, compression, *tensors))
+    return _reducescatter(list(tensors), name, compression, how)
+
+
+def _reducescatter(tensors: list[torch.Tensor], name: str, compression: type, how: str) -> list[torch.Tensor]:
     rt = _rt.current()
-    reduced = grouped_allreduce([t.detach() for t in tensors], name=name or rt.auto_name("reducescatter"),
-                                op=how, compression=compression)
+    reduced = grouped_allreduce([t.detach() for t in tensors], name=name, op=how, compression=compression)
     out = []
     for r in reduced:
         start, count = _my_rows(r.shape[0], rt.topology.size, rt.topology.rank)
         out.append(r.narrow(0, start, count).clone())
     return out
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, how: str, name: str, compression: type, *tensors: torch.Tensor) -> tuple:
+        ctx.how, ctx.name, ctx.like = how, name, [(t.shape, t.dtype, t.device) for t in tensors]
+        return tuple(_reducescatter(list(tensors), name, compression, how))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        topo = _rt.current().topology
+        world = topo.size
+        out = []
+        for i, (g, (shape, dtype, device)) in enumerate(zip(grads, ctx.like)):
+            if g is None:  # (an output the loss did not use: its rows' gradient is zero)
+                rows = _my_rows(shape[0], world, topo.rank)[1]
+                g = torch.zeros((rows, *shape[1:]), dtype=dtype, device=device)
+            full = _allgather_rows(g.contiguous(), f"{ctx.name}.grad.{i}")[0]
+            out.append(full / world if ctx.how == "average" else full)
+        return (None, None, None, *out)
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type = Compression.none,

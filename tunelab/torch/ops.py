@@ -41,8 +41,10 @@ class Handle:
         return self._out[0] if self._single else self._out
 
 
-def _integer_average(t: torch.Tensor, world: int) -> torch.Tensor:
-    return torch.trunc(t.to(torch.float64) * (1.0 / world)).to(t.dtype)
+def _integer_average(t: torch.Tensor, world: int, postscale: float = 1.0) -> torch.Tensor:
+    """Horovod's average of integers, with its postscale in the same factor (``postscale / world`` in
+    double precision, one truncation; scaling the truncated average again truncated twice)."""
+    return torch.trunc(t.to(torch.float64) * (postscale / world)).to(t.dtype)
 
 
 def _scale(t: torch.Tensor, factor: float) -> torch.Tensor:
@@ -89,10 +91,11 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
         return Handle(inner, results, lambda res: list(tensors), single)
 
     def finish(res: list[torch.Tensor]) -> list[torch.Tensor]:
-        if any(int_avg):
+        if any(int_avg):  # (all of them: checked above) the postscale goes into the average's factor
             for r in res:
-                r.copy_(_integer_average(r, rt.topology.size))
-        outs = [_scale(compression.decompress(r, ctx), postscale).reshape(t.shape)
+                r.copy_(_integer_average(r, rt.topology.size, postscale))
+        post = 1.0 if any(int_avg) else postscale
+        outs = [_scale(compression.decompress(r, ctx), post).reshape(t.shape)
                 for r, (_, ctx), t in zip(res, packed, tensors)]
         if not inplace:
             return outs
