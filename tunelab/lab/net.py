@@ -57,21 +57,26 @@ def _links() -> dict[str, str]:
     return out
 
 
+def _namespaces() -> list[str]:
+    """The lab's namespaces that exist now (by their exact names, ``_OURS_NS``)."""
+    names = (line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines() if line.strip())
+    return sorted(name for name in names if _OURS_NS.match(name))
+
+
 def leftovers() -> dict[str, list[str]]:
     """Every lab object that exists now: its namespaces, links and /etc/netns folders, by their exact
     names (``_OURS_NS``, ``_OURS_LINK``)."""
-    spaces = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
-              if line.split() and _OURS_NS.match(line.split()[0])]
     links = [name for name in _links() if _OURS_LINK.match(name)]
     etc = sorted(str(p) for p in NETNS_ETC.glob(PREFIX + "h*") if _OURS_NS.match(p.name)) if NETNS_ETC.exists() else []
-    return {"namespaces": sorted(spaces), "links": sorted(links), "etc": etc}
+    return {"namespaces": _namespaces(), "links": sorted(links), "etc": etc}
 
 
 def problems(state: LabState) -> list[str]:
     """What is missing from the lab ``state`` describes: a host's namespace, its link, the bridge it
     hangs on, or the shaping of its link (a lab without its tbf would run unshaped)."""
-    spaces = set(leftovers()["namespaces"])
-    links = _links()
+    spaces, links = set(_namespaces()), _links()
+    shaped = {words[words.index("dev") + 1] for words in map(str.split, _run("tc", "qdisc", "show", check=False)
+                                                               .stdout.splitlines()) if "tbf" in words and "dev" in words}
     found = [h.name for h in state.hosts if h.name not in spaces]
     if BRIDGE not in links:
         found.append(f"the bridge {BRIDGE}")
@@ -81,7 +86,7 @@ def problems(state: LabState) -> list[str]:
             found.append(f"{h.name}'s link {h.veth}")
         elif f"master {BRIDGE}" not in line:
             found.append(f"{h.veth} on the bridge")
-        elif "tbf" not in _run("tc", "qdisc", "show", "dev", h.veth, check=False).stdout:
+        elif h.veth not in shaped:
             found.append(f"the shaping of {h.veth}")
     return found
 
