@@ -52,7 +52,8 @@ def distributed_weights(steps: int, micro: int, device: str = "cpu", **opt_kwarg
     for step in range(steps):
         opt.zero_grad()
         for x, y in batches(step, tl.size(), micro)[tl.rank()]:
-            torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+            # Horovod's recipe: the passes' gradients add up, so each pass's loss is divided by their count
+            (torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)) / micro).backward()
         opt.step()
     return [p.detach().cpu().clone() for p in model.parameters()]
 
@@ -330,7 +331,7 @@ def case_torch_optimizer_misuse(comm) -> dict:
             loss(model, 0).backward()
             attempt(key, opt.zero_grad)
             opt.step()
-        else:  # partial: step() after 1 of 2 passes reduces what was accumulated, over the 2 passes
+        else:  # partial: step() after 1 of 2 passes reduces what was accumulated (Horovod: not rescaled)
             import copy
 
             twin = copy.deepcopy(model)
@@ -338,7 +339,7 @@ def case_torch_optimizer_misuse(comm) -> dict:
             attempt(key, opt.synchronize)
             loss(twin, 0).backward()
             everyone = comm.allgather([q.grad.clone() for q in twin.parameters()])
-            want = [sum(g[i] for g in everyone) / len(everyone) / 2 for i in range(len(everyone[0]))]
+            want = [sum(g[i] for g in everyone) / len(everyone) for i in range(len(everyone[0]))]
             out["partial_reduced"] = all(torch.equal(p.grad, w) for p, w in zip(model.parameters(), want))
             opt.step()
         opt.zero_grad()
@@ -427,7 +428,7 @@ def case_torch_optimizer_recovery(comm) -> dict:
     opt.step()
     out["same_after"]["failed_wait"] = same(model)
 
-    # a layer that the second of 2 accumulated passes skips (its gradient: the first pass's, halved)
+    # a layer that the second of 2 accumulated passes skips (its gradient: the first pass's)
     model = tiny_model()
     opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2)
     first = next(iter(model.parameters()))
@@ -705,4 +706,8 @@ def case_torch_api_edges(comm) -> dict:
     return out
 
 
-from mpi_torch_parity_cases import case_torch_optimizer_options, case_torch_parity  # noqa: F401  (dispatched by mpi_cases.py)
+from mpi_torch_parity_cases import (  # noqa: F401  (dispatched by mpi_cases.py)
+    case_torch_optimizer_lifecycle,
+    case_torch_optimizer_options,
+    case_torch_parity,
+)

@@ -202,11 +202,11 @@ def sparse_and_options(r: int, n: int) -> dict:
                                           backward_passes_per_step=micro, **kw)
         for step in range(3):
             opt.zero_grad()
-            if dist:  # (in micro-batches: the mean of their mean losses is the batch's mean loss)
+            if dist:  # (in micro-batches: the sum of their mean losses / micro is the batch's mean loss)
                 idx, y = batch(step, r)
                 for q in range(micro):
                     part = slice(q * len(idx) // micro, (q + 1) * len(idx) // micro)
-                    loss(m, idx[part], y[part]).backward()
+                    (loss(m, idx[part], y[part]) / micro).backward()  # (Horovod's recipe: passes add up)
             else:  # mean of the ranks' mean losses = the distributed average of gradients
                 (sum(loss(m, *batch(step, q)) for q in range(n)) / n).backward()
             if clip:
@@ -379,4 +379,104 @@ def case_torch_parity(comm) -> dict:
            "syncbn": sync_batch_norm(r, n),
            "timeline": timeline(r, n, trace)}
     tl.shutdown()  # raises if any error above had poisoned the coordinator
+    return out
+
+
+def case_torch_optimizer_lifecycle(comm) -> dict:
+    """The wrapped optimizer across its life, each against plain torch arithmetic (lr 1, SGD, so a step
+    subtracts the averaged gradient): step hooks after broadcast_optimizer_state run once, on reduced
+    gradients; an LR scheduler made before wrapping still drives the rate after a state load; a
+    second synchronize() changes nothing; backward_passes_per_step adds the passes up (Horovod);
+    add_param_group's parameters are reduced; a newer wrapper over the same parameters takes over;
+    broadcast_parameters takes a list of tensors; an unpicklable broadcast_object fails on every rank
+    at once and the next one works."""
+    torch.set_num_threads(1)
+    tl.init(comm)
+    r, n = tl.rank(), tl.size()
+    mean_w = sum(range(1, n + 1)) / n  # rank r's gradient of (w * (r + 1)).sum() is r + 1: the average
+    out: dict = {}
+
+    def param(value: float = 0.0) -> torch.nn.Parameter:
+        return torch.nn.Parameter(torch.full((2,), value))
+
+    # step hooks after broadcast_optimizer_state: once per step, seeing the reduced gradient
+    w = param()
+    opt = tl.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)], load_profile=False)
+    tl.broadcast_optimizer_state(opt, root_rank=0)
+    seen: list = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.append(w.grad.tolist()))
+    (w * (r + 1)).sum().backward()
+    opt.step()
+    out["hook_calls"], out["hook_saw_mean"] = len(seen), seen == [[mean_w, mean_w]]
+    out["w_after_one_step"] = w.tolist() == [-mean_w, -mean_w]
+
+    # an LR scheduler made on the optimizer before wrapping, after a broadcast of its state
+    w = param()
+    base = torch.optim.SGD([w], lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.1)
+    opt = tl.DistributedOptimizer(base, named_parameters=[("w2", w)], load_profile=False)
+    tl.broadcast_optimizer_state(opt, root_rank=0)
+    rates = []
+    for _ in range(3):
+        opt.zero_grad()
+        (w * (r + 1)).sum().backward()
+        opt.step()
+        rates.append(opt.param_groups[0]["lr"])
+        sched.step()
+    out["rates"] = rates  # torch alone: 1.0, 0.1, 0.01 (read after each step, before the scheduler's)
+    out["w_scheduled"] = abs(w[0].item() + mean_w * 1.11) < 1e-6
+
+    # synchronize() twice, then step() inside skip_synchronize(), with 2 passes adding up
+    w = param()
+    opt = tl.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w3", w)],
+                                  backward_passes_per_step=2, load_profile=False)
+    for _ in range(2):
+        (w * (r + 1)).sum().backward()
+    opt.synchronize()
+    first = w.grad.tolist()
+    opt.synchronize()
+    with opt.skip_synchronize():
+        opt.step()
+    out["passes_add_up"] = first == [2 * mean_w, 2 * mean_w]
+    out["second_sync_same"] = w.grad.tolist() == first and w.tolist() == [-2 * mean_w, -2 * mean_w]
+
+    # a parameter group added after wrapping is reduced
+    a, b = param(), param()
+    opt = tl.DistributedOptimizer(torch.optim.SGD([a], lr=1.0), named_parameters=[("a", a)], load_profile=False)
+    opt.add_param_group({"params": [b]})
+    ((a + b) * (r + 1)).sum().backward()
+    opt.step()
+    out["added_group_reduced"] = a.tolist() == b.tolist() == [-mean_w, -mean_w]
+
+    # a newer wrapper over the same parameters (the old one still referenced) takes them over
+    w = param()
+    old = tl.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w4", w)], load_profile=False)
+    (w * (r + 1)).sum().backward()
+    old.step()
+    old.zero_grad()
+    new = tl.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w4", w)], load_profile=False)
+    (w * (r + 1)).sum().backward()
+    new.step()
+    out["rewrapped"] = w.tolist() == [-2 * mean_w, -2 * mean_w]
+    try:
+        old.step()
+        out["old_refused"] = ""
+    except RuntimeError as exc:
+        out["old_refused"] = str(exc)
+
+    # broadcast_parameters of a bare list of tensors
+    ts = [torch.full((3,), float(r)), torch.full((2, 2), float(r) + 10)]
+    tl.broadcast_parameters(ts, root_rank=n - 1)
+    out["list_broadcast"] = [t.flatten().tolist() for t in ts] == [[n - 1.0] * 3, [n + 9.0] * 4]
+
+    # an object root cannot pickle: every rank raises at once, and the next broadcast works
+    t0 = time.monotonic()
+    try:
+        tl.broadcast_object((lambda x: x) if r == 0 else None, root_rank=0)
+        out["unpicklable"] = ""
+    except Exception as exc:  # noqa: BLE001 (the type is part of what is checked)
+        out["unpicklable"] = type(exc).__name__
+    out["unpicklable_s"] = time.monotonic() - t0
+    out["next_object"] = tl.broadcast_object({"x": r}, root_rank=0)
+    tl.shutdown()
     return out

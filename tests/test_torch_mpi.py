@@ -96,7 +96,7 @@ def test_integer_average_with_postscale_and_reducescatters_gradient_follow_horov
 
 
 def test_one_rank_optimizer_options_match_single_process_without_the_coordinator():
-    """One rank in all: sparse gradients (coalesced; divided by the passes), sparse_as_dense, predivide,
+    """One rank in all: sparse gradients (coalesced; the passes add up), sparse_as_dense, predivide,
     groups and clipping give what one process gives, with no gradient sent to the coordinator (the
     training test above checks that part)."""
     (opt,) = run_ok("torch_optimizer_options", 1, limit_s=120)
@@ -203,3 +203,17 @@ def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
         assert res["grads_averaged"] == {k: True for k in ("submit_fails", "group_submit_fails",
                                                           "predivided_submit_fails")}, (rank, res)
         assert all(res["same_after"].values()) and len(res["same_after"]) == 12, (rank, res["same_after"])
+
+
+def test_the_wrapped_optimizer_across_its_life_matches_plain_torch():
+    """Step hooks, an LR scheduler made before wrapping, a second synchronize(), passes adding up,
+    add_param_group, wrapping again, list broadcasts and an unpicklable object (mpi_torch_parity_cases)."""
+    for res in run_ok("torch_optimizer_lifecycle", 2, limit_s=120):
+        assert res["hook_calls"] == 1 and res["hook_saw_mean"] and res["w_after_one_step"], res
+        assert res["rates"] == pytest.approx([1.0, 0.1, 0.01]) and res["w_scheduled"], res
+        assert res["passes_add_up"] and res["second_sync_same"], res
+        assert res["added_group_reduced"] and res["rewrapped"], res
+        assert "a newer one was made over the same parameters" in res["old_refused"], res
+        assert res["list_broadcast"], res
+        assert res["unpicklable"] in ("PicklingError", "AttributeError", "RankMismatchError"), res
+        assert res["unpicklable_s"] < 5 and res["next_object"] == {"x": 0}, res

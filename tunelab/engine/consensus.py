@@ -61,16 +61,40 @@ def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, sp
             time.sleep(0.00005)
 
 
+# A size no pickle has: sent instead of an object that could not be pickled, so every rank raises
+# at once (the others would otherwise wait in the exchange into its timeout, and pair their next
+# exchange with this one's data)
+_UNPICKLABLE = -1
+
+
+def _pickled(obj: object) -> tuple[np.ndarray | None, BaseException | None]:
+    """``obj`` pickled as bytes, or the error pickling it raised (a lambda, a lock, a local class)."""
+    try:
+        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8), None
+    except Exception as exc:  # noqa: BLE001 (raised by the caller once every rank knows)
+        return None, exc
+
+
+def _ranks(ranks: list[int]) -> str:
+    listed = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    return f"rank {listed}" if len(ranks) == 1 else f"ranks {listed}"
+
+
 def allgather_object(comm: MPI.Comm, obj: object, timeout_s: float, what: str, rank: int) -> list:
     """Every rank's ``obj`` (picklable), in rank order, as ``comm.allgather`` gives it, but through
     non-blocking collectives waited for with a timeout: a peer that stopped (its thread failed
     between two exchanges) makes this raise CollectiveTimeoutError instead of blocking for ever."""
     from mpi4py import MPI
 
-    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+    data, error = _pickled(obj)
     sizes = np.empty(comm.size, dtype=np.int64)
-    mine = np.array([data.size], dtype=np.int64)
+    mine = np.array([_UNPICKLABLE if error else data.size], dtype=np.int64)
     wait_or_timeout(comm.Iallgather(mine, sizes), timeout_s, what, rank)
+    if error is not None:
+        raise error
+    failed = [r for r, n in enumerate(sizes) if n == _UNPICKLABLE]
+    if failed:  # every rank stops at once: the others' objects are not exchanged
+        raise RankMismatchError(f"{what}: {_ranks(failed)} could not pickle its object")
     offsets = np.zeros(comm.size, dtype=np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
     everyone = np.empty(int(sizes.sum()), dtype=np.uint8)
@@ -81,10 +105,13 @@ def allgather_object(comm: MPI.Comm, obj: object, timeout_s: float, what: str, r
 def bcast_object(comm: MPI.Comm, obj: object, root: int, timeout_s: float, what: str, rank: int) -> object:
     """``obj`` of ``root`` on every rank, as ``comm.bcast`` gives it, with a timeout (as
     :func:`allgather_object`)."""
-    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8) \
-        if rank == root else None
-    size = np.array([0 if data is None else data.size], dtype=np.int64)
+    data, error = _pickled(obj) if rank == root else (None, None)
+    size = np.array([_UNPICKLABLE if error else (0 if data is None else data.size)], dtype=np.int64)
     wait_or_timeout(comm.Ibcast(size, root=root), timeout_s, what, rank)
+    if error is not None:
+        raise error
+    if size[0] == _UNPICKLABLE:  # root's own error is the one it raises; the others say whose it was
+        raise RankMismatchError(f"{what}: the root, rank {root}, could not pickle its object")
     buf = data if data is not None else np.empty(int(size[0]), dtype=np.uint8)
     wait_or_timeout(comm.Ibcast(buf, root=root), timeout_s, what, rank)
     return pickle.loads(buf.tobytes())

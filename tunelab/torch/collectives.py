@@ -90,8 +90,19 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> 
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:
-    """Broadcast a ``state_dict()`` or ``named_parameters()`` from ``root_rank``, in place."""
-    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    """Broadcast a ``state_dict()``, ``named_parameters()`` or a list of tensors (``model.parameters()``,
+    named by their place in it) from ``root_rank``, in place."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = []
+        for i, p in enumerate(params):
+            if isinstance(p, torch.Tensor):
+                p = (f"param.{i}", p)
+            if not (isinstance(p, tuple) and len(p) == 2):
+                raise ValueError("broadcast_parameters takes a state_dict(), named_parameters() or a list of "
+                                 f"tensors; item {i} is a {type(p).__name__}")
+            items.append(p)
     _rt.current().check_same([name for name, _ in items], "the parameter names to broadcast")
     for name, p in items:
         if isinstance(p, torch.Tensor):

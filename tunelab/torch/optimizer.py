@@ -5,8 +5,8 @@ The returned optimizer is an instance of a subclass of the user's optimizer clas
 every parameter counts backward passes; on the ``backward_passes_per_step``-th it
 submits that gradient's allreduce right away (or, for parameters in a group, the whole
 group once its last member is ready).  ``step()`` waits for the reductions, then runs the
-wrapped optimizer.  Gradients are averaged over ranks *and* over the accumulated passes,
-so an update equals the one a single process would make on all the samples.
+wrapped optimizer.  Gradients are averaged over ranks; the accumulated passes add up, as in
+Horovod (whose recipe divides each sub-batch's loss by their count).
 
 Horovod's options: ``gradient_predivide_factor`` f divides gradients by f before the sum and
 multiplies by f / size() after it (Average only); ``sparse_as_dense`` turns sparse gradients
@@ -18,6 +18,7 @@ does, by allgathering their indices and values; ``num_groups`` is ``groups`` as 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -65,10 +66,61 @@ class _DistributedMixin:
         self._tl_slots = {p: _Slot(f"grad.{self._tl_names[p]}", self._tl_group_of.get(p)) for p in params}
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
         self._tl_synchronized = False
-        self._tl_hooks = [p.register_post_accumulate_grad_hook(self._tl_hook) for p in params]
+        self._tl_superseded = False
+        self._tl_hooks: list = []
+        weakref.finalize(self, _remove_hooks, self._tl_hooks)  # (the list, not self: filled below)
+        _take_over(self, params)
+        self._tl_hook_all(params)
+
+    def _tl_hook_all(self, params: list[torch.nn.Parameter]) -> None:
+        """A post-accumulate-grad hook on each of ``params``, holding this optimizer weakly: the
+        parameters outlive it, and a hook holding it would keep a dropped optimizer reducing."""
+        me = weakref.ref(self)
+
+        def hook(p: torch.nn.Parameter) -> None:
+            opt = me()
+            if opt is not None:
+                opt._tl_hook(p)
+
+        self._tl_hooks.extend(p.register_post_accumulate_grad_hook(hook) for p in params)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, and the new group's trainable parameters are reduced like the others (named
+        ``param.<i>`` by their place among the optimizer's parameters unless ``named_parameters``
+        named them: every rank must add the same groups)."""
+        super(self.__class__, self).add_param_group(param_group)
+        new = [p for p in self.param_groups[-1]["params"] if p.requires_grad and p not in self._tl_slots]
+        for p in new:
+            self._tl_names.setdefault(p, f"param.{len(self._tl_params)}")
+            self._tl_params.append(p)
+            self._tl_slots[p] = _Slot(f"grad.{self._tl_names[p]}", None)
+        _take_over(self, new)
+        self._tl_hook_all(new)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, but into the same ``param_groups`` dicts and ``state`` mapping: an LR scheduler made
+        on the optimizer before it was wrapped edits those (torch's would give the wrapper new ones,
+        and the scheduler's changes would reach nothing)."""
+        if any(slot.submitted for slot in self._tl_slots.values()):
+            raise RuntimeError("load_state_dict() called after backward() but before step() or synchronize(): "
+                               "gradients are still being reduced")
+        groups, state = self.param_groups, self.state
+        super(self.__class__, self).load_state_dict(state_dict)
+        if len(groups) == len(self.param_groups):
+            for old, new in zip(groups, self.param_groups):
+                old.clear()
+                old.update(new)  # (its "params" is the old group's list)
+            self.param_groups = groups
+        loaded = dict(self.state)
+        state.clear()
+        state.update(loaded)
+        self.state = state
+        self._tl_reset()
 
     def _tl_hook(self, p: torch.nn.Parameter) -> None:
-        slot = self._tl_slots[p]
+        slot = self._tl_slots.get(p)
+        if slot is None:  # (a parameter a newer optimizer took over: its hook is removed already)
+            return
         if slot.submitted or slot.count >= self._tl_passes:  # (the second: its submit raised)
             raise RuntimeError(f"gradient of {self._tl_names[p]!r} computed more than "
                                f"backward_passes_per_step={self._tl_passes} times before step()")
@@ -87,10 +139,7 @@ class _DistributedMixin:
             if p.grad.is_sparse and self._tl_sparse_as_dense:
                 p.grad = p.grad.to_dense()  # (what the optimizer is given does not depend on the world size)
             if p.grad.is_sparse:  # (coalesced, as the allgather of several ranks leaves it)
-                p.grad = p.grad.coalesce() / self._tl_passes if self._tl_passes > 1 else p.grad.coalesce()
-            elif self._tl_passes > 1 and not slot.scaled:
-                p.grad.div_(self._tl_passes)
-                slot.scaled = True
+                p.grad = p.grad.coalesce()
             slot.submitted = True  # (no predivide factor: it would divide and multiply back by the same f)
             return
         if p.grad.is_sparse:
@@ -101,8 +150,8 @@ class _DistributedMixin:
                     self._tl_group_member(p, slot.group, op)
                 return
             p.grad = p.grad.to_dense()
-        if (self._tl_passes > 1 or self._tl_predivide != 1.0) and not slot.scaled:
-            p.grad.div_(self._tl_passes * self._tl_predivide)
+        if self._tl_predivide != 1.0 and not slot.scaled:
+            p.grad.div_(self._tl_predivide)
             slot.scaled = True  # (once, if the submit below raises and synchronize() tries again)
         if slot.group is None:
             g = p.grad
@@ -147,10 +196,13 @@ class _DistributedMixin:
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce.  Parameters that got no gradient this step are reduced
         as zeros, and those that got fewer than ``backward_passes_per_step`` passes (a layer some
-        micro-batches skip, an epoch's last partial accumulation) as what they accumulated, divided by
-        the full count as Horovod does: every rank reduces the same tensors.  A reduction that fails
-        raises here once every other one is waited for, and leaves the optimizer ready for the next
-        step."""
+        micro-batches skip, an epoch's last partial accumulation) as what they accumulated, as Horovod
+        does: every rank reduces the same tensors.  A reduction that fails raises here once every other
+        one is waited for, and leaves the optimizer ready for the next step.  Called again before
+        another backward pass, it does nothing (the gradients are reduced already)."""
+        self._tl_check_current()
+        if self._tl_synchronized:
+            return
         slots = self._tl_slots
         try:
             for p in self._tl_params:
@@ -202,7 +254,7 @@ class _DistributedMixin:
         g = p.grad.coalesce()
         name = f"grad.{self._tl_names[p]}"
         indices = allgather(g.indices().t().contiguous(), name=f"{name}.indices").t()
-        values = allgather(g.values().contiguous() / self._tl_passes, name=f"{name}.values")
+        values = allgather(g.values().contiguous(), name=f"{name}.values")
         if self._tl_op == Average:
             values = values / _rt.current().topology.size
         return torch.sparse_coo_tensor(indices, values, g.shape).coalesce()
@@ -217,7 +269,13 @@ class _DistributedMixin:
         finally:
             self._tl_skip = False
 
+    def _tl_check_current(self) -> None:
+        if self._tl_superseded:
+            raise RuntimeError("this DistributedOptimizer no longer reduces its gradients: a newer one was made "
+                               "over the same parameters (use that one)")
+
     def step(self, closure: Any = None) -> Any:
+        self._tl_check_current()
         if not self._tl_synchronized and not self._tl_skip:
             self.synchronize()
         self._tl_synchronized = False
@@ -232,6 +290,49 @@ class _DistributedMixin:
                                "gradients are still being reduced")
         self._tl_reset()  # the passes counted so far are zeroed with the gradients they summed
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+# Each parameter's DistributedOptimizer, by the parameter's id: (the parameter, the optimizer), both held
+# weakly (a tensor cannot key a WeakKeyDictionary: its == is elementwise).  A newer optimizer over the
+# same parameters takes them over, so re-running ``opt = DistributedOptimizer(...)`` does not leave two
+# reducing every gradient.
+_OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _owner(p: torch.nn.Parameter) -> Any:
+    entry = _OWNERS.get(id(p))
+    return entry[1]() if entry is not None and entry[0]() is p else None
+
+
+def _take_over(opt: Any, params: list[torch.nn.Parameter]) -> None:
+    """Make ``opt`` the owner of ``params``; an older optimizer that owned any of them stops reducing
+    (its hooks go, and its ``step()`` says why).  Refused while the older one has gradients in flight."""
+    older = {id(o): o for o in map(_owner, params) if o is not None and o is not opt}
+    for other in older.values():
+        if any(slot.submitted for slot in other._tl_slots.values()):
+            raise RuntimeError("another DistributedOptimizer over these parameters has gradients in flight: "
+                               "call its step() or synchronize() first")
+    for other in older.values():
+        _remove_hooks(other._tl_hooks)
+        other._tl_slots.clear()
+        other._tl_params.clear()
+        other._tl_superseded = True
+    for key in [k for k, (p, o) in _OWNERS.items() if p() is None or o() is None]:
+        del _OWNERS[key]
+    me = weakref.ref(opt)
+    for p in params:
+        _OWNERS[id(p)] = (weakref.ref(p), me)
+
+
+def _remove_hooks(handles: list) -> None:
+    for h in handles:
+        h.remove()
+    handles.clear()
+
+
+# torch's load_state_dict() (through __setstate__) wraps a class's ``step`` in its hook runner unless it is
+# marked: the wrapped optimizer's own ``step`` runs the step hooks already, after synchronize()
+_DistributedMixin.step.hooked = True
 
 
 class _Slot:
