@@ -206,6 +206,12 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
                        "--no-report", *extra)
         one_line_error(proc, 2, fragment)
         assert proc.stdout.strip() == "", proc.stdout  # refused before a table was printed
+    for extra, fragment in ((["--hosts", "1", "--ranks-per-host", "1"], "one rank has nothing to reduce"),
+                            # fitted on runs with a core per rank: it cannot say what two ranks a core cost
+                            (["--hosts", "1", "--ranks-per-host", "2", "--oversubscription", "2"], "no fitted")):
+        proc = tunelab("model", "predict", "--model-file", str(model_file), "--no-report", *extra)
+        one_line_error(proc, 2, fragment)
+        assert proc.stdout.strip() == "", proc.stdout
 
 
 @pytest.mark.parametrize("change,fragment", [
@@ -515,6 +521,12 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
     (["tune", "--model", "", "--no-report"], "an empty scenario name; shipped scenarios are"),
     (["tune", "--scenario", "", "--no-report"], "argument --scenario: an empty path"),
     (["bench", "landscape", "--scenario", ""], "argument --scenario: an empty path"),
+    (["report", "--bench", ""], "argument --bench: an empty path"),
+    (["model", "fit", ""], "an empty path"),
+    (["tune", "--seed", str(2**32)], "argument --seed: expected an integer from 0 to 2147483647"),
+    (["tune", "--model", "x" * 300, "--no-report"], "file name too long"),
+    (["bench", "allreduce", "--np", "1", "--json", "x" * 300 + ".json"], "file name too long"),
+    (["bench", "kernels", "--backend", "cpu", "--sizes", "1000GiB", "--no-report"], "does not fit in memory here"),
 ])
 def test_more_bad_flags_are_usage_errors(args, fragment):
     one_line_error(tunelab(*args), 2, fragment)
@@ -525,3 +537,44 @@ def test_a_lab_directory_that_is_a_file_or_holds_a_directory_is_one_line(tmp_pat
     one_line_error(tunelab("lab", "down", env={"TUNELAB_LAB_DIR": str(tmp_path / "file")}), 2, "is a file")
     (tmp_path / "dir" / "lab.json").mkdir(parents=True)
     one_line_error(tunelab("lab", "status", env={"TUNELAB_LAB_DIR": str(tmp_path / "dir")}), 1, "cannot be read")
+
+
+def test_an_error_in_rank_0s_tuner_ends_the_job_with_its_line(tmp_path):
+    """Rank 0 alone decides while the others wait for its decision: an error there (one that only rank 0's
+    tuner raises, injected through sitecustomize) ends the job with that error's line; it used to wait
+    for ever in the runtime's shutdown, which needs every rank."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import tunelab.tuning.driver as d\n"
+        "real = d.Driver.step_done\n"
+        "def step_done(self, elapsed):\n"
+        "    if self.phase != 'warmup':\n"
+        "        raise RuntimeError('injected failure of the tuner')\n"
+        "    return real(self, elapsed)\n"
+        "d.Driver.step_done = step_done\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "TUNELAB_HOME": str(tmp_path / "home")}
+    proc = tunelab("tune", "--model", "replay-bert", "--np", "2", "--budget", "6", "--no-store", "--no-report",
+                   env=env, timeout=90)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    assert "rank 0: injected failure of the tuner" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_store_location_that_is_a_file_is_a_usage_error(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    proc = tunelab("profiles", "list", env={"TUNELAB_HOME": str(tmp_path / "file")})
+    one_line_error(proc, 2, "is TUNELAB_HOME set to a file?")
+
+
+def test_a_scenario_lab_with_a_bad_per_host_count_names_that_field(tmp_path):
+    bad = tmp_path / "lab.toml"
+    bad.write_text('workload = "replay"\nmodel = "bert"\n[lab]\nhosts = 2\nlink_gbps = 1\nranks_per_host = 0\n')
+    one_line_error(tunelab("tune", "--scenario", str(bad), "--no-report"), 2, "[lab].ranks_per_host must be")
+
+
+@pytest.mark.parametrize("latency", [float("inf"), float("nan"), 5e6, -1.0])
+def test_a_lab_latency_outside_what_runs_take_is_refused(latency):
+    from tunelab.errors import UsageError
+    from tunelab.lab.spec import LabSpec
+
+    with pytest.raises(UsageError, match="a link latency must be 0 .. 1e\\+06 us"):
+        LabSpec(hosts=2, link_gbps=1.0, link_latency_us=latency)

@@ -45,7 +45,7 @@ def inputs(tmp_path: Path) -> dict:
     tune["profile_id"], tune["store"] = profile_id, str(store.path)
     tune_path = tmp_path / "evil-tune.json"
     tune_path.write_text(json.dumps(tune))
-    second = tmp_path / "other-host-allreduce.json"
+    second = tmp_path / "other-host-$^$-allreduce.json"  # (labels from file names: no math is read in them)
     shutil.copy(DATA / "report-allreduce.json", second)
     benches = [DATA / b for b in BENCHES] + [second]
     return {"tune": tune_path, "profile": profile_id, "benches": benches}
@@ -88,7 +88,7 @@ def test_report_is_self_contained_and_complete(report: Path) -> None:
         png = base64.b64decode(data)
         assert png.startswith(b"\x89PNG") and _not_blank(png), fig_id
     for text in ("Hardware: CPU", "default vs locked throughput", "locked configuration", "trials",
-                 "nccl-tests style results: report-allreduce.json", "other-host-allreduce.json",
+                 "nccl-tests style results: report-allreduce.json", "other-host-$^$-allreduce.json",
                  "tunelab profiles export", "load it automatically"):
         assert text in html, text
 

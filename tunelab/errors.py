@@ -33,3 +33,8 @@ class TopologyError(UsageError):
 class ScenarioError(UsageError):
     """A scenario file is missing, unreadable or invalid; the message names the file and the key.
     A usage error: the command exits 2."""
+
+
+class StoreLocationError(StoreError, UsageError):
+    """The store's location, as ``TUNELAB_HOME`` gives it, cannot hold a store (it names a file): a
+    setting to fix, so a usage error (exit 2), and still a StoreError for those that catch one."""

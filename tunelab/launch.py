@@ -120,15 +120,23 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
 RANK_MEMORY_MIB = 128  # what a rank holds once started (Python, numpy, Numba, MPI), measured at ~120 MiB
 
 
+def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The kernel's estimate of memory available to new work (None where it gives none: not Linux)."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
 def check_ranks_fit(np_: int, meminfo: Path = Path("/proc/meminfo")) -> None:
     """Refuse to start more ranks on this machine than its available memory holds (each rank is a
     Python process of ``RANK_MEMORY_MIB`` or more): a typo such as ``--np 5000`` would otherwise
     start thousands of processes and leave the machine swapping or its ranks killed."""
-    try:
-        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
-        available_mib = int(fields["MemAvailable"].split()[0]) // 1024
-    except (OSError, KeyError, ValueError, IndexError):
+    available = available_memory_bytes(meminfo)
+    if available is None:
         return  # not Linux, or no such field: nothing to check against
+    available_mib = available // (1 << 20)
     most = max(1, available_mib // RANK_MEMORY_MIB)
     if np_ > most:
         raise UsageError(f"{np_} ranks do not fit on this machine: each needs about {RANK_MEMORY_MIB} MiB and "

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .errors import StoreError
+from .errors import StoreError, StoreLocationError
 from .profile_export import (  # (InvalidExport: importable from here too, where it began)
     EXPORT_FORMAT,
     EXPORT_VERSION,
@@ -262,7 +262,7 @@ class ProfileStore:
         (``create``), else leave a missing store missing."""
         try:
             if self.path.parent.exists() and not self.path.parent.is_dir():
-                raise StoreError(f"cannot use profile store {self.path}: {self.path.parent} is a file, not a "
+                raise StoreLocationError(f"cannot use profile store {self.path}: {self.path.parent} is a file, not a "
                                  "directory (is TUNELAB_HOME set to a file?)")
             if not create and not (self.path.exists() and self.path.stat().st_size > 0):
                 self._absent = True

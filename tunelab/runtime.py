@@ -9,8 +9,10 @@ functions of the adapters act on the current runtime; there is at most one.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -383,6 +385,27 @@ def shutdown() -> None:
     runtime, _current = _current, None
     if runtime is not None:
         runtime.shutdown()
+
+
+def abandon() -> None:
+    """Drop the runtime after an error on this rank, without :func:`shutdown`'s handshake: that waits
+    for every rank to shut down, and the others may be blocked where this rank never comes (a rank-0
+    decision they wait for).  The coordinator's thread is a daemon; the job is about to be torn down."""
+    global _current
+    _current = None
+
+
+@contextlib.contextmanager
+def closing() -> Iterator[None]:
+    """``with closing():`` around a job's use of the runtime: shut down when the body ends, abandoned
+    (:func:`abandon`) when it raises, so this rank's error reaches the launcher instead of a wait for
+    ranks that are waiting for this one."""
+    try:
+        yield
+    except BaseException:
+        abandon()
+        raise
+    shutdown()
 
 
 # ---- the topology/lifecycle half of the adapters' Horovod-shaped API (re-exported by both) ---------

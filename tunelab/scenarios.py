@@ -329,9 +329,11 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
             raise ScenarioError(f"{where}: {required} is required "
                                 f"(one of {', '.join(map(json.dumps, _CHOICES[required]))})")
     values.setdefault("name", path.stem)
-    if "lab_hosts" in values and "np" not in values and isinstance(values["lab_hosts"], int):
+    if "lab_hosts" in values and "np" not in values and isinstance(values["lab_hosts"], int) \
+            and values["lab_hosts"] >= 1:
         per_host = values.get("lab_ranks_per_host", 1)
-        values["np"] = values["lab_hosts"] * (per_host if isinstance(per_host, int) else 1)
+        # (a per-host count that is not a positive integer leaves np alone: the Scenario names that field)
+        values["np"] = values["lab_hosts"] * (per_host if isinstance(per_host, int) and per_host >= 1 else 1)
     return Scenario(**values, path=str(path.resolve()))
 
 

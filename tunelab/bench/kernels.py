@@ -183,6 +183,23 @@ def _measure(kernels: Any, mem: _Memory, size: int, iters: int, warmup: int) -> 
     return rows
 
 
+# Host bytes a size's measurement holds at its peak, per byte of the size: the inputs and their reversed
+# copy, the packed, reduced and cast outputs, the bucket's tensors and what is read back to check them
+HOST_BYTES_PER_BYTE = 12
+
+
+def _refuse_what_memory_cannot_hold(size: int) -> None:
+    """A usage error, before anything is allocated, where the largest size's arrays exceed the memory
+    available (an allocation the kernel lets through would get the process killed, not an error)."""
+    from ..launch import available_memory_bytes
+
+    available = available_memory_bytes()
+    if available is not None and HOST_BYTES_PER_BYTE * size > available:
+        raise UsageError(f"{format_size(size)} does not fit in memory here: measuring it holds about "
+                         f"{HOST_BYTES_PER_BYTE * size / 2**30:.1f} GiB of host memory and "
+                         f"{available / 2**30:.1f} GiB is available; give smaller --sizes")
+
+
 def run(params: dict) -> dict:
     """Benchmark one back end; ``params``: backend, sizes (bytes, or None for defaults), iters, warmup."""
     from ..kernels import get_backend
@@ -193,11 +210,17 @@ def run(params: dict) -> dict:
         raise TunelabError(" ".join(str(exc).split())) from None
     mem = _Memory(kernels.name)
     sizes = params.get("sizes") or (CPU_SIZES if kernels.name == "cpu" else GPU_SIZES)
-    rows = []
     for size in sizes:
         if size < 4 * TENSORS or size % 4:
             raise UsageError(f"size {size} must be a multiple of 4 bytes and at least {4 * TENSORS}")
-        rows += _measure(kernels, mem, int(size), int(params.get("iters", 10)), int(params.get("warmup", 2)))
+    _refuse_what_memory_cannot_hold(max(sizes))
+    rows = []
+    for size in sizes:
+        try:
+            rows += _measure(kernels, mem, int(size), int(params.get("iters", 10)), int(params.get("warmup", 2)))
+        except MemoryError as exc:  # (a device's, or a host allocation the estimate let through)
+            raise UsageError(f"{format_size(size)} does not fit in memory here "
+                             f"({type(exc).__name__}); give smaller --sizes") from None
     return {"rows": rows, "backend": kernels.name, "device": mem.describe(),
             "iters": int(params.get("iters", 10)), "warmup": int(params.get("warmup", 2))}
 

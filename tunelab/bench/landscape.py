@@ -26,10 +26,10 @@ from ..cli.types import (
     default_scenario_input,
     input_file,
     named_input,
-    non_negative_int,
     positive_int,
     scenario_input,
 )
+from ..cli.types import seed as seed_type
 from ..errors import UsageError
 from ..knobs import Knobs, parse_bool
 
@@ -211,7 +211,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--grid", type=_grid_arg, nargs="+", default=None, metavar="NAME=V1,V2",
                    help=f"knob values to combine (default: {' '.join(DEFAULT_GRID)})")
     p.add_argument("--repeats", type=positive_int, default=2, help="visits per grid point (default 2)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="shuffles the visiting order")
+    p.add_argument("--seed", type=seed_type, default=0, help="shuffles the visiting order")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="gradient dtype of a replay scenario (default float32)")
     add_output_flags(p, what="the landscape")

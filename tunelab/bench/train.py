@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import runtime
+
 SYSTEMS = {"torch": ("tunelab-tuned", "tunelab", "no-comm", "ddp"),
            "tensorflow": ("tunelab-tuned", "tunelab", "no-comm", "mwms")}
 
@@ -125,8 +127,6 @@ def _torch_bench(p: dict) -> dict:
 def _knobs_ran(seen: dict | None) -> None:
     """Record the knobs the engine ran with (a tuned phase: after its profile was loaded)."""
     if seen is not None:
-        from .. import runtime
-
         seen.update(runtime.current().engine.knobs.as_dict())
 
 
@@ -209,13 +209,9 @@ def _has_profile(comm: Any, p: dict, build: Any, device: Any) -> bool:
     signature says whether its parameters live on a GPU)."""
     import tunelab.torch as tl
 
-    from .. import runtime
-
     tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"))
-    try:
+    with runtime.closing():
         return runtime.current().has_profile(tl.model_signature(build(p["model"]).to(device)), "torch")
-    finally:
-        tl.shutdown()
 
 
 def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict, tuned: bool,
@@ -225,7 +221,7 @@ def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict, tuned: bool,
     import tunelab.torch as tl
 
     tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
-    try:
+    with runtime.closing():
         tl.broadcast_parameters(model.state_dict(), root_rank=0)
         with _said_once(seen):  # (the profile's line, once per run rather than once per round)
             opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
@@ -234,8 +230,6 @@ def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict, tuned: bool,
         total, per_step = _timed(comm, _train_step(model, opt, x, y), p["steps"], p["warmup"])
         _knobs_ran(seen)
         return total, per_step, _weights_identical(comm, model)
-    finally:
-        tl.shutdown()
 
 
 def _ddp_phase(comm: Any, model: Any, x: Any, y: Any, p: dict) -> tuple[float, list[float], bool]:
@@ -351,13 +345,9 @@ def _tf_has_profile(comm: Any, p: dict) -> bool:
     """Whether the store holds a tuned TensorFlow config for this hardware, model and world size."""
     import tunelab.tensorflow as tl
 
-    from .. import runtime
-
     tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"))
-    try:
+    with runtime.closing():
         return runtime.current().has_profile(tl.model_signature(_keras_model(p)[0]), "tensorflow")
-    finally:
-        tl.shutdown()
 
 
 def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool,
@@ -370,7 +360,7 @@ def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool,
     import tunelab.tensorflow as tl
 
     tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"), **p.get("knobs", {}))
-    try:
+    with runtime.closing():
         model, opt = _keras_model(p)
         tl.broadcast_variables(model.weights, root_rank=0)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -387,8 +377,6 @@ def _tf_tunelab_phase(comm: Any, x: Any, y: Any, p: dict, tuned: bool,
             total, per_step = _timed(comm, step, p["steps"], p["warmup"])
         _knobs_ran(seen)
         return total, per_step, _tf_weights_identical(comm, model)
-    finally:
-        tl.shutdown()
 
 
 def _tf_alone_phase(comm: Any, x: Any, y: Any, p: dict) -> tuple[float, list[float]]:

@@ -25,7 +25,15 @@ from typing import Any
 import numpy as np
 
 from ..cli.finish import add_output_flags, finish
-from ..cli.types import choice_list, fraction, link_gbps, named_input, positive_int, scenario_input
+from ..cli.types import (
+    choice_list,
+    fraction,
+    input_file,
+    link_gbps,
+    named_input,
+    positive_int,
+    scenario_input,
+)
 from ..errors import TunelabError, UsageError
 from ..knobs import Knobs
 from ..tuning.driver import Driver
@@ -311,7 +319,7 @@ def _median_curve(curves: list[list[float]]) -> list[float]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench tuner`` under the ``bench`` sub-command parsers."""
     p = subparsers.add_parser("tuner", help="search strategies replayed on recorded landscapes (no training)")
-    named_input(p.add_argument("--landscape", type=Path, action="append", default=None, metavar="FILE",
+    named_input(p.add_argument("--landscape", type=input_file, action="append", default=None, metavar="FILE",
                                help="a landscape JSON from bench landscape, or a shipped landscape's name (repeatable; "
                                     f"default: every shipped one: {', '.join(shipped_landscapes())})"),
                 lambda name: _landscape_path(Path(name)),
@@ -330,13 +338,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "the point moved to the state of a visit drawn from every point's: one host state for all "
                         "configurations); or off (every step drawn from the point's pool of all visits, as replays "
                         "did before 2026-11-27)")
-    p.add_argument("--first-from-model", type=Path, default=None, metavar="FILE",
+    p.add_argument("--first-from-model", type=input_file, default=None, metavar="FILE",
                    help="a fitted scale model (tunelab model fit --out FILE): run each strategy again on every "
                         "landscape it has proposals for, starting from its predicted best settings among the "
                         "landscape's, as tunelab tune does on hardware without stored trials (rows "
                         "<strategy>+model); not for GPU landscapes, which the model does not cover")
     m = p.add_argument_group("the scale model as the objective (instead of recorded landscapes)")
-    m.add_argument("--model-file", type=Path, default=None, metavar="FILE",
+    m.add_argument("--model-file", type=input_file, default=None, metavar="FILE",
                    help="a fitted model (tunelab model fit --out FILE): its predicted step times, with noise")
     named_input(m.add_argument("--scenario", default=None,
                                help=f"the workload's scenario (name or file; default {MODEL_SCENARIO})"), scenario_input,

@@ -12,6 +12,7 @@ heavy inside their functions, so that ``import tunelab.cli`` stays light.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -59,6 +60,18 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except OSError as exc:  # a path no file system takes, wherever it is first looked at: a usage error
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        name = os.fsdecode(exc.filename) if exc.filename is not None else ""
+        shown = name if len(name) <= 60 else f"{name[:28]}...{name[-28:]}"
+        sys.stderr.write(f"tunelab: error: {exc.strerror.lower()}: {shown!r} ({len(name)} characters)\n")
+        return 2
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     flag = words[0].split("=")[0] if words else ""

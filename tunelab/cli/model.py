@@ -20,6 +20,7 @@ from ..units import format_size, human_size
 from .finish import add_output_flags, finish
 from .types import (
     Parser,
+    input_file,
     knob,
     link_gbps,
     named_input,
@@ -42,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model = subparsers.add_parser("model", help="the scale model: fit on bench runs, predict up to 1024 ranks")
     msub = model.add_subparsers(dest="model_command", required=True, parser_class=Parser)
     fit = msub.add_parser("fit", help="fit the alpha-beta-gamma model on bench allreduce --json files")
-    fit.add_argument("files", type=Path, nargs="+", metavar="FILE.json")
+    fit.add_argument("files", type=input_file, nargs="+", metavar="FILE.json")
     fit.add_argument("--out", type=output_file, required=True, metavar="MODEL.json", help="where to write the model")
     fit.add_argument("--link-gbps", type=link_gbps, default=None, metavar="GBPS",
                      help="link speed of files that do not record theirs")
@@ -52,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fit.set_defaults(func=run_fit)
 
     pr = msub.add_parser("predict", help="predicted allreduce times, crossover and step time per knob setting")
-    pr.add_argument("--model-file", type=Path, required=True, metavar="MODEL.json",
+    pr.add_argument("--model-file", type=input_file, required=True, metavar="MODEL.json",
                     help="a model written by tunelab model fit")
     named_input(pr.add_argument("--scenario", default=None, metavar="NAME|FILE",
                                 help="a scenario (its model's gradients and backward timing) for the step-time table"),
@@ -68,11 +69,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help=f"comma-separated allreduce sizes (default {DEFAULT_SIZES})")
     pr.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
                     help="pin a knob for every prediction (repeatable)")
-    pr.add_argument("--check", type=Path, nargs="+", default=[], metavar="FILE.json",
+    pr.add_argument("--check", type=input_file, nargs="+", default=[], metavar="FILE.json",
                     help="bench allreduce files to compare with the model (held-out runs)")
     pr.add_argument("--check-sizes", type=size_list, default=None, metavar="LIST",
                     help="compare only the --check measurements at these sizes (those held out of the fit)")
-    pr.add_argument("--check-steps", type=Path, nargs="+", default=[], metavar="LANDSCAPE.json",
+    pr.add_argument("--check-steps", type=input_file, nargs="+", default=[], metavar="LANDSCAPE.json",
                     help="bench landscape files of --scenario (behind --link-gbps): measured vs predicted step time")
     add_output_flags(pr, what="the predictions")
     pr.set_defaults(func=run_predict)
@@ -140,6 +141,8 @@ def run_predict(args: argparse.Namespace) -> int:
     from ..knobs import Knobs
     from ..model.fit import ScaleModel
 
+    if args.hosts * args.ranks_per_host == 1:
+        raise UsageError("one rank has nothing to reduce: give --hosts or --ranks-per-host above 1")
     if args.hosts * args.ranks_per_host > MAX_RANKS:
         raise UsageError(f"the model predicts up to {MAX_RANKS} ranks, got {args.hosts} x {args.ranks_per_host}")
     if args.check_sizes is not None and not args.check:
@@ -158,6 +161,7 @@ def run_predict(args: argparse.Namespace) -> int:
     work = Workload.from_scenario(args.scenario) if args.scenario else None
     checked = load_many(args.check, combine="all") if args.check else []
     model, topo = _topology(model, args)
+    _refuse_unpredictable(model, topo)
     print(f"# scale model {args.model_file} ({model.points} points); predicting {topo.describe()}")
     result: dict[str, Any] = {"command": "model predict", "model_file": str(args.model_file),
                               "topology": vars(topo), "knobs": knobs.as_dict()}
@@ -172,6 +176,16 @@ def run_predict(args: argparse.Namespace) -> int:
     if getattr(args, "report", False):
         _report(model, topo, args, result)
     return finish(args, result, "model")
+
+
+def _refuse_unpredictable(model: Any, topo: Any) -> None:
+    """A usage error, with the model's own reason, where it can predict none of the engine's paths on
+    ``topo`` (a fit without the runs that layout needs): an empty table would read as a result."""
+    from ..model.predict import algorithms_for
+
+    if not any(a in ("flat", "hierarchical") for a in algorithms_for(model, topo)):
+        model.time_s("flat", topo, 1 << 20)  # raises the ModelError (a UsageError) that says what is missing
+        raise UsageError(f"the model cannot predict tunelab's allreduce on {topo.describe()}")
 
 
 def _topology(model: Any, args: argparse.Namespace) -> tuple[Any, Any]:

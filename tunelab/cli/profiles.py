@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..errors import TunelabError, UsageError
 from ..files import write_text
 from ..knobs import Knobs, knob_text
 from ..units import counted
-from .types import output_file, profile_id
+from .types import input_file, output_file, profile_id
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("ids", type=profile_id, nargs="*", metavar="ID")
     export.set_defaults(func=cmd_export)
     import_ = psub.add_parser("import", help="merge profiles from an export file")
-    import_.add_argument("file", type=Path, metavar="FILE")
+    import_.add_argument("file", type=input_file, metavar="FILE")
     import_.set_defaults(func=cmd_import)
     delete = psub.add_parser("delete", help="remove a profile with its trials")
     delete.add_argument("id", type=profile_id, metavar="ID")

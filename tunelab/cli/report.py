@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import UsageError
-from .types import output_file, profile_id
+from .types import input_file, output_file, profile_id
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     rep = subparsers.add_parser("report", help="write a self-contained HTML report of tuning runs and benchmarks")
     rep.add_argument("--profile", type=profile_id, action="append", default=[], metavar="ID",
                      help="a tuning profile from the store; repeatable")
-    rep.add_argument("--bench", type=Path, action="append", default=[], metavar="FILE.json",
+    rep.add_argument("--bench", type=input_file, action="append", default=[], metavar="FILE.json",
                      help="a tunelab bench --json result; repeatable")
-    rep.add_argument("--tune", type=Path, action="append", default=[], metavar="FILE.json",
+    rep.add_argument("--tune", type=input_file, action="append", default=[], metavar="FILE.json",
                      help="a tunelab tune --json result; repeatable")
     rep.add_argument("--title", default="tunelab report", help="the page's title (default: tunelab report)")
     rep.add_argument("--out", type=output_file, default=None, metavar="PATH",

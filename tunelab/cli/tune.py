@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..errors import UsageError
 from ..units import counted
@@ -16,11 +15,11 @@ from .types import (
     input_file,
     knob,
     named_input,
-    non_negative_int,
     positive_float,
     positive_int,
     scenario_input,
 )
+from .types import seed as seed_type
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                         help="also end exploration after this many seconds of training, if the scenario's "
                              "block budget has not ended it first")
-    tune.add_argument("--seed", type=non_negative_int, default=0,
+    tune.add_argument("--seed", type=seed_type, default=0,
                       help="seeds the search strategy (default 0): the same seed proposes the same knobs for the same measurements")
     tune.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
                       help="pin a knob (excluded from the search); repeatable")
@@ -55,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--retune", type=positive_int, nargs="?", const=200, default=0, metavar="STEPS",
                       help="after the lock, train STEPS more steps (default 200) and tune again if step time "
                            "leaves the locked configuration's interval")
-    tune.add_argument("--model-file", type=Path, default=None, metavar="FILE",
+    tune.add_argument("--model-file", type=input_file, default=None, metavar="FILE",
                       help="a fitted scale model (tunelab model fit): its predicted best settings are the first "
                            "proposals when this hardware has no stored trials (default: "
                            "$TUNELAB_HOME/scale-model.json when it exists)")

@@ -73,6 +73,14 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, lambda v: v >= 0, "an integer >= 0"))
 
 
+SEED_LIMIT = 2**31  # numpy's and scikit-learn's seeds stop at 2**32 - 1; epochs add to the given one
+
+
+def seed(text: str) -> int:
+    """A random seed: an integer in [0, 2**31)."""
+    return int(_number(text, int, lambda v: 0 <= v < SEED_LIMIT, f"an integer from 0 to {SEED_LIMIT - 1}"))
+
+
 def positive_float(text: str) -> float:
     return _number(text, float, lambda v: 0 < v < float("inf"), "a positive number")
 

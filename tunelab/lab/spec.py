@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import TunelabError, UsageError
+from ..units import link_problem
 
 PREFIX = "tlab-"
 BRIDGE = PREFIX + "br"
@@ -73,8 +74,9 @@ class LabSpec:
                              f"Mb/s), got {self.link_gbps:g}")
         if self.ranks_per_host < 1:
             raise UsageError(f"--ranks-per-host must be >= 1, got {self.ranks_per_host}")
-        if not self.link_latency_us >= 0:
-            raise UsageError(f"--link-latency-us must be >= 0, got {self.link_latency_us!r}")
+        why = link_problem(latency_us=self.link_latency_us)  # (NaN, inf and beyond 1 s too, as everywhere)
+        if why is not None:
+            raise UsageError(f"--link-latency-us: {why}")
         net = self.network()
         if net.num_addresses < self.hosts + 16:
             raise UsageError(f"subnet {self.subnet} is too small for {self.hosts} hosts")

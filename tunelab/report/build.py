@@ -45,7 +45,8 @@ def _naming(what: str, expected: str) -> Iterator[None]:
     try:
         yield
     except (KeyError, TypeError, IndexError, ValueError, AttributeError, OverflowError) as exc:
-        raise UsageError(f"{what}: malformed input ({type(exc).__name__}: {exc}); expected {expected}") from None
+        said = " ".join(str(exc).split())  # (one line, whatever the message held)
+        raise UsageError(f"{what}: malformed input ({type(exc).__name__}: {said}); expected {expected}") from None
 
 
 def build_html(title: str, profiles: list[int], benches: list[Path], tunes: list[Path],

@@ -43,10 +43,8 @@ def run_with_workload(p: dict, body: Callable[[dict, Any, Workload, dict], dict]
     pinned = dict(p.get("knobs", {}))
     rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), link_gbps=p.get("link_gbps"),
                       link_latency_us=p.get("link_latency_us"), **pinned)
-    try:
+    with runtime.closing():
         return body(p, rt, make_workload(p, rt, comm), pinned)
-    finally:
-        runtime.shutdown()
 
 
 def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
