@@ -1133,9 +1133,20 @@ def case_device_structure(comm: MPI.Comm, calls: int = 3) -> dict:
             for x, o in zip(inputs, dev_out):
                 if bit_mismatches(o.copy_to_host(), reference(x, "sum")):
                     out["failures"].append(f"{lay} oneshot={oneshot}: wrong result")
+            path = engine._device
             out["runs"].append({"layout": lay, "oneshot": oneshot, "per_call": per_call,
-                                "ordering": engine._device.ordering.name, "nodes": engine.topology.num_nodes})
+                                "ordering": path.ordering.name, "nodes": engine.topology.num_nodes})
             engine.close()
+            engine.close()  # (a second close does nothing)
+            # what a closed engine still holds of the device: nothing it could free
+            out["runs"][-1]["held_after_close"] = {
+                "path": engine._device is not None, "tables": len(path.tables), "marks": len(path._free_marks),
+                "staging": int(path.staging.array.nbytes),
+                "shared_tables": len(path.shared._tables) if path.shared is not None else 0}
+    from tunelab.engine.device import device_buffer
+
+    # uint16 holds bfloat16 bits, for the simulator's arrays as for every array-interface buffer
+    out["uint16_reads_as"] = device_buffer(cuda.to_device(np.zeros(3, np.uint16))).dtype.name
     return out
 
 

@@ -183,13 +183,17 @@ def test_ipc_ring_on_one_gpu_shared_by_several_ranks(n, backend):
 @pytest.mark.parametrize(("n", "ordering"), [(1, "auto"), (2, "auto"), (3, "auto"), (2, "stream-sync")])
 def test_a_warm_device_call_uploads_no_table_allocates_nothing_and_never_waits_for_the_device(n, ordering):
     """Counted through an instrumenting kernel back end under the simulator, every layout: after
-    warm-up a call launches kernels only, with its tables already on the device."""
+    warm-up a call launches kernels only, with its tables already on the device; closed (twice), the
+    engine holds no table, event or staging buffer."""
     env = {"NUMBA_ENABLE_CUDASIM": "1", "TUNELAB_CUDA_AWARE_MPI": "1", "TUNELAB_DEVICE_ORDERING": ordering}
     run = run_case("device_structure", n, 600, env=env)
     assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
     for rank, res in enumerate(run.results):
         assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+        assert res["uint16_reads_as"] == "bfloat16", res["uint16_reads_as"]
         for r in res["runs"]:
+            assert r["held_after_close"] == {"path": False, "tables": 0, "marks": 0, "staging": 0,
+                                             "shared_tables": 0}, r
             pc = r["per_call"]
             assert pc.get("copy_table", 0) >= 1, r  # it did run kernels
             for what in ("upload_table", "alloc", "synchronize"):

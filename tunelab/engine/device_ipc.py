@@ -213,3 +213,6 @@ class PinnedStaging:
                 self._mem = cupy.cuda.alloc_pinned_memory(nbytes)
                 self.array = np.frombuffer(self._mem, dtype=np.uint8, count=nbytes)
         return self.array[:nbytes].view(dtype)
+
+    def free(self) -> None:
+        self._mem, self.array = None, np.empty(0, dtype=np.uint8)

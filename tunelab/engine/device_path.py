@@ -83,6 +83,10 @@ class TableCache:
     def __len__(self) -> int:
         return len(self._tables)
 
+    def clear(self) -> None:
+        """Drop every table (the caller has synchronized the stream: no launch still reads one)."""
+        self._tables.clear()
+
 
 class StreamSyncOrdering:
     """Each rank waits for its own stream (not the device), then meets its peers on the host."""
@@ -401,6 +405,8 @@ class DevicePath:
     def ensure_slots(self, oneshot_max_bytes: int) -> None:
         """Size the one-shot staging (collective over the node)."""
         if oneshot_max_bytes > self.slots.half_bytes:
+            if self.index is not None:  # (the coordinator's thread applies live knobs: its current GPU is 0)
+                self.kernels.use_device(self.index)
             self.slots.ensure(max(oneshot_max_bytes, 1))
 
     def free(self) -> None:
@@ -413,3 +419,12 @@ class DevicePath:
         self.slots.free()
         self.arena.free()
         self._buffers.clear()
+        # what else holds device or page-locked memory: the uploaded tables, the events, the host staging
+        self.tables.clear()
+        self._free_marks.clear()
+        self._ready_more.clear()
+        self._producers.clear()
+        self._marked.clear()
+        self._waited.clear()
+        self._consumers.clear()
+        self.staging.free()

@@ -329,6 +329,7 @@ class SharedGpu:
         return tables
 
     def free(self) -> None:
+        self._tables.clear()  # (device tables: the path synchronized its stream first)
         if self.importer is not None:
             self.importer.close()
         self.mailbox.free()

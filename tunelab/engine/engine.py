@@ -112,6 +112,7 @@ class Engine:
         self.barrier = NodeBarrier(self.topology.local, self.config.timeout_s, spin=spin)
         self._host = HostPath(self.topology.local, self.kernels, self.barrier)
         self._device: Any = None
+        self._closed = False
         self._marking = True  # device tensors marked ready where they are submitted (mark_ready)
         self._gpu_seen: int | None = None  # the GPU of this rank's device tensors, before the device path
         self.link = self._emulated_link()
@@ -503,10 +504,15 @@ class Engine:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
+        """Free the engine's memory, windows and communicators; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         if self.link is not None:
             self.link.close()
         if self._device is not None:
             self._device.free()
+            self._device = None
         self._small.clear()
         self._host.free()
         self.barrier.free()
