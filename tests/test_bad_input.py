@@ -553,10 +553,22 @@ def test_an_error_in_rank_0s_tuner_ends_the_job_with_its_line(tmp_path):
         "d.Driver.step_done = step_done\n")
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "TUNELAB_HOME": str(tmp_path / "home")}
-    proc = tunelab("tune", "--model", "replay-bert", "--np", "2", "--budget", "6", "--no-store", "--no-report",
-                   env=env, timeout=90)
-    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
-    assert "rank 0: injected failure of the tuner" in proc.stderr, proc.stderr[-2000:]
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "tunelab.cli", "tune", "--model", "replay-bert", "--np", "2",
+                             "--budget", "6", "--no-store", "--no-report"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    try:
+        _, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the command stops the ranks it launched (each in its own session)
+        try:
+            proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        pytest.fail("the job did not end within 90 s")
+    assert proc.returncode == 1, (proc.returncode, err[-2000:])
+    assert "rank 0: injected failure of the tuner" in err, err[-2000:]
 
 
 def test_a_store_location_that_is_a_file_is_a_usage_error(tmp_path):

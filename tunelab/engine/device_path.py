@@ -293,6 +293,10 @@ class DevicePath:
         stream in this thread (the caller's, or the coordinator's)."""
         if self.index is not None:
             self.kernels.use_device(self.index)  # this thread's current device (threads differ)
+        if self._marked:  # a call that raised before end(): its marks go back to the stock, not lost
+            with self._marks_lock:
+                self._free_marks.extend(self._marked)
+            self._marked = []
         # Events recorded on one stream complete in the order they were recorded: the last mark of each
         # producer stream covers that stream's earlier ones (a call fusing a model's gradients waits
         # on one event, not on one per gradient).  Streams are told apart by handle *and* recording
