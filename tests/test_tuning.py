@@ -929,3 +929,58 @@ def test_given_first_settings_take_the_places_of_the_gps_initial_design():
     own_first = make_strategy("random", SPACE, 3).ask()
     seeded_random = SeededStrategy(make_strategy("random", SPACE, 3), given)
     assert [seeded_random.ask() for _ in range(3)] == [*given, own_first]
+
+
+def test_a_candidate_beside_a_reference_set_aside_then_kept_is_told_once_it_pairs():
+    """The host steps down 10 % at the fifth reference; the references before it look disturbed until
+    enough later ones say the new level is the host's: a candidate measured right after a reference set
+    aside at the time is told once that reference is kept (it was never told at all)."""
+    plan = Plan(block_seconds=None, budget_samples=40, reference_every=3)
+    drv = Driver(SPACE, lambda e: make_strategy("random", SPACE, e), plan, 1.0)
+    k = 0
+    while len(drv.samples) < 29 and drv.tuning:
+        b = drv._block
+        idx = len(drv.samples)
+        level = 0.05 if b is not None and b.role == "candidate" else (0.0 if idx < 12 or b is None else -0.1)
+        k += 1
+        drv.step_done(math.exp(-level + 0.001 * (-1) ** k))
+    kept = {r[0] for r in drv._refs()}
+    candidates = [s for s in drv.samples if s.role == "candidate"]
+    pairing = [s for s in candidates if not drv._next_to_disturbed(float(s.index), kept)]
+    assert pairing, [(s.index, s.role) for s in drv.samples]
+    # every candidate that pairs with kept references now is told, with a finite variance
+    live = {o.knobs for o in drv.strategy.live}
+    assert all(s.index in drv._told_at and s.told is not None and s.knobs in live for s in pairing), \
+        [(s.index, s.index in drv._told_at, s.told) for s in pairing]
+
+
+def test_bad_step_times_and_plans_are_refused():
+    drv = Driver(SPACE, lambda e: make_strategy("tunelab", SPACE, e), Plan(block_seconds=None), 1.0)
+    for bad in (math.nan, math.inf, 0.0, -1.0):
+        with pytest.raises(ValueError, match="a step's time must be a positive number"):
+            drv.step_done(bad)
+    assert drv.steps == 0
+    for kwargs in ({"reference_every": 0}, {"confidence": 1.0}, {"confidence": 0.0}):
+        with pytest.raises(ValueError, match="tuning plan"):
+            Plan(**kwargs)
+    with pytest.raises(ValueError, match="fusion_threshold_bytes must be a number"):
+        Knobs(fusion_threshold_bytes=math.inf)
+
+
+def test_stored_trials_that_varied_a_knob_now_pinned_are_left_out_of_a_warm_start():
+    from types import SimpleNamespace
+
+    from tunelab.tuning.result import stored_observations
+
+    base = Knobs(segment_bytes=4 * MiB)
+
+    def trial(phase, score, **knobs):
+        return SimpleNamespace(run_id="r1", phase=phase, score=score, knobs=base.replace(**knobs).as_dict())
+
+    trials = [trial("default", 10.0), trial("default", 10.2), trial("explore", 12.0, segment_bytes=64 << 10),
+              trial("explore", 11.0, fusion_threshold_bytes=8 * MiB)]
+    everything = stored_observations(trials, 0.1, base)
+    assert len(everything) == 2
+    kept = stored_observations(trials, 0.1, base, searched=["fusion_threshold_bytes", "cycle_time_ms"])
+    assert [o.knobs.fusion_threshold_bytes for o in kept] == [8 * MiB]
+    assert math.isclose(kept[0].value, math.log(11.0) - math.log(10.1))

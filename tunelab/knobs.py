@@ -134,7 +134,7 @@ def _validate(spec: KnobSpec, value: object) -> object:
                 raise ValueError
         else:
             number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (the last: int() of an infinity)
         raise ValueError(f"knob {spec.name} must be a number in {spec.describe_range()}, "
                          f"got {value!r}") from None
     if not (spec.low <= number <= spec.high):  # type: ignore[operator]

@@ -248,7 +248,8 @@ class Runtime:
             store = ProfileStore(create=False)
             best = store.best(self.profile_key(signature, framework))
             # (only runs measured against this job's default: a re-opened search's ratios are to it)
-            stored = (stored_observations(store.trials(best.profile_id), Plan().warm_start_noise, space.base)
+            stored = (stored_observations(store.trials(best.profile_id), Plan().warm_start_noise, space.base,
+                                          space.names)
                       if best else [])
         except Exception as exc:  # noqa: BLE001 - the job itself must not stop for it (on rank 0 alone)
             print(f"tunelab: warning: retune off: the profile's trials could not be read ({exc})", flush=True)

@@ -130,6 +130,8 @@ class Driver:
         return self.decisions[-1].knobs if self.decisions else None
 
     def step_done(self, step_s: float) -> Knobs | None:
+        if not (math.isfinite(step_s) and step_s > 0):  # (one would size every block, or void a reference)
+            raise ValueError(f"a step's time must be a positive number of seconds, got {step_s!r}")
         self.steps += 1
         self.elapsed_s += step_s
         block = self._block
@@ -224,8 +226,15 @@ class Driver:
         bracketed ratio replaces it when the next reference is measured: :meth:`_retell_bracketed`),
         with its own variance; nothing for a block measured right after a reference set aside as
         disturbed."""
-        pair = None if self._next_to_disturbed(float(sample.index)) else self._pair(sample, bracket=False)
-        if pair is None:  # (paired across a disturbed reference it would carry the disturbance)
+        if self._next_to_disturbed(float(sample.index)):
+            # paired across a disturbed reference it would carry the disturbance: told as withdrawn (no
+            # information), so that the next reference's retelling tells its value once that reference
+            # is no longer set aside
+            self.strategy.tell(sample.knobs, 0.0, math.inf)
+            self._told_at[sample.index] = len(self.strategy.observations) - 1
+            return None
+        pair = self._pair(sample, bracket=False)
+        if pair is None:
             return None
         ratio, steps_part, block_part = pair
         self.strategy.tell(sample.knobs, ratio, steps_part + block_part)

@@ -54,9 +54,13 @@ class Plan:
             bad.append(f"remeasure_sigma={self.remeasure_sigma}")
         if self.block_seconds is not None and not (math.isfinite(self.block_seconds) and self.block_seconds > 0):
             bad.append(f"block_seconds={self.block_seconds}")
+        if not (isinstance(self.reference_every, int) and self.reference_every >= 1):
+            bad.append(f"reference_every={self.reference_every}")
+        if not 0 < self.confidence < 1:
+            bad.append(f"confidence={self.confidence}")
         if bad:
-            raise ValueError(f"tuning plan: {', '.join(bad)} (steps must be whole numbers >= 1, the sigma and "
-                             "seconds > 0)")
+            raise ValueError(f"tuning plan: {', '.join(bad)} (steps and reference_every must be whole numbers "
+                             ">= 1, the sigma and seconds > 0, the confidence between 0 and 1)")
 
 
 def block_steps_for(measure_steps: int, block_seconds: float | None, fastest_s: float) -> int:

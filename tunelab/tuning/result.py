@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -127,12 +128,16 @@ def decision_dict(d: Decision) -> dict:
             "seconds": d.seconds}
 
 
-def stored_observations(trials: list[Any], extra_sigma: float, reference: Knobs | None = None) -> list[Observation]:
+def stored_observations(trials: list[Any], extra_sigma: float, reference: Knobs | None = None,
+                        searched: Collection[str] | None = None) -> list[Observation]:
     """Earlier runs' trials as a strategy's observations: per run, each explored candidate's log
     samples/s over the mean of that run's default blocks, its variance widened by ``extra_sigma``.
     With ``reference`` (this search's default), only runs whose default blocks measured it: a run's
     ratios are to its own default, and one whose default was another configuration (before a default
-    changed, or under other pins) would be told as ratios to this one."""
+    changed, or under other pins) would be told as ratios to this one.  With ``searched`` (the knobs
+    this search varies) too, only candidates that keep every other knob at the reference's value: one
+    that varied a knob now pinned measured a configuration this search cannot run (told as one, the
+    model would read it as the pinned value's)."""
     by_run: dict[str, list[Any]] = {}
     for t in trials:
         by_run.setdefault(t.run_id, []).append(t)
@@ -146,8 +151,14 @@ def stored_observations(trials: list[Any], extra_sigma: float, reference: Knobs 
         logs = [math.log(t) - ref for t in refs]
         noise = float(np.var(logs)) if len(logs) > 1 else 0.03 ** 2
         out += [Observation(stored_knobs(t.knobs), math.log(t.score) - ref, 2 * noise + extra_sigma ** 2)
-                for t in run if t.phase == "explore" and t.score > 0]
+                for t in run if t.phase == "explore" and t.score > 0
+                and (reference is None or searched is None or within(stored_knobs(t.knobs), reference, searched))]
     return out
+
+
+def within(knobs: Knobs, reference: Knobs, searched: Collection[str]) -> bool:
+    """Whether ``knobs`` differs from ``reference`` only in the ``searched`` knobs."""
+    return all(v == getattr(reference, k) for k, v in knobs.as_dict().items() if k not in searched)
 
 
 def _config(knobs: Knobs, scores: list[float]) -> dict:

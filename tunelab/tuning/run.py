@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,7 +109,7 @@ def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any,
     if comm.rank == 0:
         try:
             recorder = _Recorder.create(p, rt, workload, write=p.get("store", True))
-            stored = recorder.warm_start_observations(space.base)
+            stored = recorder.warm_start_observations(space.base, space.names)
             # (the scale model is fitted on the host path: no first proposals for a GPU job)
             first = _model_proposals(p, rt, space) if not stored and p.get("device") != "cuda" else ([], None)
         except Exception as exc:  # noqa: BLE001 - raised again below, on every rank
@@ -351,12 +351,13 @@ class _Recorder:
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
         return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write, (fp.name, dict(fp.facts)))
 
-    def warm_start_observations(self, reference: Knobs) -> list[Any]:
+    def warm_start_observations(self, reference: Knobs, searched: Collection[str]) -> list[Any]:
         """Stored trials of this profile (or of the nearest one, said aloud) as paired log ratios: each
         earlier run's candidates over the mean of that run's default blocks, with extra variance; only
-        runs whose default was ``reference``, this run's (the others are left out, said aloud)."""
+        runs whose default was ``reference``, this run's, and candidates that vary only the ``searched``
+        knobs (the others are left out, said aloud)."""
         from ..units import counted
-        from .result import stored_observations
+        from .result import stored_observations, within
 
         source = self.profile_id
         if (source is None or not self.store.trials(source)) and self.seeded_from is not None:
@@ -372,7 +373,12 @@ class _Recorder:
             what = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items())
             print(f"# warm start: earlier runs of profile {source} whose default differs from this run's "
                   f"({what}) are left out: their ratios are to another configuration", flush=True)
-        observations = stored_observations(trials, Plan().warm_start_noise, reference)
+        pinned = [t for t in trials if t.phase == "explore" and stored_knobs(t.knobs) != reference
+                  and not within(stored_knobs(t.knobs), reference, searched)]
+        if pinned:
+            print(f"# warm start: {counted(len(pinned), 'stored trial')} of profile {source} varied knobs this "
+                  "run pins: left out", flush=True)
+        observations = stored_observations(trials, Plan().warm_start_noise, reference, searched)
         if observations:
             print(f"# warm start: {counted(len(observations), 'stored trial')} from profile {source}", flush=True)
         return observations
