@@ -329,7 +329,9 @@ def case_one_rank_invalid(comm: MPI.Comm, ranks_per_node: int | None = None) -> 
             "out": lambda size=size: engine.allreduce(np.ones(size, np.float32),
                                                       out=np.empty(size, np.float64 if r == last else np.float32)),
             "outs": lambda size=size: engine.allreduce_batch(
-                [np.ones(size, np.float32)] * 2, outs=[np.empty(size, np.float32)] * (1 if r == last else 2)),
+                [np.ones(size, np.float32)] * 2, outs=[np.empty(size, np.float32) for _ in range(1 if r == last else 2)]),
+            "order": lambda size=size: engine.allreduce(np.ones(size, ">f4" if r == last else np.float32)),
+            "alias": lambda size=size: _aliased(engine, size, r == last),
         }
         for kind, call in calls.items():
             t0 = time.monotonic()
@@ -345,6 +347,12 @@ def case_one_rank_invalid(comm: MPI.Comm, ranks_per_node: int | None = None) -> 
     return out
 
 
+def _aliased(engine: Engine, size: int, alias: bool) -> list:
+    """A batch of two whose second output is the first input when ``alias`` (else memory of its own)."""
+    x, y = np.ones(size, np.float32), np.ones(size, np.float32)
+    return engine.allreduce_batch([x, y], outs=[np.empty_like(x), x if alias else np.empty_like(y)])
+
+
 def case_bad_requests(comm: MPI.Comm) -> dict:
     """Invalid requests raise the same clear error on every rank, without hanging."""
     engine = Engine(comm, load_engine_config(timeout_s=30))
@@ -357,6 +365,33 @@ def case_bad_requests(comm: MPI.Comm) -> dict:
             errors[label] = ""
         except (TypeError, ValueError) as exc:
             errors[label] = str(exc)
+    big = 1 << 20  # (4 MiB of float32: past a segment, where the two-shot's pieces once overwrote inputs)
+    x = np.ones(big, np.float32)
+    for label, call in (("byteorder", lambda: engine.allreduce(np.ones(big, ">f4"))),
+                        ("alias", lambda: _aliased(engine, big, True)),
+                        ("twice", lambda: engine.allreduce_batch([x, x], outs=[x, x])),
+                        ("shifted", lambda: engine.allreduce(x[:big // 2], out=x[1:big // 2 + 1]))):
+        try:
+            call()
+            errors[label] = ""
+        except (TypeError, ValueError) as exc:
+            errors[label] = str(exc)
+    # a read-only output is refused where it is submitted, and the coordinator goes on
+    from tunelab.engine.coordinator import Coordinator
+
+    coordinator = Coordinator(engine)
+    frozen = np.ones(4, np.float32)
+    frozen.flags.writeable = False
+    for label, call in (("readonly_one", lambda: coordinator.submit_one("ro", frozen, "sum")),
+                        ("readonly_group", lambda: coordinator.submit_group(["ro2"], [np.ones(4, np.float32)],
+                                                                             "sum", outs=[frozen]))):
+        try:
+            call()
+            errors[label] = ""
+        except ValueError as exc:
+            errors[label] = str(exc)
+    errors["after_readonly"] = coordinator.submit("ok", np.full(4, comm.rank + 1.0, np.float32)).wait(20).tolist()
+    coordinator.shutdown()
     try:
         Engine(comm, load_engine_config(ranks_per_node=comm.size + 1))
         errors["rpn"] = ""

@@ -35,7 +35,11 @@ def dtype_code(dtype: np.dtype) -> int:
     code = _CODE_BY_DTYPE.get(dtype)
     if code is not None:
         return code
-    code = _CODES.get(np.dtype(dtype).name)
+    dt = np.dtype(dtype)
+    if not dt.isnative:  # (its name is the native type's: its bytes are not)
+        raise TypeError(f"tunelab cannot reduce dtype {dt.str} (non-native byte order); convert it first "
+                        "(array.astype(array.dtype.newbyteorder('=')))")
+    code = _CODES.get(dt.name)
     if code is not None:
         _CODE_BY_DTYPE[dtype] = code
     if code is None:
@@ -45,6 +49,8 @@ def dtype_code(dtype: np.dtype) -> int:
 
 
 def dtype_name_from_code(code: int) -> str:
+    if code == 0:  # what a rank holding a type the engine does not reduce agrees with (engine._safe_code)
+        return "an unsupported dtype"
     return _NAMES[code - 1] if 1 <= code <= len(_NAMES) else f"?{code}"
 
 

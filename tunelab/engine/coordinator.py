@@ -36,7 +36,7 @@ from ..knobs import Knobs
 from ..units import counted
 from .consensus import allgather_object, bcast_object, wait_or_timeout
 from .device import device_buffer, empty_like
-from .engine import check_reducible
+from .engine import check_reducible, refuse_overlaps
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -205,11 +205,16 @@ class Coordinator:
                 continue
             src = np.ascontiguousarray(a)
             out = outs[i] if outs is not None else np.empty_like(src)
-            if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous:
-                raise ValueError(f"output for {name!r} must be C-contiguous {src.dtype}{list(src.shape)}")
+            if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous \
+                    or not out.flags.writeable:
+                raise ValueError(f"output for {name!r} must be a C-contiguous, writeable "
+                                 f"{src.dtype}{list(src.shape)}")
             reqs.append(_Request(name, src, Handle(name, out, self), op, group))
         for r in reqs:  # here, not in the coordinator's thread, where it would fail every later call
             check_reducible(r.array.dtype, r.op == "average")
+        host = [r for r in reqs if r.out_view is None]
+        if outs is not None and len(host) > 1:  # (the group's own members; reduced as one call)
+            refuse_overlaps([r.array for r in host], [r.handle.out for r in host])
         self._enqueue(reqs)
         return [r.handle for r in reqs]
 
@@ -222,8 +227,8 @@ class Coordinator:
         if op not in _OPS:
             raise ValueError(f"unknown reduction {op!r}; choose from {', '.join(_OPS)}")
         if type(array) is np.ndarray:
-            if not array.flags.c_contiguous:
-                raise ValueError(f"{name!r} must be C-contiguous to be reduced in place")
+            if not (array.flags.c_contiguous and array.flags.writeable):
+                raise ValueError(f"{name!r} must be C-contiguous and writeable to be reduced in place")
             r = _Request(name, array, Handle(name, array, self), op, None)
         else:
             view = device_buffer(array)

@@ -210,7 +210,7 @@ class Engine:
             if len(groups_) != n:
                 raise ValueError(f"{len(groups_)} group ids for {n} tensors")
             on_device = [is_device_tensor(t) for t in tensors]
-            arrays, outs_ = self._inputs(tensors, outs, on_device)
+            arrays, outs_ = self._inputs(tensors, outs, on_device, check_overlaps=verify)
             # Where a tensor lives is part of the call: ranks that disagree get one clear error.
             rows = [(_safe_code(a.dtype) | (DEVICE_ROW if d else 0), -1 if g is None else int(g), *a.shape)
                     for a, g, d in zip(arrays, groups_, on_device)]
@@ -317,9 +317,12 @@ class Engine:
                              "device, e.g. after torch.cuda.set_device(local_rank))")
 
     def _inputs(self, tensors: Sequence[Any], outs: Sequence[Any] | None,
-                on_device: list[bool]) -> tuple[list[Any], list[Any]]:
+                on_device: list[bool], check_overlaps: bool = True) -> tuple[list[Any], list[Any]]:
         """Host tensors as numpy arrays, device tensors as zero-copy device buffers, and an output
-        for each (checked, or allocated like its input on the same side)."""
+        for each (checked, or allocated like its input on the same side).  ``check_overlaps``: refuse
+        outputs that share memory with another tensor of the call (:func:`refuse_overlaps`); off for the
+        coordinator's fused calls, whose members were checked where they were submitted, per group
+        (there an error would fail the coordinator for good)."""
         arrays: list[Any] = []
         results: list[Any] = []
         for i, (t, device) in enumerate(zip(tensors, on_device)):
@@ -337,6 +340,8 @@ class Engine:
                 o = _check_out(i, a, outs[i]) if outs is not None else np.empty_like(a, order="C")
             arrays.append(a)
             results.append(o)
+        if outs is not None and check_overlaps:  # (fresh outputs share memory with nothing)
+            refuse_overlaps(arrays, results)
         return arrays, results
 
     def _device_path(self, owner: Any) -> Any:
@@ -569,6 +574,53 @@ def _safe_code(dtype: np.dtype) -> int:
         return dtype_code(dtype)
     except TypeError:
         return 0  # agreed like any other code; rejected on every rank after agreement
+
+
+def _span(x: Any) -> tuple[int, int]:
+    """The bytes ``x`` (a numpy array or a device buffer) spans: [start, end)."""
+    if isinstance(x, np.ndarray):
+        start = x.__array_interface__["data"][0]
+        if x.flags.c_contiguous:
+            return start, start + x.nbytes
+        low = high = start  # (a strided view: from its lowest to its highest element)
+        for n, stride in zip(x.shape, x.strides):
+            low, high = (low + (n - 1) * stride, high) if stride < 0 else (low, high + (n - 1) * stride)
+        return low, high + x.itemsize
+    return x.addr, x.addr + x.size * x.dtype.itemsize
+
+
+def refuse_overlaps(arrays: list[Any], results: list[Any]) -> None:
+    """ValueError where an output shares memory with another tensor of the call than its own input
+    (exactly in its place): the algorithms write a piece of the results while later pieces of the
+    inputs are still to be read, so such a call would give results that depend on the sizes and knobs.
+    One sweep over the spans, sorted; a call wholly in place (every output its input, the common
+    case: gradients) only checks that no tensor comes twice (distinct views that overlap each other are
+    not looked for there: the sweep costs about 3 us a tensor)."""
+    if all(o is a for a, o in zip(arrays, results)):
+        if len({id(a) for a in arrays}) < len(arrays):
+            seen: dict[int, int] = {}
+            for i, a in enumerate(arrays):
+                if id(a) in seen and a.size:
+                    raise ValueError(f"output {seen[id(a)]} overlaps input {i} of the same call (the same "
+                                     "tensor twice, in place): give it memory of its own")
+                seen[id(a)] = i
+        return
+    spans = []
+    for i, (a, o) in enumerate(zip(arrays, results)):
+        if a.size:
+            spans.append((*_span(a), i, False))
+            spans.append((*_span(o), i, True))
+    spans.sort()
+    active: list[tuple[int, int, int, bool]] = []
+    for start, end, i, out in spans:
+        active = [x for x in active if x[1] > start]
+        for s2, e2, j, out2 in active:
+            if (out or out2) and not (i == j and (s2, e2) == (start, end) and out != out2):
+                (k, other), kind = ((i, j) if out else (j, i)), ("output" if out and out2 else "input")
+                raise ValueError(f"output {k} overlaps its input without being in its place" if i == j else
+                                 f"output {k} overlaps {kind} {other} of the same call (its results would "
+                                 "overwrite what is still to be read): give it memory of its own")
+        active.append((start, end, i, out))
 
 
 def _check_out(i: int, a: np.ndarray, o: Any) -> np.ndarray:
