@@ -402,8 +402,10 @@ def test_a_warm_start_leaves_out_runs_measured_against_another_default(capsys):
     candidate's log samples/s over the mean of that run's default blocks (by hand: 11 over 10)."""
     from types import SimpleNamespace
 
-    from tunelab.knobs import Knobs
+    from tunelab.knobs import SPECS, Knobs
     from tunelab.tuning import run
+
+    every = tuple(SPECS)  # (every knob searched: none pinned)
 
     old, today = Knobs(cycle_time_ms=1.0), Knobs()
     fast = Knobs(fusion_threshold_bytes=0)
@@ -415,21 +417,27 @@ def test_a_warm_start_leaves_out_runs_measured_against_another_default(capsys):
               trial("b", "default", today, 9.0), trial("b", "explore", fast, 11.0), trial("b", "default", today, 11.0)]
     store = SimpleNamespace(trials=lambda pid: trials)
     recorder = run._Recorder(store, 7, "r", None, None)
-    told = recorder.warm_start_observations(today)
+    told = recorder.warm_start_observations(today, every)
     assert [o.knobs for o in told] == [fast] and told[0].value == pytest.approx(math.log(11.0 / 10.0))
     out = capsys.readouterr().out
     assert "earlier runs of profile 7 whose default differs from this run's (cycle_time_ms=1) are left out" in out
     assert "# warm start: 1 stored trial from profile 7" in out
-    assert len(recorder.warm_start_observations(old)) == 1 and "(cycle_time_ms=10)" in capsys.readouterr().out
+    assert len(recorder.warm_start_observations(old, every)) == 1 and "(cycle_time_ms=10)" in capsys.readouterr().out
     # a run stored before the one-shot and doubling knobs existed ran without those routes (as 0), not
     # with today's defaults of them: measured against another configuration, it is left out too
     before = {k: v for k, v in today.as_dict().items() if k not in ("oneshot_max_bytes", "doubling_max_bytes")}
     trials[:] = [SimpleNamespace(run_id="c", phase="default", knobs=before, score=10.0),
                  SimpleNamespace(run_id="c", phase="explore", knobs={**before, "fusion_threshold_bytes": 0}, score=11.0)]
-    assert recorder.warm_start_observations(today) == []
+    assert recorder.warm_start_observations(today, every) == []
     assert "(oneshot_max_bytes=off, doubling_max_bytes=off) are left out" in capsys.readouterr().out
     ran = today.replace(oneshot_max_bytes=0, doubling_max_bytes=0)
-    assert [o.knobs for o in recorder.warm_start_observations(ran)] == [ran.replace(fusion_threshold_bytes=0)]
+    assert [o.knobs for o in recorder.warm_start_observations(ran, every)] == [ran.replace(fusion_threshold_bytes=0)]
+    # this run pins the fusion threshold: the stored candidate that varied it is left out, said aloud
+    trials[:] = [trial("d", "default", today, 10.0), trial("d", "explore", fast, 11.0),
+                 trial("d", "explore", today.replace(cycle_time_ms=2.0), 12.0)]
+    told = recorder.warm_start_observations(today, ("cycle_time_ms", "segment_bytes"))
+    assert [o.knobs for o in told] == [today.replace(cycle_time_ms=2.0)]
+    assert "1 stored trial of profile 7 varied knobs this run pins: left out" in capsys.readouterr().out
 
 
 def test_a_lock_after_a_retune_is_stored_as_retuned():
@@ -475,10 +483,10 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
     assert "oneshot_max_bytes" not in spaces["161p-x"].names
 
     monkeypatch.setattr(run._Recorder, "create",
-                        lambda *a, **k: SimpleNamespace(warm_start_observations=lambda reference: []))
+                        lambda *a, **k: SimpleNamespace(warm_start_observations=lambda reference, searched: []))
     monkeypatch.setattr(run, "_model_proposals", lambda p, rt, space: ([Knobs(cycle_time_ms=9.0)], "m.json"))
     comm = SimpleNamespace(rank=0, bcast=lambda value, root=0: value)
-    space = SimpleNamespace(base=Knobs())
+    space = SimpleNamespace(base=Knobs(), names=())
     first = {device: run._prepare_on_rank0({"device": device}, None, None, space, comm)[2] for device in ("cuda", "cpu")}
     assert first == {"cuda": ([], None), "cpu": ([Knobs(cycle_time_ms=9.0)], "m.json")}
 
