@@ -207,6 +207,8 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
         one_line_error(proc, 2, fragment)
         assert proc.stdout.strip() == "", proc.stdout  # refused before a table was printed
     for extra, fragment in ((["--hosts", "1", "--ranks-per-host", "1"], "one rank has nothing to reduce"),
+                            (["--hosts", "2", "--ranks-per-host", "2", "--oversubscription", "1e300"],
+                             "expected at most 1024 ranks a core"),
                             # fitted on runs with a core per rank: it cannot say what two ranks a core cost
                             (["--hosts", "1", "--ranks-per-host", "2", "--oversubscription", "2"], "no fitted")):
         proc = tunelab("model", "predict", "--model-file", str(model_file), "--no-report", *extra)
@@ -219,11 +221,18 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
     (lambda d: d["rows"][0].update(size=1e300), "a row's size must be 1 B .. 1 PiB"),
     (lambda d: d["hardware"].update(ranks_per_machine="x"), "hardware facts unusable"),
     (lambda d: d["hardware"].update(nodes=-1), "hardware facts unusable"),
-    (lambda d: d["hardware"].update(nodes=2, link_gbps=-5), "a link speed must be"),
-    (lambda d: d["hardware"].update(nodes=2, link_gbps="fast"), "hardware facts unusable"),
+    (lambda d: d["hardware"].update(nodes=2, ranks_per_node=[1, 1], link_gbps=-5), "a link speed must be"),
+    (lambda d: d["hardware"].update(nodes=2, ranks_per_node=[1, 1], link_gbps="fast"), "hardware facts unusable"),
     (lambda d: d.update(hardware=None), "its hardware facts"),
     (lambda d: d["rows"][0].update(algorithm=7), "row 1: algorithm must be a name, got 7"),
     (lambda d: d["rows"][1].update(time_us="slow"), "row 2 (hierarchical): size and time_us must be numbers"),
+    (lambda d: d["rows"][0].update(size=float("inf")), "size and time_us must be numbers (a whole number"),
+    (lambda d: d["rows"][0].update(size=1.7), "size and time_us must be numbers (a whole number"),
+    (lambda d: d["rows"][0].update(time_us=True), "size and time_us must be numbers"),
+    (lambda d: d["rows"][0].update(time_us=10 ** 400), "size and time_us must be numbers"),
+    (lambda d: d["hardware"].update(world_size=float("inf")), "hardware facts unusable (OverflowError"),
+    (lambda d: d["hardware"].update(world_size=1 << 22), "world_size must be 1 .. 1048576 ranks"),
+    (lambda d: d["hardware"].update(nodes=3, ranks_per_node=[1, 1]), "nodes is 3 but ranks_per_node lists 2"),
 ])
 def test_a_damaged_bench_file_is_not_fitted(tmp_path, change, fragment):
     bad = damaged_copy(DATA / "report-allreduce.json", change, tmp_path)
@@ -590,3 +599,35 @@ def test_a_lab_latency_outside_what_runs_take_is_refused(latency):
 
     with pytest.raises(UsageError, match="a link latency must be 0 .. 1e\\+06 us"):
         LabSpec(hosts=2, link_gbps=1.0, link_latency_us=latency)
+
+
+def test_a_model_whose_values_give_no_time_is_refused_not_printed(model_file, tmp_path):
+    """A parameter far out of range (a hand-edited model) makes times infinite: refused, not a table of
+    inf with a crossover made up from them."""
+    def huge(d):
+        d["values"].update({k: 1e308 for k in d["values"] if k.endswith(".gamma") or k == "gamma"})
+
+    bad = damaged_copy(model_file, huge, tmp_path)
+    proc = tunelab("model", "predict", "--model-file", str(bad), "--hosts", "1", "--ranks-per-host", "2",
+                   "--no-report", "--sizes", "64MiB")
+    one_line_error(proc, 2, "its values are out of range")
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d["points"][0]["steps_s"][0].__setitem__(0, 0.0), "a step time must be a positive number"),
+    (lambda d: d["points"][0]["steps_s"][0].__setitem__(0, float("nan")), "a step time must be a positive number"),
+    (lambda d: d.update(nodes=0), "nodes must be 1 .. world_size"),
+    (lambda d: d["points"].__setitem__(0, "x"), "its points must be objects"),
+])
+def test_a_damaged_landscape_for_a_step_check_is_refused_before_any_table(tmp_path, change, fragment):
+    R = Path(__file__).resolve().parents[1] / "tunelab" / "model" / "runs" / "2026-11-27"
+    model = tmp_path / "model.json"
+    fit = tunelab("model", "fit", *map(str, sorted(R.glob("sweep-H2-*-G1*.json"))), *map(str, sorted(R.glob("lat-H*.json"))),
+                  "--out", str(model))
+    assert fit.returncode == 0, fit.stderr
+    bad = damaged_copy(R / "landscape-lab-H2-K2-G1.json", change, tmp_path, "land.json")
+    proc = tunelab("model", "predict", "--model-file", str(model), "--hosts", "2", "--ranks-per-host", "2",
+                   "--link-gbps", "1", "--oversubscription", "2", "--scenario", "replay-resnet50-lab",
+                   "--check-steps", str(bad), "--no-report")
+    one_line_error(proc, 2, fragment)
+    assert proc.stdout.strip() == "", proc.stdout  # refused before a table was printed

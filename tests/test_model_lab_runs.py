@@ -247,3 +247,52 @@ def test_the_runs_of_another_day(model_file: Path, tmp_path: Path, capsys: pytes
                  "--json", str(out), "--check-steps", *(str(OTHER_DAY / p.name) for p in LANDSCAPES)]) == 0
     points = json.loads(out.read_text())["check_steps"]
     assert len(points) == 6 and all(abs(p["rel_error"]) <= 0.15 for p in points), points
+
+
+def test_pinned_knobs_hold_in_the_step_grid_and_a_half_precision_landscape_moves_half_the_bytes(
+        model_file: Path, tmp_path: Path) -> None:
+    """``--knob`` holds for every setting of the step-time grid; a landscape recorded in float16 is
+    predicted with 2-byte gradients (its step times are the float32 ones, so only the prediction moves)."""
+    out = tmp_path / "steps.json"
+    base = ["model", "predict", "--model-file", str(model_file), "--hosts", "2", "--ranks-per-host", "2",
+            "--link-gbps", "1", "--oversubscription", "2", "--scenario", "replay-resnet50-lab", "--no-report",
+            "--json", str(out)]
+    assert main([*base, "--knob", "hierarchical=false", "--knob", "segment_bytes=1MiB"]) == 0
+    rows = json.loads(out.read_text())["step"]["rows"]
+    assert len(rows) > 1 and all(not r["knobs"]["hierarchical"] and r["knobs"]["segment_bytes"] == 1 << 20
+                                 for r in rows), rows[:3]
+    half = json.loads(LANDSCAPES[0].read_text())
+    half["dtype"] = "float16"
+    (tmp_path / "half.json").write_text(json.dumps(half))
+    predicted = {}
+    for name, path in (("float32", LANDSCAPES[0]), ("float16", tmp_path / "half.json")):
+        assert main([*base, "--check-steps", str(path)]) == 0
+        predicted[name] = {json.dumps(p["knobs"], sort_keys=True): p["predicted_s"]
+                           for p in json.loads(out.read_text())["check_steps"]}
+    assert predicted["float16"].keys() == predicted["float32"].keys()
+    assert all(predicted["float16"][k] < predicted["float32"][k] for k in predicted["float32"])
+
+
+def test_first_proposals_on_hosts_of_unknown_link_use_the_models_one_link(model_file: Path) -> None:
+    from tunelab.model.tuner import job_proposals
+    from tunelab.scenarios import load_scenario
+    from tunelab.tuning.space import search_space
+
+    p = load_scenario("replay-resnet50-lab").as_params()
+    space = search_space({}, 2)
+    unknown, said = job_proposals(str(model_file), p, 2, 2, None, 2.0, space)
+    known, _ = job_proposals(str(model_file), p, 2, 2, 1.0, 2.0, space)
+    assert unknown and unknown == known, said
+
+
+def test_a_model_without_the_hierarchical_path_predicts_what_it_can(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """Fitted on one rank per host (no shared-memory step): the table has the flat ring and MPI, the
+    crossover says it is not predicted, and the JSON is written (it used to stop mid-output, exit 2)."""
+    model = tmp_path / "flat.json"
+    assert main(["model", "fit", *map(str, SWEEPS[:2]), "--out", str(model)]) == 0
+    out = tmp_path / "p.json"
+    assert main(["model", "predict", "--model-file", str(model), "--hosts", "2", "--ranks-per-host", "2",
+                 "--sizes", "4KiB", "--no-report", "--json", str(out)]) == 0
+    assert "# flat vs hierarchical: not predicted (the model has no fitted" in capsys.readouterr().out
+    assert json.loads(out.read_text())["crossover"] is None

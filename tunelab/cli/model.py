@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..knobs import knob_text
+from ..model.data import MAX_RANKS  # (past a million ranks: minutes of work, and meaningless)
 from ..units import format_size, human_size
 from .finish import add_output_flags, finish
 from .types import (
@@ -36,7 +37,11 @@ STEP_ROWS = 12
 LARGE = 1 << 20  # error summaries apart below (latency-bound) and from (bandwidth-bound) this size
 
 
-MAX_RANKS = 1 << 20  # predictions past a million ranks would take minutes and mean nothing
+def _oversubscription(text: str) -> float:
+    value = positive_float(text)
+    if value > 1024:
+        raise argparse.ArgumentTypeError(f"expected at most 1024 ranks a core, got {text!r}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,8 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr.add_argument("--link-gbps", type=link_gbps, default=None, metavar="GBPS",
                     help="the link between hosts (default: the model's only fitted link; an unfitted speed "
                          "is derived from the nearest fitted one)")
-    pr.add_argument("--oversubscription", type=positive_float, default=1.0, metavar="X",
-                    help="ranks per machine over its cores (default 1: a core per rank)")
+    pr.add_argument("--oversubscription", type=_oversubscription, default=1.0, metavar="X",
+                    help="ranks per machine over its cores, up to 1024 (default 1: a core per rank)")
     pr.add_argument("--sizes", type=size_list, default=size_list(DEFAULT_SIZES),
                     help=f"comma-separated allreduce sizes (default {DEFAULT_SIZES})")
     pr.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
@@ -162,17 +167,18 @@ def run_predict(args: argparse.Namespace) -> int:
     checked = load_many(args.check, combine="all") if args.check else []
     model, topo = _topology(model, args)
     _refuse_unpredictable(model, topo)
+    step_rows = _step_rows(model, args.check_steps, work, topo.link) if args.check_steps else []
     print(f"# scale model {args.model_file} ({model.points} points); predicting {topo.describe()}")
     result: dict[str, Any] = {"command": "model predict", "model_file": str(args.model_file),
                               "topology": vars(topo), "knobs": knobs.as_dict()}
     result["allreduce"] = _allreduce(model, topo, args.sizes, knobs)
     result["crossover"] = _crossover(model, topo, knobs)
     if work is not None:
-        result["step"] = _steps(model, topo, work, knobs)
+        result["step"] = _steps(model, topo, work, knobs, [name for name, _ in args.knob])
     if args.check:
         result["check"] = _check(model, checked, args.check_sizes)
     if args.check_steps:
-        result["check_steps"] = _check_steps(model, args.check_steps, work, topo.link)
+        result["check_steps"] = _print_step_rows(step_rows, args.check_steps, work)
     if getattr(args, "report", False):
         _report(model, topo, args, result)
     return finish(args, result, "model")
@@ -212,16 +218,24 @@ def _allreduce(model: Any, topo: Any, sizes: list[int], knobs: Any) -> list[dict
 
 
 def _crossover(model: Any, topo: Any, knobs: Any) -> dict | None:
+    from ..model.fit import ModelError
     from ..model.predict import crossover
 
-    c = crossover(model, topo, knobs)
+    try:
+        c = crossover(model, topo, knobs)
+    except ModelError as exc:  # (one of the two paths is not fitted: the table above has the other)
+        print(f"# flat vs hierarchical: not predicted ({exc})")
+        return None
     if c is None:
         if topo.hosts > 1:
             print("# flat vs hierarchical: no crossover: with one rank per host, hierarchical is the flat ring")
         return None
     print(f"# flat vs hierarchical: {c.describe()}")
     out = _crossover_dict(c)
-    fused = crossover(model, topo, knobs, route="bucket")  # what the hierarchical knob does in training
+    try:
+        fused = crossover(model, topo, knobs, route="bucket")  # what the hierarchical knob does in training
+    except ModelError:
+        fused = None
     if fused is not None and fused.describe() != c.describe():
         print(f"# flat vs hierarchical for a training job's fused buckets (no short route): {fused.describe()}")
     if fused is not None:
@@ -234,12 +248,12 @@ def _crossover_dict(c: Any) -> dict:
             "onset": c.onset, "onset_below_range": c.onset_below_range}
 
 
-def _steps(model: Any, topo: Any, work: Any, base: Any) -> dict:
+def _steps(model: Any, topo: Any, work: Any, base: Any, pinned: list[str]) -> dict:
     from ..bench.common import format_table
     from ..model.predict import grid_knobs, step_table
 
-    knobs_list = grid_knobs(None, topo, base)
-    rows = step_table(model, work, topo, knobs_list + [base])
+    knobs_list = grid_knobs(None, topo, base, pinned)  # (a --knob holds for every setting)
+    rows = step_table(model, work, topo, list(dict.fromkeys(knobs_list + [base])))
     default = next(r for r in rows if r["knobs"] == base)
     flat = [{**r["knobs"].as_dict(), **{k: v for k, v in r.items() if k != "knobs"}} for r in rows]
     for r in flat:  # as every command prints knobs: "off" for no fusion, on/off for hierarchical
@@ -316,13 +330,17 @@ def _check(model: Any, checked: list, sizes: list[int] | None = None) -> dict:
     return {"points": errors, "summary": summary, "crossover": crossings}
 
 
-def _check_steps(model: Any, files: list[Path], work: Any, link: str) -> list[dict]:
+def _step_rows(model: Any, files: list[Path], work: Any, link: str) -> list[dict]:
     """Measured vs predicted step time; the files are runs of one landscape (repeats), their visits
-    pooled per grid point and the fastest visit kept (as the fit keeps the fastest repeat)."""
+    pooled per grid point and the fastest visit kept (as the fit keeps the fastest repeat).  Read and
+    computed before any table is printed: a damaged file is refused first.  The gradients are the
+    landscape's dtype (a half-precision replay moves half the bytes)."""
+    import dataclasses
     import json
 
-    from ..bench.common import format_table
-    from ..model.validate import merge_landscapes, step_check, summarize
+    import numpy as np
+
+    from ..model.validate import merge_landscapes, step_check
 
     docs = []
     for path in files:
@@ -341,10 +359,25 @@ def _check_steps(model: Any, files: list[Path], work: Any, link: str) -> list[di
             raise UsageError(f"{path}: recorded on scenario {recorded!r}, not {work.name!r}: "
                              f"give --scenario {recorded}")
         docs.append(doc)
+    dtypes = {str(d.get("dtype") or "float32") for d in docs}
+    if len(dtypes) > 1:
+        raise UsageError(f"--check-steps: landscapes of different dtypes ({', '.join(sorted(dtypes))}); check them apart")
+    try:
+        element = np.dtype(dtypes.pop()).itemsize
+    except TypeError as exc:
+        raise UsageError(f"--check-steps: the landscape's dtype is not one ({exc})") from None
+    if element != 4:  # (the scenario's gradients are float32 elements)
+        work = dataclasses.replace(work, gradient_bytes=tuple(b // 4 * element for b in work.gradient_bytes))
     source = ",".join(Path(p).stem for p in files)
     rows = [{**r, "source": source} for r in step_check(model, merge_landscapes(docs), work, link)]
     if not rows:
         raise UsageError(f"{source}: no landscape point has step times (recorded before step times were kept?)")
+    return rows
+
+
+def _print_step_rows(rows: list[dict], files: list[Path], work: Any) -> list[dict]:
+    from ..bench.common import format_table
+    from ..model.validate import summarize
     table = [{"fusion": knob_text("fusion_threshold_bytes", r["knobs"]["fusion_threshold_bytes"]),
               "cycle_ms": r["knobs"]["cycle_time_ms"], "segment": knob_text("segment_bytes", r["knobs"]["segment_bytes"]),
               "hier": knob_text("hierarchical", r["knobs"]["hierarchical"]),

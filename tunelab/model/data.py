@@ -79,16 +79,21 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
         algo = ALGORITHM_OF_ROW.get(r["algorithm"])
         if algo is None:
             continue  # a system the model does not cost
+        raw_size, raw_time = r.get("size"), r.get("time_us")
         try:
-            size, t = int(r["size"]), float(r["time_us"]) * 1e-6
-        except (KeyError, TypeError, ValueError):
-            raise ModelInputError(f"{path}: row {i} ({r['algorithm']}): size and time_us must be numbers, got "
-                                  f"size={r.get('size')!r:.40}, time_us={r.get('time_us')!r:.40}") from None
+            if isinstance(raw_size, bool) or isinstance(raw_time, bool) or int(raw_size) != raw_size:
+                raise TypeError  # (true read as 1, 1.7 B as 1: not what was measured)
+            size, t = int(raw_size), float(raw_time) * 1e-6
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise ModelInputError(f"{path}: row {i} ({r['algorithm']}): size and time_us must be numbers (a "
+                                  f"whole number of bytes), got size={raw_size!r:.40}, time_us={raw_time!r:.40}") \
+                from None
         if r.get("wrong"):
             continue  # wrong results are not timings of an allreduce
         if not (0 < size <= MAX_SIZE and 0 < t < math.inf):
+            shown = f"{size:.4g}" if size <= MAX_SIZE else f"more than {MAX_SIZE:.4g}"
             raise ModelInputError(f"{path}: a row's size must be 1 B .. 1 PiB and its time a positive number, "
-                                  f"got {size:.4g} B in {t} s")
+                                  f"got {shown} B in {t} s")
         out.append(Observation(algo, size, t, topo, knobs, Path(path).stem))
     return out
 
@@ -135,10 +140,13 @@ def _read(path: Path) -> dict[str, Any]:
     return doc
 
 
+MAX_RANKS = 1 << 20  # a larger claim is a damaged file (a layout's cost grows with its ranks)
+
+
 def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[Topology, Knobs]:
     try:
         return _topology_of(path, hw, link_gbps)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ModelInputError(f"{path}: hardware facts unusable ({type(exc).__name__}: {exc})") from None
 
 
@@ -146,8 +154,17 @@ def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tup
     """The file's topology and knobs; KeyError, TypeError, ValueError or AttributeError on facts that
     are missing or of the wrong kind (:func:`_topology` names them)."""
     world = int(hw["world_size"])
+    if not 1 <= world <= MAX_RANKS:
+        raise ModelInputError(f"{path}: world_size must be 1 .. {MAX_RANKS} ranks, got {world}")
     nodes = int(hw.get("nodes") or 1)
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
     per_node = hw.get("ranks_per_node") or [world]
+    if isinstance(per_node, list) and hw.get("nodes") is not None and len(per_node) != nodes:
+        raise ModelInputError(f"{path}: nodes is {hw.get('nodes')!r} but ranks_per_node lists {len(per_node)} "
+                              "hosts")
+    if isinstance(per_node, list):
+        nodes = len(per_node)  # (the list names every host; a file without nodes is read by it)
     sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
     cores = int(hw.get("cpu_cores") or 0)
     # a file from before recursive doubling existed recorded no doubling_max_bytes: it ran rings

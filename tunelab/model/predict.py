@@ -53,7 +53,7 @@ def allreduce_table(model: ScaleModel, topo: Topology, sizes: Sequence[int],
     rows = []
     for size in sizes:
         for algo in algorithms_for(model, topo):
-            t = time_s(model, algo, topo, size, knobs)
+            t = _finite(time_s(model, algo, topo, size, knobs), f"{algo} at {_fmt_bytes(size)}")
             algbw = size / t / 1e9
             rows.append({"algorithm": algo if topo.hosts > 1 or algo != "flat" else "engine", "size": size,
                          "time_us": t * 1e6, "algbw_gbps": algbw,
@@ -144,9 +144,11 @@ def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
     return Crossover(tuple(found), name[diff[0] < 0], name[diff[-1] < 0], start, below)
 
 
-def grid_knobs(grid: dict[str, Sequence] | None, topo: Topology, base: Knobs | None = None) -> list[Knobs]:
-    """Every combination of ``grid`` on top of ``base`` (hierarchical only on several hosts)."""
-    grid = dict(grid or DEFAULT_GRID)
+def grid_knobs(grid: dict[str, Sequence] | None, topo: Topology, base: Knobs | None = None,
+               pinned: Sequence[str] = ()) -> list[Knobs]:
+    """Every combination of ``grid`` on top of ``base`` (hierarchical only on several hosts); the
+    ``pinned`` knobs keep ``base``'s value."""
+    grid = {k: v for k, v in (grid or DEFAULT_GRID).items() if k not in pinned}
     if topo.hosts < 2:
         grid.pop("hierarchical", None)
     names = list(grid)
@@ -160,10 +162,23 @@ def step_table(model: ScaleModel, workload: Workload, topo: Topology,
     rows = []
     for k in knobs_list:
         p = simulate_step(model, workload, topo, k)
+        _finite(p.step_s, "a step")
         rows.append({"knobs": k, "step_ms": p.step_s * 1e3, "compute_ms": p.compute_s * 1e3,
                      "exposed_comm_ms": p.exposed_comm_s * 1e3, "cycles": p.cycles, "buckets": p.buckets})
     rows.sort(key=lambda r: r["step_ms"])
     return rows
+
+
+def _finite(t: float, what: str) -> float:
+    """``t``, a predicted time; ModelError (a usage error) where the model's values make it no time
+    at all (inf, NaN, 0: parameters out of any measured range, a model file edited by hand)."""
+    import math
+
+    from .fit import ModelError
+
+    if not (math.isfinite(t) and t > 0):
+        raise ModelError(f"the model predicts {t!r} s for {what}: its values are out of range (refit it)")
+    return t
 
 
 def _fmt_bytes(n: float) -> str:

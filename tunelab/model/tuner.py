@@ -148,7 +148,6 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
     searched knobs with the lowest predicted step time (among ``grid``'s, by default the model's
     prediction grid), and lines saying so (or why there are none).  ``model``: that file already
     loaded (a caller asking for many jobs reads it once)."""
-    from .costs import link_name
     from .data import ModelInputError
     from .fit import ModelError
     from .predict import DEFAULT_GRID
@@ -156,9 +155,8 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
     try:
         model = ScaleModel.load(path) if model is None else model
         link = "none"
-        if hosts > 1:
-            link = link_name(link_gbps)
-            model = model.with_link(link, link_gbps) if link_gbps is not None else model
+        if hosts > 1:  # (no speed known, on real hosts: the model's one fitted link, as predict takes it)
+            model, link = model.for_link(link_gbps)
         element = np.dtype(p.get("replay_dtype") or "float32").itemsize if p.get("workload") == "replay" else 4
         work = Workload.of_model(str(p.get("name", p["model"])), p["model"], p.get("replay_forward_ms", 100.0),
                                  p.get("replay_backward_ms", 250.0), element)

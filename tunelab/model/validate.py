@@ -130,8 +130,13 @@ def _compare(model: ScaleModel, topo: Topology, knobs: Knobs, diffs: dict[int, f
     if measured is None:
         return None
     sizes = list(diffs)
-    pdiffs = {s: math.log(model.time_s("flat", topo, s, knobs) / model.time_s("hierarchical", topo, s, knobs))
-              for s in sizes}
+    from .fit import ModelError
+
+    try:
+        pdiffs = {s: math.log(model.time_s("flat", topo, s, knobs) / model.time_s("hierarchical", topo, s, knobs))
+                  for s in sizes}
+    except ModelError:
+        return None  # (a path the model was not fitted for: the check's error table says what it left out)
     predicted = crossover_of(pdiffs)
     mw, pw = [_winner(diffs[s]) for s in sizes], [_winner(pdiffs[s]) for s in sizes]
     row: dict[str, Any] = {"layout": topo.describe(), "measured": measured.describe(),
@@ -173,8 +178,13 @@ def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link
         cores = int((landscape.get("hardware") or {}).get("cpu_cores") or 0)
         points = [(Knobs(**p["knobs"]), [list(map(float, visit)) for visit in p["steps_s"] if visit])
                   for p in landscape["points"]]
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise UsageError(f"not a bench landscape file with step times ({type(exc).__name__}: {exc})") from None
+    if not 1 <= nodes <= world:
+        raise UsageError(f"landscape: nodes must be 1 .. world_size ({world}), got {nodes}")
+    bad = next((t for _, visits in points for v in visits for t in v if not (math.isfinite(t) and t > 0)), None)
+    if bad is not None:
+        raise UsageError(f"landscape: a step time must be a positive number of seconds, got {bad!r}")
     if world % nodes:
         raise UsageError(f"landscape: {world} ranks do not split evenly over {nodes} nodes")
     topo = Topology(nodes, world // nodes, link if nodes > 1 else "none", max(1.0, world / cores) if cores else 1.0,
@@ -202,7 +212,12 @@ def merge_landscapes(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for doc in docs:
         if (doc.get("world_size"), doc.get("nodes")) != (first.get("world_size"), first.get("nodes")):
             raise UsageError("--check-steps: landscapes of different layouts cannot be combined; check them apart")
-        for p in doc.get("points") or []:
+        points = doc.get("points") or []
+        if not isinstance(points, list) or not all(isinstance(p, dict) and isinstance(p.get("knobs") or {}, dict)
+                                                   and isinstance(p.get("steps_s") or [], list) for p in points):
+            raise UsageError("--check-steps: not a bench landscape file (its points must be objects with knobs "
+                             "and a list of visits' step times)")
+        for p in points:
             key = repr(sorted((p.get("knobs") or {}).items()))
             merged.setdefault(key, {"knobs": p.get("knobs"), "steps_s": []})["steps_s"] += list(p.get("steps_s") or [])
     return {**first, "points": list(merged.values())}
