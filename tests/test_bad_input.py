@@ -613,19 +613,29 @@ def test_a_model_whose_values_give_no_time_is_refused_not_printed(model_file, tm
     one_line_error(proc, 2, "its values are out of range")
 
 
+LAB_RUNS = Path(__file__).resolve().parents[1] / "tunelab" / "model" / "runs" / "2026-11-27"
+
+
+@pytest.fixture(scope="module")
+def lab_model_file(tmp_path_factory):
+    """A model fitted on the lab's 2-host sweeps and latency runs (once for the module)."""
+    out = tmp_path_factory.mktemp("lab-model") / "model.json"
+    fit = tunelab("model", "fit", *map(str, sorted(LAB_RUNS.glob("sweep-H2-*-G1*.json"))),
+                  *map(str, sorted(LAB_RUNS.glob("lat-H*.json"))), "--out", str(out))
+    assert fit.returncode == 0, fit.stderr
+    return out
+
+
 @pytest.mark.parametrize("change,fragment", [
     (lambda d: d["points"][0]["steps_s"][0].__setitem__(0, 0.0), "a step time must be a positive number"),
     (lambda d: d["points"][0]["steps_s"][0].__setitem__(0, float("nan")), "a step time must be a positive number"),
     (lambda d: d.update(nodes=0), "nodes must be 1 .. world_size"),
     (lambda d: d["points"].__setitem__(0, "x"), "its points must be objects"),
 ])
-def test_a_damaged_landscape_for_a_step_check_is_refused_before_any_table(tmp_path, change, fragment):
-    R = Path(__file__).resolve().parents[1] / "tunelab" / "model" / "runs" / "2026-11-27"
-    model = tmp_path / "model.json"
-    fit = tunelab("model", "fit", *map(str, sorted(R.glob("sweep-H2-*-G1*.json"))), *map(str, sorted(R.glob("lat-H*.json"))),
-                  "--out", str(model))
-    assert fit.returncode == 0, fit.stderr
-    bad = damaged_copy(R / "landscape-lab-H2-K2-G1.json", change, tmp_path, "land.json")
+def test_a_damaged_landscape_for_a_step_check_is_refused_before_any_table(lab_model_file, tmp_path, change,
+                                                                          fragment):
+    model = lab_model_file
+    bad = damaged_copy(LAB_RUNS / "landscape-lab-H2-K2-G1.json", change, tmp_path, "land.json")
     proc = tunelab("model", "predict", "--model-file", str(model), "--hosts", "2", "--ranks-per-host", "2",
                    "--link-gbps", "1", "--oversubscription", "2", "--scenario", "replay-resnet50-lab",
                    "--check-steps", str(bad), "--no-report")
