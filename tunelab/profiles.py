@@ -262,8 +262,8 @@ class ProfileStore:
         (``create``), else leave a missing store missing."""
         try:
             if self.path.parent.exists() and not self.path.parent.is_dir():
-                raise StoreLocationError(f"cannot use profile store {self.path}: {self.path.parent} is a file, not a "
-                                 "directory (is TUNELAB_HOME set to a file?)")
+                raise StoreLocationError(f"cannot use profile store {self.path}: {self.path.parent} is a file, "
+                                         "not a directory (is TUNELAB_HOME set to a file?)")
             if not create and not (self.path.exists() and self.path.stat().st_size > 0):
                 self._absent = True
                 return

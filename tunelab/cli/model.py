@@ -167,7 +167,7 @@ def run_predict(args: argparse.Namespace) -> int:
     checked = load_many(args.check, combine="all") if args.check else []
     model, topo = _topology(model, args)
     _refuse_unpredictable(model, topo)
-    step_rows = _step_rows(model, args.check_steps, work, topo.link) if args.check_steps else []
+    step_rows = _step_rows(model, args.check_steps, args.scenario, work, topo.link) if args.check_steps else []
     print(f"# scale model {args.model_file} ({model.points} points); predicting {topo.describe()}")
     result: dict[str, Any] = {"command": "model predict", "model_file": str(args.model_file),
                               "topology": vars(topo), "knobs": knobs.as_dict()}
@@ -330,16 +330,16 @@ def _check(model: Any, checked: list, sizes: list[int] | None = None) -> dict:
     return {"points": errors, "summary": summary, "crossover": crossings}
 
 
-def _step_rows(model: Any, files: list[Path], work: Any, link: str) -> list[dict]:
+def _step_rows(model: Any, files: list[Path], scenario: str, work: Any, link: str) -> list[dict]:
     """Measured vs predicted step time; the files are runs of one landscape (repeats), their visits
     pooled per grid point and the fastest visit kept (as the fit keeps the fastest repeat).  Read and
     computed before any table is printed: a damaged file is refused first.  The gradients are the
     landscape's dtype (a half-precision replay moves half the bytes)."""
-    import dataclasses
     import json
 
     import numpy as np
 
+    from ..model.step import Workload
     from ..model.validate import merge_landscapes, step_check
 
     docs = []
@@ -366,8 +366,8 @@ def _step_rows(model: Any, files: list[Path], work: Any, link: str) -> list[dict
         element = np.dtype(dtypes.pop()).itemsize
     except TypeError as exc:
         raise UsageError(f"--check-steps: the landscape's dtype is not one ({exc})") from None
-    if element != 4:  # (the scenario's gradients are float32 elements)
-        work = dataclasses.replace(work, gradient_bytes=tuple(b // 4 * element for b in work.gradient_bytes))
+    if element != 4:  # (the scenario's workload as the landscape recorded it)
+        work = Workload.from_scenario(scenario, element)
     source = ",".join(Path(p).stem for p in files)
     rows = [{**r, "source": source} for r in step_check(model, merge_landscapes(docs), work, link)]
     if not rows:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import bfloat16
 from ..kernels.base import cuda_array_layout
 
 ENV_CUDA_AWARE = "TUNELAB_CUDA_AWARE_MPI"
@@ -74,18 +75,12 @@ def device_buffer(obj: Any) -> DeviceBuffer:
             if not host.flags.c_contiguous:
                 raise ValueError("device tensors must be C-contiguous")
             # (uint16 holds bfloat16 bits, as for every array-interface buffer: cuda_array_layout)
-            dtype = _bfloat16() if host.dtype == np.uint16 else host.dtype
+            dtype = bfloat16() if host.dtype == np.uint16 else host.dtype
             found = DeviceBuffer(host.ctypes.data, host.size, dtype, host.shape, obj)
     if found is None:
         raise TypeError(f"expected a CUDA tensor (__cuda_array_interface__ or DLPack), "
                         f"got {type(obj).__name__}")
     return found
-
-
-def _bfloat16() -> np.dtype:
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _interface_buffer(obj: Any) -> DeviceBuffer | None:

@@ -597,13 +597,12 @@ def refuse_overlaps(arrays: list[Any], results: list[Any]) -> None:
     case: gradients) only checks that no tensor comes twice (distinct views that overlap each other are
     not looked for there: the sweep costs about 3 us a tensor)."""
     if all(o is a for a, o in zip(arrays, results)):
-        if len({id(a) for a in arrays}) < len(arrays):
-            seen: dict[int, int] = {}
-            for i, a in enumerate(arrays):
-                if id(a) in seen and a.size:
-                    raise ValueError(f"output {seen[id(a)]} overlaps input {i} of the same call (the same "
-                                     "tensor twice, in place): give it memory of its own")
-                seen[id(a)] = i
+        seen: dict[int, int] = {}
+        for i, a in enumerate(arrays):
+            if id(a) in seen and a.size:
+                raise ValueError(f"output {seen[id(a)]} overlaps input {i} of the same call (the same "
+                                 "tensor twice, in place): give it memory of its own")
+            seen[id(a)] = i
         return
     spans = []
     for i, (a, o) in enumerate(zip(arrays, results)):

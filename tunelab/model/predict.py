@@ -172,8 +172,6 @@ def step_table(model: ScaleModel, workload: Workload, topo: Topology,
 def _finite(t: float, what: str) -> float:
     """``t``, a predicted time; ModelError (a usage error) where the model's values make it no time
     at all (inf, NaN, 0: parameters out of any measured range, a model file edited by hand)."""
-    import math
-
     from .fit import ModelError
 
     if not (math.isfinite(t) and t > 0):

@@ -64,12 +64,13 @@ class Workload:
         return out
 
     @classmethod
-    def from_scenario(cls, name_or_path: str) -> Workload:
-        """The workload of a scenario (shipped name or file; ScenarioError, exit 2, when bad)."""
+    def from_scenario(cls, name_or_path: str, element_bytes: int = 4) -> Workload:
+        """The workload of a scenario (shipped name or file; ScenarioError, exit 2, when bad), its
+        gradients of ``element_bytes`` an element."""
         from ..scenarios import load_scenario
 
         sc = load_scenario(name_or_path)
-        return cls.of_model(sc.name, sc.model, sc.replay_forward_ms, sc.replay_backward_ms)
+        return cls.of_model(sc.name, sc.model, sc.replay_forward_ms, sc.replay_backward_ms, element_bytes)
 
     @classmethod
     def of_model(cls, name: str, model: str, forward_ms: float, backward_ms: float,

@@ -224,12 +224,9 @@ class Driver:
     def _tell(self, sample: Sample) -> float | None:
         """Provisional paired ratio against the reference blocks so far (the strategy learns now, and the
         bracketed ratio replaces it when the next reference is measured: :meth:`_retell_bracketed`),
-        with its own variance; nothing for a block measured right after a reference set aside as
-        disturbed."""
-        if self._next_to_disturbed(float(sample.index)):
-            # paired across a disturbed reference it would carry the disturbance: told as withdrawn (no
-            # information), so that the next reference's retelling tells its value once that reference
-            # is no longer set aside
+        with its own variance; a block measured right after a reference set aside as disturbed is
+        told as withdrawn (no value), to be told its value once that reference is kept."""
+        if self._next_to_disturbed(float(sample.index)):  # (paired across it, it would carry the disturbance)
             self.strategy.tell(sample.knobs, 0.0, math.inf)
             self._told_at[sample.index] = len(self.strategy.observations) - 1
             return None
