@@ -20,6 +20,7 @@ from tunelab.model.data import ModelInputError, load_bench
 from tunelab.model.fit import ModelError, ScaleModel, fit_model
 from tunelab.model.predict import crossover
 from tunelab.model.step import Workload, simulate_step
+from tunelab.profiles import ProfileStore
 
 MiB = 1 << 20
 PLANTED = {"call.alpha": 40e-6, "shm.alpha": 20e-6, "shm.beta": 0.15e-9, "gamma": 0.08e-9,
@@ -661,7 +662,8 @@ def _hand_model_for_shared_cores() -> ScaleModel:
 @pytest.mark.mpi
 def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> None:
     """On 2 emulated nodes of 2 ranks behind 10 Gb/s the model expects hierarchical to pay (about 1.26x):
-    its two best settings are the search's first two candidates, and ``tune`` says where they came from."""
+    its two best settings are the search's first two candidates, and ``tune`` says where they came from,
+    though the store holds another layout's trials (one host) that warm-start the search."""
     from tunelab.model.predict import DEFAULT_GRID
     from tunelab.model.tuner import predicted_best
     from tunelab.workloads.shapes import gradient_shapes
@@ -670,13 +672,17 @@ def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> No
     model = _hand_model_for_shared_cores()
     model.save(model_path)
     scenario.write_text(tiny_replay(budget=3, np=4))
+    one_host = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario), "--np", "2",
+                               "--budget", "2", "--no-report"], capture_output=True, text=True, timeout=600, check=False)
+    assert one_host.returncode == 0, one_host.stderr[-2000:]
     proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "tune", "--scenario", str(scenario), "--no-store",
                            "--ranks-per-node", "2", "--link-gbps", "10", "--no-report", "--model-file",
                            str(model_path), "--json", str(out)],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "first proposals from the scale model" in proc.stdout
-    assert not (tmp_path / "tunelab-home" / "profiles.sqlite").exists()  # --no-store: no store made either
+    assert "seeding from profile 1" in proc.stdout  # the one-host trials: another profile's
+    assert len(ProfileStore(create=False).profiles()) == 1  # --no-store: nothing added to the store
     work = Workload("tiny", tuple(4 * math.prod(s) for s in gradient_shapes("resnet50")), 20.0, 40.0)
     topo = Topology(2, 2, "10gbps", 4 / (os.cpu_count() or 1))
     expected = [b.knobs.as_dict() for b in predicted_best(model.with_link("10gbps", 10.0), work, topo, 2, DEFAULT_GRID)]

@@ -101,17 +101,21 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
 
 def _prepare_on_rank0(p: dict, rt: Any, workload: Workload, space: Any,
                       comm: Any) -> tuple[Any, list, tuple[list, str | None]]:
-    """Rank 0's part before training: the profile store's record and stored trials, or else the scale
-    model's first proposals.  Whether it worked is broadcast, so that a failure there (a damaged store,
-    a model file that does not parse) stops every rank at once, with rank 0's error, rather than leaving
-    the others training alone until they time out waiting for rank 0."""
+    """Rank 0's part before training: the profile store's record and stored trials, and the scale
+    model's first proposals unless this hardware's own trials start the search.  Whether it worked is
+    broadcast, so that a failure there (a damaged store, a model file that does not parse) stops every
+    rank at once, with rank 0's error, rather than leaving the others training alone until they time
+    out waiting for rank 0."""
     recorder, stored, first, failure = None, [], ([], None), None
     if comm.rank == 0:
         try:
             recorder = _Recorder.create(p, rt, workload, write=p.get("store", True))
             stored = recorder.warm_start_observations(space.base, space.names)
-            # (the scale model is fitted on the host path: no first proposals for a GPU job)
-            first = _model_proposals(p, rt, space) if not stored and p.get("device") != "cuda" else ([], None)
+            # This hardware's own trials, when they count, start the search; otherwise (none, or only
+            # another profile's: other hardware) the scale model proposes for this layout too.  (It is
+            # fitted on the host path: no first proposals for a GPU job.)
+            own = stored and recorder.warm_source == recorder.profile_id
+            first = _model_proposals(p, rt, space) if not own and p.get("device") != "cuda" else ([], None)
         except Exception as exc:  # noqa: BLE001 - raised again below, on every rank
             failure = exc
     said = comm.bcast(None if failure is None else str(failure).splitlines()[0] if str(failure) else
@@ -338,6 +342,7 @@ class _Recorder:
         self.store, self.profile_id, self.run_id, self.key = store, profile_id, run_id, key
         self.seeded_from, self.write = seeded_from, write
         self.hardware = hardware  # (the profile's hardware name, its facts): what the run's output records
+        self.warm_source: int | None = None  # the profile whose trials warm_start_observations read
 
     @classmethod
     def create(cls, p: dict, rt: Any, workload: Workload, write: bool = True) -> _Recorder:
@@ -366,6 +371,7 @@ class _Recorder:
                   f"({self.seeded_from.hardware_name})", flush=True)
         if source is None:
             return []
+        self.warm_source = source
         trials = self.store.trials(source)
         others = {stored_knobs(t.knobs) for t in trials if t.phase == "default"} - {reference}
         if others:  # (stored_observations leaves their runs out)
