@@ -54,7 +54,10 @@ def test_cuda_aware_mpi_can_be_forced_either_way():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("n", "cuda_aware"), [(2, False), (4, False), (2, True), (3, True)])
+# (4, False) is the lazy test's 4-rank layouts without its deferred launches: the slowest case of the
+# default suite (about 100 s under the simulator), so it runs with the slow ones.
+@pytest.mark.parametrize(("n", "cuda_aware"), [(2, False), pytest.param(4, False, marks=pytest.mark.slow),
+                                               (2, True), (3, True)])
 def test_device_path_under_the_cuda_simulator(n, cuda_aware):
     """cuda_aware: MPI is told it may take device pointers (under the simulator they are host
     pointers, so it can), and shards and flat-ring buffers cross nodes without host staging."""
@@ -180,7 +183,10 @@ def test_ipc_ring_on_one_gpu_shared_by_several_ranks(n, backend):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("n", "ordering"), [(1, "auto"), (2, "auto"), (3, "auto"), (2, "stream-sync")])
+# (2, "auto"): its layouts (one host; nodes of one rank, flat and hierarchical) are (3, "auto")'s too (which
+# adds nodes of unequal size), and (2, "stream-sync") runs the same two; slow, as the 4-rank case above.
+@pytest.mark.parametrize(("n", "ordering"), [(1, "auto"), pytest.param(2, "auto", marks=pytest.mark.slow),
+                                             (3, "auto"), (2, "stream-sync")])
 def test_a_warm_device_call_uploads_no_table_allocates_nothing_and_never_waits_for_the_device(n, ordering):
     """Counted through an instrumenting kernel back end under the simulator, every layout: after
     warm-up a call launches kernels only, with its tables already on the device; closed (twice), the
