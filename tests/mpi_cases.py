@@ -674,6 +674,68 @@ def case_coordinator_changed_call(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_coordinator_shared_memory_and_requests(comm: MPI.Comm) -> dict:
+    """Separate submits of one cycle that share memory (one engine call fuses them): a tensor in place
+    twice, in place and out of place, outputs that are each other's inputs; each gives the sum over ranks
+    of what it held when submitted (8 MiB each: the two-shot, which writes results while later pieces
+    are still to be read).  Two knob requests before a cycle both apply; a cached group with one member
+    changed on one rank only fails whole; a 0-d tensor stays 0-d; a second shutdown does nothing."""
+    from tunelab.engine.coordinator import Coordinator
+
+    n, rank = comm.size, comm.rank
+    engine = Engine(comm, load_engine_config(timeout_s=20, cycle_time_ms=50.0))
+    coord = Coordinator(engine, stall_timeout_s=10)
+    out: dict = {}
+    total = n * (n + 1) / 2  # every rank submits rank + 1
+    count = 2_000_000
+    comm.Barrier()
+    x = np.full(count, rank + 1.0, np.float32)
+    handles = [coord.submit_one("twice.a", x, "sum"), coord.submit_one("twice.b", x, "sum")]
+    out["twice"] = [np.unique(h.wait(20)).tolist() for h in handles]
+    comm.Barrier()
+    t = np.full(count, rank + 1.0, np.float32)
+    handles = [coord.submit_one("inplace", t, "sum"), coord.submit("copy", t)]
+    out["in_and_out"] = [np.unique(h.wait(20)).tolist() for h in handles]
+    comm.Barrier()
+    buf = np.empty(2 * count, np.float32)
+    p, q = buf[:count], buf[count:]
+    p[:], q[:] = rank + 1.0, 100.0 * (rank + 1)
+    handles = [coord.submit("p", p, out=q), coord.submit("q", q, out=p)]
+    out["swapped"] = [np.unique(h.wait(20)).tolist() for h in handles]
+    out["want"] = [total, 100 * total]
+    comm.Barrier()
+    if rank == 0:  # a profile's knobs, then the user's own change, before the next cycle
+        coord.set_knobs(cycle_time_ms=5.0)
+        coord.set_knobs(fusion_threshold_bytes=1 << 20)
+    coord.submit("k", np.ones(4, np.float32)).wait(20)
+    out["knobs"] = [engine.knobs.cycle_time_ms, engine.knobs.fusion_threshold_bytes]
+
+    def group(count_b: int) -> list[str]:
+        handles = coord.submit_group(["g.a", "g.b"], [np.ones(4, np.float32), np.ones(count_b, np.float32)],
+                                     group="G")
+        said = []
+        for h in handles:
+            try:
+                said.append(str(h.wait(20).tolist()))
+            except Exception as exc:  # noqa: BLE001 (the error's type is the finding)
+                said.append(type(exc).__name__)
+        return said
+
+    out["group_first"] = group(4)
+    comm.Barrier()
+    out["group_changed"] = group(5 if rank == 0 else 4)  # b changed on rank 0 only
+    got = coord.submit("scalar", np.array(rank + 1.0, np.float32)).wait(20)
+    out["scalar"] = [list(got.shape), float(got)]
+    coord.shutdown()
+    try:
+        coord.shutdown()
+        out["second_shutdown"] = "ok"
+    except Exception as exc:  # noqa: BLE001
+        out["second_shutdown"] = f"{type(exc).__name__}: {exc}"
+    engine.close()
+    return out
+
+
 def case_coordinator_peer_stops(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     """Rank 1's coordinator fails between two exchanges of one cycle (applying a knob change raises,
     as an out-of-memory staging buffer would), while rank 0 has a new name to negotiate in that cycle:

@@ -108,3 +108,21 @@ def test_a_peer_whose_coordinator_stopped_mid_cycle_fails_the_others_with_a_time
                                        "exchange of new names"), first
     assert first["elapsed_s"] < 15, first
     assert run.returncode != 0  # the job is ended, not left hanging
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_submits_that_share_memory_knob_requests_groups_and_scalars(n):
+    """Against the sum over ranks: separate submits of one cycle that share memory each reduce what
+    they held when submitted (one fused call read them after writing them: 4 for 2, q = 4 for 200);
+    a second knob request before a cycle keeps the first (it was dropped); a cached group one member of
+    which changed on one rank only fails whole (its other member was reduced alone); 0-d stays 0-d."""
+    results = run_ok("coordinator_shared_memory_and_requests", n, limit_s=120)
+    total = n * (n + 1) / 2
+    for rank, res in enumerate(results):
+        assert res["want"] == [total, 100 * total]
+        assert res["twice"] == [[total], [total]] and res["in_and_out"] == [[total], [total]], (rank, res)
+        assert res["swapped"] == [[total], [100 * total]], (rank, res)  # each handle: its own sum
+        assert res["knobs"] == [5.0, 1 << 20], (rank, res)
+        assert res["group_first"] == [str([float(n)] * 4)] * 2, (rank, res)
+        assert res["group_changed"] == ["RankMismatchError"] * 2, (rank, res)
+        assert res["scalar"] == [[], total] and res["second_shutdown"] == "ok", (rank, res)

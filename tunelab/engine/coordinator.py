@@ -36,7 +36,7 @@ from ..knobs import Knobs
 from ..units import counted
 from .consensus import allgather_object, bcast_object, wait_or_timeout
 from .device import device_buffer, empty_like
-from .engine import check_reducible, refuse_overlaps
+from .engine import _span, check_reducible, refuse_overlaps
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ class Coordinator:
                     self.engine.check_gpu(view)
                 reqs.append(_Request(name, src, Handle(name, out, self), op, group, view))
                 continue
-            src = np.ascontiguousarray(a)
+            src = np.ascontiguousarray(a).reshape(np.shape(a))  # (a 0-d array stays 0-d)
             out = outs[i] if outs is not None else np.empty_like(src)
             if out.shape != src.shape or out.dtype != src.dtype or not out.flags.c_contiguous \
                     or not out.flags.writeable:
@@ -258,9 +258,10 @@ class Coordinator:
     def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
         """Ask for new knobs.  Rank 0's request is applied by every rank at the same cycle; requests
         on other ranks are ignored (so every rank may call this with its own view)."""
-        new = (knobs or self.engine.knobs).replace(**changes) if changes else (knobs or self.engine.knobs)
-        self.engine.check_knobs(new)
-        with self._lock:
+        with self._lock:  # on top of a request not applied yet (a profile's, say), not only what is applied
+            base = knobs or self._requested or self.engine.knobs
+            new = base.replace(**changes) if changes else base
+            self.engine.check_knobs(new)
             self._requested = new
         return new
 
@@ -316,7 +317,8 @@ class Coordinator:
         self._thread.join()
         if self.timeline is not None:
             self.timeline.close()
-        self.comm.Free()
+        if self.comm:  # (a null handle once freed: a second shutdown has nothing left to free)
+            self.comm.Free()
         self._raise_if_failed()
 
     def _waiting(self, change: int) -> None:
@@ -461,6 +463,7 @@ class Coordinator:
         if not flags & _NO_NEW_NAMES:
             ready += self._negotiate_new_names(pending, joined)
             self._deliver_rejected()
+        ready = self._whole_groups(ready)
         self._stuck = bool(flags & _ALL_WAITING) and not ready
         if ready:
             self._execute(ready)
@@ -522,6 +525,9 @@ class Coordinator:
 
     def _apply_knobs(self, knobs: Knobs) -> None:
         self.engine.set_knobs(knobs)
+        with self._lock:  # applied: later requests build on the engine's knobs (unless asked for since)
+            if self._requested == knobs or self.rank != 0:
+                self._requested = None
         self.knob_changes.append((self.cycles, knobs))
         timeline = self.timeline
         if timeline is not None:
@@ -570,6 +576,19 @@ class Coordinator:
                 if i is not None and i not in settled:
                     self._metas[i] = None
         return new
+
+    def _whole_groups(self, ready: list[int]) -> list[int]:
+        """``ready`` less the members of any group not all of whose members are ready in this cycle (a
+        member whose shape changed on some ranks only is negotiated again next cycle, and rejected there
+        with the rest of its group): a group is reduced together or not at all.  Every rank holds the same
+        ids and metadata, so every rank holds back the same ones."""
+        sizes: dict[str, int] = {}
+        for i in ready:
+            group = self._metas[i][3]
+            if group is not None:
+                sizes[group] = sizes.get(group, 0) + 1
+        short = {g for g, n in sizes.items() if n < _group_size(g)}
+        return [i for i in ready if self._metas[i][3] not in short] if short else ready
 
     def _deliver_rejected(self) -> None:
         """Complete the rejected calls' handles with their error and forget the calls."""
@@ -632,6 +651,7 @@ class Coordinator:
                       for r in batch]
             arrays = [r.array for r in batch]
             outs = [r.handle.out if r.out_view is None else r.out_view for r in batch]
+            arrays, outs, copy_back = _unaliased(arrays, outs, [i for i, r in enumerate(batch) if r.out_view is None])
             timeline = self.timeline  # read once: start/stop_timeline may swap it from another thread
             if timeline is None:
                 self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
@@ -639,9 +659,43 @@ class Coordinator:
                 with timeline.span("allreduce", "allreduce", op=op, tensors=len(batch),
                                         bytes=int(sum(a.nbytes for a in arrays)), cycle=self.cycles):
                     self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
+            for private, out in copy_back:
+                np.copyto(out, private)
         with self._lock:
             for r in reqs:
                 if self._pending.get(r.name) is r:  # (not a submit of the same name since: a joined rank's)
                     del self._pending[r.name]
         for r in reqs:
             r.handle._complete()
+
+
+def _group_size(label: str) -> int:
+    """The member count in a group's label, as :meth:`Coordinator.submit_group` writes it."""
+    return int(label[label.rindex("(") + 1:].split()[0])
+
+
+def _unaliased(arrays: list[Any], outs: list[Any], host: list[int]) -> tuple[list[Any], list[Any], list[tuple]]:
+    """A fused call's host tensors (indices ``host``) made safe to reduce together: separate submits may
+    share memory (a tensor submitted in place and again out of place, or in place twice, in one cycle),
+    which one engine call would read after writing it.  Where they do, every host input is read from a
+    snapshot taken now (as a fusion buffer would: each submit reduces what its tensor held when the cycle
+    began), and outputs that overlap an earlier one are written to memory of their own and copied to
+    theirs after the call, in submit order.  Each rank decides alone: the call itself is the same on
+    every rank.  Returns the call's inputs and outputs, and the (private, output) pairs to copy back."""
+    if len(host) < 2:
+        return arrays, outs, []
+    try:
+        refuse_overlaps([arrays[i] for i in host], [outs[i] for i in host])
+        return arrays, outs, []
+    except ValueError:
+        pass
+    arrays, outs, copy_back = list(arrays), list(outs), []
+    for i in host:
+        arrays[i] = arrays[i].copy()
+    reach = -1  # the furthest end of the outputs so far, in address order
+    for start, end, i in sorted((*_span(outs[i]), i) for i in host if outs[i].size):
+        if start < reach:  # (the outputs left in place are then disjoint)
+            copy_back.append((i, np.empty_like(outs[i]), outs[i]))
+            outs[i] = copy_back[-1][1]
+        reach = max(reach, end)
+    return arrays, outs, [(private, out) for _, private, out in sorted(copy_back, key=lambda c: c[0])]
