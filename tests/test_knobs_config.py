@@ -61,6 +61,10 @@ def test_bad_environment_values_name_the_setting():
         load_engine_config({"TUNELAB_CYCLE_TIME_MS": "fast"})
     with pytest.raises(ValueError, match="ranks_per_node"):
         load_engine_config({"TUNELAB_RANKS_PER_NODE": "0"})
+    for value in (2.5, True):  # (were read as 2 and 1)
+        with pytest.raises(ValueError, match=f"ranks_per_node must be a positive integer, got {value}"):
+            load_engine_config({}, ranks_per_node=value)
+    assert load_engine_config({}, ranks_per_node=2.0).ranks_per_node == 2
 
 
 def test_emulated_link_settings_are_checked():

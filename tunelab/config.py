@@ -175,8 +175,10 @@ def _flag(name: str, value: object) -> bool:
 
 def _positive_int(name: str, value: object) -> int:
     try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError  # (2.5 ranks is not 2, and True is not 1)
         number = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
     if number < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
