@@ -416,6 +416,27 @@ def case_skipped_call(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     return result | {"abort": True}  # the stuck collective cannot be finished: end the job
 
 
+def case_ring_stall(comm: MPI.Comm, timeout_s: float = 3.0, doubling: bool = False) -> dict:
+    """Nodes of one rank (the ring between nodes, or recursive doubling); the last rank stalls in the
+    middle of the call, inside MPI's blocking transfers, which nothing can interrupt: the others' watchdog
+    ends the job with one line after the timeout, instead of a wait for ever."""
+    from tunelab.engine import mpi_ring
+
+    engine = Engine(comm, load_engine_config(timeout_s=timeout_s, ranks_per_node=1,
+                                             doubling_max_bytes=(1 << 20) if doubling else 0))
+    if comm.rank == comm.size - 1:
+        name = "_butterfly" if doubling else "_reduce_step"
+        step = getattr(mpi_ring.RingAllreduce, name)
+
+        def stalled(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            time.sleep(timeout_s + 30)
+            return step(self, *args, **kwargs)
+
+        setattr(mpi_ring.RingAllreduce, name, stalled)
+    engine.allreduce(np.ones(1 << 16, np.float32))  # 256 KiB: recursive doubling up to 1 MiB, else the ring
+    return {}
+
+
 def case_skipped_collectives(comm: MPI.Comm) -> dict:
     """The last rank skips a collective of the runtime (a broadcast, an allgather, a barrier) and goes
     on to shut down, or shuts down while the others are in join(): the others get a timeout naming the

@@ -136,6 +136,17 @@ def test_a_rank_that_skips_a_call_gives_a_timeout_not_a_hang():
     assert run.returncode != 0  # the job is ended, not left hanging
 
 
+@pytest.mark.parametrize("doubling", [False, True])
+def test_a_rank_stalled_inside_a_transfer_between_nodes_ends_the_job_after_the_timeout(doubling):
+    """MPI's blocking transfers between nodes cannot be interrupted: a peer that stalls inside one hung
+    the job for ever (TUNELAB_TIMEOUT_S did not apply there); now the waiting rank says so in one line
+    and ends the job, within the timeout and the watchdog's quarter second."""
+    run = run_case("ring_stall", 2, 60, timeout_s=3.0, doubling=doubling)
+    assert run.returncode != 0 and run.elapsed_s < 25, (run.returncode, run.elapsed_s, run.stderr[-2000:])
+    what = "recursive doubling" if doubling else "a step of the ring's reduce-scatter"
+    assert f"rank 0: nothing came within 3 s in {what} between nodes" in run.stderr, run.stderr[-2000:]
+
+
 def test_a_dead_rank_ends_the_job_with_an_error():
     run = run_case("dead_rank", 3, limit_s=90)
     assert run.returncode != 0

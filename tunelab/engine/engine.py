@@ -135,12 +135,14 @@ class Engine:
         the left neighbour, or from any partner on another emulated node, passes through (collective
         over ``comm``)."""
         world_ranks = comm.allgather(self.topology.rank)
+        timeout_s = self.config.timeout_s
         if self.link is None:
-            return RingAllreduce(comm, self.kernels)
+            return RingAllreduce(comm, self.kernels, timeout_s=timeout_s)
         me = self.topology.rank
         remote = frozenset(i for i, w in enumerate(world_ranks) if self.topology.emulated_boundary(w, me))
         left = (comm.rank - 1) % comm.size
-        return RingAllreduce(comm, self.kernels, self.link if left in remote else None, self.link, remote)
+        return RingAllreduce(comm, self.kernels, self.link if left in remote else None, self.link, remote,
+                             timeout_s=timeout_s)
 
     def use_kernel_threads(self) -> None:
         """Apply this engine's kernel thread budget to the calling thread."""

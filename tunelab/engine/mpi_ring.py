@@ -15,6 +15,11 @@ doubling for small buffers.
 
 from __future__ import annotations
 
+import math
+import sys
+import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +48,17 @@ class RingAllreduce:
     change from step to step."""
 
     def __init__(self, comm: MPI.Comm, kernels: KernelBackend, link: EmulatedLink | None = None,
-                 node_link: EmulatedLink | None = None, remote: frozenset[int] = frozenset()) -> None:
+                 node_link: EmulatedLink | None = None, remote: frozenset[int] = frozenset(),
+                 timeout_s: float = math.inf) -> None:
         self.comm = comm
         self.kernels = kernels
+        # MPI's blocking transfers cannot be interrupted: each is given a deadline that the watchdog
+        # (below) reads, and a peer that sends nothing within ``timeout_s`` ends the job with a line
+        self.timeout_s = timeout_s
+        self.deadline = math.inf  # of the transfer under way (inf: none)
+        self.what = ""
+        if math.isfinite(timeout_s) and comm.size > 1:
+            _watch(self)
         self.link = link
         self.node_link = node_link  # this rank's emulated node link, which whatever arrives from ...
         self.remote = remote        # ... these ranks of ``comm`` (on other emulated nodes) passes through
@@ -70,9 +83,20 @@ class RingAllreduce:
         op)``; ``scratch(nbytes)`` gives the address of a receive area in the same kind of memory.
         ``sync`` (device memory): waits for the reductions before MPI reads what they wrote, and
         before a receive reuses memory a reduction reads."""
-        n, rank = self.comm.size, self.comm.rank
-        if n == 1 or count == 0:
+        if self.comm.size == 1 or count == 0:
             return
+        try:
+            self._run(addr, count, dtype, op, segment_bytes, reduce, scratch, sync)
+        finally:
+            self.deadline = math.inf
+
+    def _arm(self, what: str) -> None:
+        """A blocking transfer starts: it must end within the timeout."""
+        self.deadline, self.what = time.monotonic() + self.timeout_s, what
+
+    def _run(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, segment_bytes: int,
+             reduce: Reduce, scratch: Callable[[int], int], sync: Callable[[], None] | None) -> None:
+        n, rank = self.comm.size, self.comm.rank
         isz = dtype.itemsize
         if count * isz <= self.doubling_max_bytes:
             self._doubling(addr, count, dtype, op, reduce, scratch(count * isz), sync)
@@ -90,6 +114,7 @@ class RingAllreduce:
         for s in range(n - 1):
             send_c, recv_c = (rank - s + 1) % n, (rank - s) % n
             lo, hi = bounds[recv_c], bounds[recv_c + 1]
+            self._arm(f"step {s + 1} of the ring's allgather")
             self.comm.Sendrecv(_mem(addr + bounds[send_c] * isz, (bounds[send_c + 1] - bounds[send_c]) * isz),
                                right, _TAG, _mem(addr + lo * isz, (hi - lo) * isz), left, _TAG)
             if self.link is not None:
@@ -107,6 +132,7 @@ class RingAllreduce:
         recvs = [self.comm.Irecv(_mem(slots[k], (b - a) * isz), left, _TAG)
                  for k, (a, b) in enumerate(pieces[:2])]
         for k, (a, b) in enumerate(pieces):
+            self._arm("a step of the ring's reduce-scatter")
             recvs[k].Wait()
             if self.link is not None:
                 self.link.transfer((b - a) * isz)
@@ -117,6 +143,7 @@ class RingAllreduce:
                     sync()  # the reduce has read slot k % 2 before it is refilled
                 c, d = pieces[k + 2]
                 recvs.append(self.comm.Irecv(_mem(slots[k % 2], (d - c) * isz), left, _TAG))
+        self._arm("a step of the ring's reduce-scatter")
         for req in sends:
             req.Wait()
 
@@ -143,6 +170,14 @@ class RingAllreduce:
         """The steps of recursive doubling over this communicator on ``buf`` (memory of any kind:
         ``message(x)`` makes ``buf`` or ``tmp`` an MPI message of ``nbytes``), combining the partner's
         partial in ``tmp`` with ``combine(first, second)`` into ``buf``."""
+        self._arm("recursive doubling")  # (every message of it is short: one deadline for all)
+        try:
+            self._butterfly(buf, tmp, nbytes, message, combine, sync)
+        finally:
+            self.deadline = math.inf
+
+    def _butterfly(self, buf: Any, tmp: Any, nbytes: int, message: Callable[[Any], Any],
+                   combine: Callable[[Any, Any], None], sync: Callable[[], None] | None) -> None:
         n, rank = self.comm.size, self.comm.rank
         high = 1 << (n.bit_length() - 1)  # the largest power of two <= n
         if rank >= high:  # an extra rank: hand the buffer over, get the result back
@@ -174,6 +209,38 @@ class RingAllreduce:
         """``nbytes`` came from ``peer``: through the emulated link when it is on another emulated node."""
         if self.node_link is not None and peer in self.remote:
             self.node_link.transfer(nbytes)
+
+
+_WATCHED: weakref.WeakSet[RingAllreduce] = weakref.WeakSet()
+_watch_lock = threading.Lock()
+
+
+def _watch(ring: RingAllreduce) -> None:
+    """Have the process's watchdog thread look at ``ring``'s deadlines (started with the first)."""
+    with _watch_lock:
+        first = not _WATCHED
+        _WATCHED.add(ring)
+        if first and not any(t.name == "tunelab-ring-watchdog" for t in threading.enumerate()):
+            threading.Thread(target=_watchdog, name="tunelab-ring-watchdog", daemon=True).start()
+
+
+def _watchdog() -> None:
+    """Every quarter of a second: a blocking transfer past its deadline means a peer died, stalled
+    or skipped the call, and MPI gives no way to stop waiting for it; say so in one line and end the
+    job (MPI_Abort), rather than wait for ever."""
+    while True:
+        time.sleep(0.25)
+        now = time.monotonic()
+        with _watch_lock:
+            late = [r for r in _WATCHED if r.deadline < now]
+        if late:
+            from mpi4py import MPI
+
+            ring = late[0]
+            print(f"tunelab: error: rank {MPI.COMM_WORLD.rank}: nothing came within {ring.timeout_s:g} s in "
+                  f"{ring.what} between nodes (a rank died, stalled, or skipped the call); ending the job",
+                  file=sys.stderr, flush=True)
+            MPI.COMM_WORLD.Abort(1)
 
 
 def _mem(addr: int, nbytes: int) -> list:
