@@ -369,7 +369,8 @@ def _running_job(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finding the ranks needs /proc")
 @pytest.mark.parametrize("signame,status,line", [("SIGINT", 130, "tunelab: interrupted"),
-                                                 ("SIGTERM", 143, "tunelab: terminated")])
+                                                 ("SIGTERM", 143, "tunelab: terminated"),
+                                                 ("SIGHUP", 129, "tunelab: hung up")])  # (left the ranks)
 def test_an_interrupted_launch_stops_its_ranks(tmp_path, signame, status, line):
     import signal
     import time

@@ -10,10 +10,12 @@ import pytest
 
 
 def tunelab(*args: str, timeout: int = 120, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """The command, run in ``cwd`` or in a folder of its own (its reports land there), removed after."""
     import tempfile
 
-    return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False, cwd=cwd or tempfile.mkdtemp(prefix="tunelab-cli-"))
+    with tempfile.TemporaryDirectory(prefix="tunelab-cli-") as scratch:
+        return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, check=False, cwd=cwd or scratch)
 
 
 def test_cpu_run_writes_rows_for_every_kernel_with_copy_baseline(tmp_path):

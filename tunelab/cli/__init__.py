@@ -117,9 +117,10 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("tunelab: interrupted\n")
         return 130
-    except _Terminated:
-        sys.stderr.write("tunelab: terminated\n")
-        return 143
+    except _Terminated as exc:
+        hangup = exc.args and exc.args[0] == _SIGHUP
+        sys.stderr.write("tunelab: hung up\n" if hangup else "tunelab: terminated\n")
+        return 129 if hangup else 143
     except BrokenPipeError as exc:
         if _reader_gone():  # the reader of our output went away (``tunelab ... | head``): stop quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
@@ -130,7 +131,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if previous is not None:
             import signal
 
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
@@ -224,13 +226,18 @@ def _reader_gone() -> bool:
         return False
 
 
+_SIGHUP = 1
+
+
 class _Terminated(BaseException):
-    """SIGTERM, raised where the main thread is, so that cleanup (stopping launched ranks) runs."""
+    """SIGTERM or SIGHUP (its number the argument), raised where the main thread is, so that cleanup
+    (stopping launched ranks) runs."""
 
 
-def _terminate_as_interrupt() -> Any:
-    """Make SIGTERM raise :class:`_Terminated` in the main thread; returns the handler it replaced (None
-    when not called from the main thread, where no handler can be set)."""
+def _terminate_as_interrupt() -> dict | None:
+    """Make SIGTERM and SIGHUP (a closed terminal, a dropped SSH session: the launched ranks, in a
+    session of their own, would not get it) raise :class:`_Terminated` in the main thread; returns the
+    handlers they replaced (None when not called from the main thread, where no handler can be set)."""
     import signal
     import threading
 
@@ -238,7 +245,7 @@ def _terminate_as_interrupt() -> Any:
         return None
 
     def raise_terminated(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-        raise _Terminated()
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        raise _Terminated(signum)
 
-    return signal.signal(signal.SIGTERM, raise_terminated)
+    return {signum: signal.signal(signum, raise_terminated) for signum in (signal.SIGTERM, signal.SIGHUP)}
