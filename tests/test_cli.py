@@ -235,6 +235,19 @@ def test_bench_allreduce_emulated_nodes_half_precision(tmp_path):
 
 
 @pytest.mark.mpi
+def test_bench_allreduce_on_nodes_of_unequal_size_leaves_hierarchical_out_unless_asked_for(tmp_path):
+    path = tmp_path / "ar.json"
+    args = ("bench", "allreduce", "--np", "3", "--ranks-per-node", "2", "--sizes", "4KiB", "--iters", "2",
+            "--warmup", "1", "--no-report")
+    proc = tunelab(*args, "--json", str(path))
+    assert proc.returncode == 0, proc.stderr  # (the default algorithms failed here: no row at all)
+    assert [r["algorithm"] for r in json.loads(path.read_text())["rows"]] == ["ring", "mpi", "gloo", "bound"]
+    assert "hierarchical: skipped, nodes of unequal size [2, 1]" in proc.stdout
+    asked = tunelab(*args, "--algorithms", "ring,hierarchical")
+    assert asked.returncode == 2 and "needs the same number of ranks on every node" in asked.stderr
+
+
+@pytest.mark.mpi
 def test_bench_fusion_reports_three_modes(tmp_path):
     path = tmp_path / "fu.json"
     proc = tunelab("bench", "fusion", "--np", "2", "--iters", "1", "--warmup", "0", "--json", str(path),

@@ -42,6 +42,15 @@ def run_rank(p: dict) -> dict:
     on_device = p.get("device", "cpu") == "cuda"
     tools = _device_tools() if on_device else None
     algorithms, notes = _algorithms(p, dtype, on_device)
+    if "hierarchical" in algorithms and not p.get("algorithms_given", True):
+        from ..engine.topology import build_topology
+
+        topo = build_topology(comm, p.get("ranks_per_node"))
+        sizes, even = topo.node_sizes, topo.homogeneous
+        topo.free()
+        if not even:  # (asked for by name, the engine's own error says why it cannot run)
+            algorithms.remove("hierarchical")
+            notes.append(f"hierarchical: skipped, nodes of unequal size {list(sizes)}")
     engines = _engines(comm, p, algorithms)
     gloo = None
     if "gloo" in algorithms:

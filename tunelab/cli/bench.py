@@ -63,8 +63,9 @@ def _add_allreduce(bsub: argparse._SubParsersAction) -> None:
     ar.add_argument("--sizes", type=size_list, default=size_list("1KiB,1MiB,64MiB"),
                     help="comma-separated sizes (default 1KiB,1MiB,64MiB)")
     ar.add_argument("--dtype", choices=supported_names(), default="float32", help="element type (default float32)")
-    ar.add_argument("--algorithms", type=choice_list(ALGORITHMS), default=list(ALGORITHMS),
-                    help=f"comma-separated, from {','.join(ALGORITHMS)}")
+    ar.add_argument("--algorithms", type=choice_list(ALGORITHMS), default=None,
+                    help=f"comma-separated, from {','.join(ALGORITHMS)} (default: all; hierarchical left out "
+                         "on nodes of unequal size)")
     add_link_flags(ar)
     ar.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the buffers live (cuda: the engine's device path, CUDA IPC within a node)")
@@ -90,7 +91,10 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     if odd:
         raise UsageError(f"--sizes: {format_size(odd[0])} is not a whole number of {args.dtype} elements "
                          f"({itemsize} B each)")
-    params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype, "algorithms": args.algorithms,
+    from ..bench.allreduce import ALGORITHMS
+
+    params = {**_params(args), "sizes": args.sizes, "dtype": args.dtype,
+              "algorithms": args.algorithms or list(ALGORITHMS), "algorithms_given": args.algorithms is not None,
               "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us, "device": args.device}
     with lab_session(args.lab) as lab:
         result = run_job("bench-allreduce", params, job_ranks(lab, args.np), lab=lab)
