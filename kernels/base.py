@@ -38,7 +38,8 @@ class KernelBackend(Protocol):
         """Copy bytes for every row ``(src_addr, dst_addr, nbytes)`` of an int64 [R, 3] table."""
 
     def scale_copy_table(self, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
-        """``dst = src * factor`` for every row ``(src_addr, dst_addr, count)`` of elements of ``dtype``."""
+        """``dst = src * factor`` for every row ``(src_addr, dst_addr, count)`` of elements of ``dtype``
+        (integer types: whole factors only, ValueError otherwise)."""
 
     def reduce(self, out_addr: int, src_addrs: np.ndarray, count: int, dtype: np.dtype,
                op: ReduceOp) -> None:
@@ -55,6 +56,14 @@ class KernelBackend(Protocol):
 
 
 _HALF_KIND_BY_DTYPE: dict[Any, int] = {}
+
+
+def check_factor(dtype: Any, factor: float) -> None:
+    """ValueError for a factor an integer type cannot apply as given: the kernels multiply in the
+    element type, so ``int32 * 0.5`` would be ``int32 * 0`` (zeros, silently).  The engine scales
+    floating types only (an integer average is refused where it is submitted)."""
+    if np.dtype(dtype).kind in "iu" and not float(factor).is_integer():
+        raise ValueError(f"cannot scale {np.dtype(dtype).name} by {factor!r}: integer types take whole factors only")
 
 
 def half_kind(dtype: Any) -> int:

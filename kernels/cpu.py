@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._lowlevel import as_voidptr, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import ReduceOp, as_rows, as_sources, half_kind
+from .base import ReduceOp, as_rows, as_sources, check_factor, half_kind
 
 _BLOCK = 4096
 
@@ -192,6 +192,8 @@ class CpuBackend:
         if not rows.shape[0]:
             return
         kind = half_kind(dtype)
+        if not kind:
+            check_factor(dtype, factor)
         work = lambda: 2 * np.dtype(dtype).itemsize * int(rows[:, 2].sum())
         if kind:
             self._k("_scale_copy_table_half", work)(rows, kind, float(factor))
@@ -213,6 +215,8 @@ class CpuBackend:
     def scale(self, array: np.ndarray, factor: float) -> None:
         if not array.flags.c_contiguous:
             raise ValueError("scale needs a C-contiguous array")
+        if not array.flags.writeable:  # (the kernel writes through its address: it would not be stopped)
+            raise ValueError("scale needs a writeable array")
         n = array.size
         if n:
             row = np.array([[array.ctypes.data, array.ctypes.data, n]], np.int64)
@@ -221,6 +225,8 @@ class CpuBackend:
     def cast(self, src: np.ndarray, dst: np.ndarray) -> None:
         if src.shape != dst.shape:
             raise ValueError(f"cast shapes differ: {src.shape} vs {dst.shape}")
+        if not (dst.flags.c_contiguous and dst.flags.writeable):  # (a reshaped copy would take the results)
+            raise ValueError("cast needs a C-contiguous, writeable destination")
         s, d = src.reshape(-1), dst.reshape(-1)
         if d.dtype == np.float32 and half_kind(s.dtype):
             self._k("_to_f32", s.nbytes + d.nbytes)(s.view(np.uint16), d, half_kind(s.dtype))

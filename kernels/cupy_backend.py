@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_sources, cuda_array_address, half_kind
+from .base import (
+    DeviceArrayOps,
+    DeviceTable,
+    ReduceOp,
+    as_sources,
+    check_factor,
+    cuda_array_address,
+    half_kind,
+)
 
 _INSTALL_HINT = "pip install 'tunelab[gpu]'"
 _UNROLL = 4  # grid sizing: each thread handles about this many words per pass
@@ -399,6 +407,8 @@ class CupyBackend(DeviceArrayOps):
                          (table.array, np.int32(table.rows)), stream)
 
     def scale_copy_table(self, rows: Any, dtype: np.dtype, factor: float, stream: Any = None) -> None:
+        if not half_kind(dtype):
+            check_factor(dtype, factor)
         table = self._table(rows, stream)
         if table is None:
             return

@@ -22,7 +22,15 @@ from numba import config as numba_config
 from numba.extending import register_jitable
 
 from ._lowlevel import bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16
-from .base import DeviceArrayOps, DeviceTable, ReduceOp, as_sources, cuda_array_address, half_kind
+from .base import (
+    DeviceArrayOps,
+    DeviceTable,
+    ReduceOp,
+    as_sources,
+    check_factor,
+    cuda_array_address,
+    half_kind,
+)
 
 cuda: Any = None  # the numba.cuda module, bound by _kernels(); kernels refer to it as a global
 
@@ -411,6 +419,8 @@ class NumbaCudaBackend(DeviceArrayOps):
             self._k.copy_rows[self._row_grid(table.rows, table.max_count, 16), self._block, stream](table.array)
 
     def scale_copy_table(self, rows: Any, dtype: np.dtype, factor: float, stream: Any = 0) -> None:
+        if not half_kind(dtype):
+            check_factor(dtype, factor)
         table = self._table(rows)
         if table is None:
             return

@@ -14,7 +14,7 @@ def warm() -> None:
         b = np.ones(8, dt)
         k.reduce(a.ctypes.data, np.array([a.ctypes.data, b.ctypes.data]), 8, dt, ReduceOp.SUM)
         k.copy_table(np.array([[a.ctypes.data, b.ctypes.data, a.nbytes]]))
-        k.scale_copy_table(np.array([[a.ctypes.data, b.ctypes.data, a.size]]), dt, 0.5)
+        k.scale_copy_table(np.array([[a.ctypes.data, b.ctypes.data, a.size]]), dt, 2 if dt.kind in "iu" else 0.5)
     f = np.ones(8, np.float32)
     for name in ("float16", "bfloat16"):
         h = np.ones(8, dtype_from_name(name))

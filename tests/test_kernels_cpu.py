@@ -116,6 +116,28 @@ def test_scale_copy_table_multiplies_while_copying(name):
     assert np.array_equal(src, (np.arange(-50, 50).astype(work) * work(0.5)).astype(dt))
 
 
+def test_scale_and_cast_refuse_what_they_cannot_write_as_asked():
+    """Each of these was silent: int32 * 0.5 gave zeros, a read-only array (here a view of immutable
+    bytes) was written through its address, and a cast into a transposed view filled a reshaped copy."""
+    ints = np.array([3, 5, -7], np.int32)
+    with pytest.raises(ValueError, match="cannot scale int32 by 0.5"):
+        K.scale(ints, 0.5)
+    K.scale(ints, 2)
+    assert ints.tolist() == [6, 10, -14]
+    frozen = np.float32([1, 2]).tobytes()
+    with pytest.raises(ValueError, match="writeable"):
+        K.scale(np.frombuffer(frozen, np.float32), 2.0)
+    assert np.frombuffer(frozen, np.float32).tolist() == [1.0, 2.0]
+    src = np.arange(8, dtype=np.float32).reshape(4, 2)
+    for dst in (np.zeros((2, 4), np.float16).T, np.zeros((4, 2), np.float16)[::-1]):
+        with pytest.raises(ValueError, match="C-contiguous, writeable destination"):
+            K.cast(src, dst)
+    readonly = np.zeros((4, 2), np.float16)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="C-contiguous, writeable destination"):
+        K.cast(src, readonly)
+
+
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="shape"):
         K.copy_table(np.zeros((2, 2), np.int64))

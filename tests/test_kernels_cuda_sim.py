@@ -197,9 +197,18 @@ def scale_copy_table_and_scale_match_cpu() -> None:
             outs[k] = dst
         assert _same_bits(outs["gpu"], outs["cpu"]), name
         inplace_gpu, inplace_cpu = src.copy(), src.copy()
-        gpu.scale(inplace_gpu, 0.5)
-        cpu.scale(inplace_cpu, 0.5)
+        factor = -2 if name in ("int32", "int64") else 0.5
+        gpu.scale(inplace_gpu, factor)
+        cpu.scale(inplace_cpu, factor)
         assert _same_bits(inplace_gpu, inplace_cpu), name
+        if name in ("int32", "int64"):  # a fraction of an integer: refused by both (it multiplied by 0)
+            for backend in (gpu, cpu):
+                try:
+                    backend.scale(inplace_cpu, 0.5)
+                    raise AssertionError(f"{name} * 0.5 was not refused")
+                except ValueError as exc:
+                    assert "integer types take whole factors only" in str(exc), exc
+            assert np.array_equal(inplace_cpu, src.astype(np.int64) * -2), name
     work = np.arange(-150, 150).astype(np.float32)
     bf_bits = work.astype(dtype_from_name("bfloat16")).view(np.uint16).copy()
     gpu.scale(bf_bits, 0.375)  # uint16 device arrays are bfloat16 bits
