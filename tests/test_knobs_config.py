@@ -107,3 +107,25 @@ def test_knob_text_is_what_knob_flags_take_back():
     assert knob_text("cycle_time_ms", 1.0) == "1"
     with pytest.raises(ValueError, match="segment_bytes"):
         Knobs(segment_bytes="off")  # a size that has no "off"
+
+
+def test_an_emulated_links_latency_overlaps_pieces_sent_back_to_back():
+    """Four 12.5 KB pieces at 1 Gb/s (0.1 ms each on the wire) sent together behind 20 ms of latency
+    arrive 20.4 ms after they were sent, as on a real link: the wire is not idle while a piece is in
+    flight.  (The emulation charged the latency one piece after another: 80 ms, which made small
+    segments look 10-20x slower than the link behind an emulated latency.)"""
+    import time
+
+    from mpi4py import MPI
+
+    from tunelab.engine.link import EmulatedLink
+
+    link = EmulatedLink(MPI.COMM_SELF, gbps=1.0, latency_us=20_000)
+    try:
+        sent = time.monotonic()
+        for _ in range(4):
+            link.transfer(12_500, sent)
+        assert 0.0199 < link.seconds_waited < 0.03, link.seconds_waited
+        assert link.bytes_through == 50_000
+    finally:
+        link.close()

@@ -55,15 +55,17 @@ class EmulatedLink:
         if local.rank == 0:
             os.unlink(path)  # every rank holds it open: nothing is left behind, even after a crash
 
-    def transfer(self, nbytes: int) -> None:
+    def transfer(self, nbytes: int, sent: float | None = None) -> None:
         """Account for ``nbytes`` just received from another emulated node: wait until the
-        link would have delivered them."""
+        link would have delivered them.  ``sent``: when the sender put them on the wire, if earlier than
+        now (pieces sent back to back are serialised one after another and are in flight together: each
+        pays the latency after its own last byte, not one latency after the other)."""
         if nbytes <= 0:
             return
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             now = time.monotonic()
-            start = max(now, _CLOCK.unpack(os.pread(self._fd, _CLOCK.size, 0))[0])
+            start = max(now if sent is None else min(now, sent), _CLOCK.unpack(os.pread(self._fd, _CLOCK.size, 0))[0])
             done = start + nbytes * self._seconds_per_byte
             os.pwrite(self._fd, _CLOCK.pack(done), 0)
         finally:

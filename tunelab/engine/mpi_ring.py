@@ -131,11 +131,13 @@ class RingAllreduce:
         pieces = _pieces(recv[0], recv[1], step)
         recvs = [self.comm.Irecv(_mem(slots[k], (b - a) * isz), left, _TAG)
                  for k, (a, b) in enumerate(pieces[:2])]
+        sent = None  # the step's pieces leave the left neighbour back to back: on the wire from its first
         for k, (a, b) in enumerate(pieces):
             self._arm("a step of the ring's reduce-scatter")
             recvs[k].Wait()
             if self.link is not None:
-                self.link.transfer((b - a) * isz)
+                sent = time.monotonic() if sent is None else sent
+                self.link.transfer((b - a) * isz, sent)
             here = addr + a * isz
             reduce(here, np.array([slots[k % 2], here], dtype=np.int64), b - a, dtype, op)
             if k + 2 < len(pieces):
