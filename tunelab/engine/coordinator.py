@@ -36,7 +36,7 @@ from ..knobs import Knobs
 from ..units import counted
 from .consensus import allgather_object, bcast_object, wait_or_timeout
 from .device import device_buffer, empty_like
-from .engine import _span, check_reducible, refuse_overlaps
+from .engine import check_reducible, memory_span, refuse_overlaps
 from .timeline import Timeline
 
 if TYPE_CHECKING:
@@ -693,7 +693,7 @@ def _unaliased(arrays: list[Any], outs: list[Any], host: list[int]) -> tuple[lis
     for i in host:
         arrays[i] = arrays[i].copy()
     reach = -1  # the furthest end of the outputs so far, in address order
-    for start, end, i in sorted((*_span(outs[i]), i) for i in host if outs[i].size):
+    for start, end, i in sorted((*memory_span(outs[i]), i) for i in host if outs[i].size):
         if start < reach:  # (the outputs left in place are then disjoint)
             copy_back.append((i, np.empty_like(outs[i]), outs[i]))
             outs[i] = copy_back[-1][1]

@@ -578,7 +578,7 @@ def _safe_code(dtype: np.dtype) -> int:
         return 0  # agreed like any other code; rejected on every rank after agreement
 
 
-def _span(x: Any) -> tuple[int, int]:
+def memory_span(x: Any) -> tuple[int, int]:
     """The bytes ``x`` (a numpy array or a device buffer) spans: [start, end)."""
     if isinstance(x, np.ndarray):
         start = x.__array_interface__["data"][0]
@@ -609,8 +609,8 @@ def refuse_overlaps(arrays: list[Any], results: list[Any]) -> None:
     spans = []
     for i, (a, o) in enumerate(zip(arrays, results)):
         if a.size:
-            spans.append((*_span(a), i, False))
-            spans.append((*_span(o), i, True))
+            spans.append((*memory_span(a), i, False))
+            spans.append((*memory_span(o), i, True))
     spans.sort()
     active: list[tuple[int, int, int, bool]] = []
     for start, end, i, out in spans:
