@@ -276,8 +276,40 @@ def case_tf_api_edges(comm) -> dict:
         f, k = tl.grouped_allreduce([v * (r + 1), i], op=tl.Sum)
         loss = tf.reduce_sum(f)
     g = tape.gradient(loss, v)
+    out = {"int_avg_post": avg, "ints": k.numpy().tolist(), "grad": None if g is None else g.numpy().tolist()}
+    # a 0-d integer average (it raised "No module named 'cupy'": the truncation gave a numpy scalar)
+    three = tf.constant(3 + r)  # 3 and 4: trunc(3.5) = 3
+    out["int_scalar"] = [int(tl.allreduce(three)), int(tf.function(lambda t: tl.allreduce(t))(three)),
+                         [x.numpy().tolist() for x in tl.grouped_allreduce([three, tf.constant([1, 2])])]]
+    # IndexedSlices through allreduce stay IndexedSlices of every rank's rows (they were made dense)
+    rows = tf.IndexedSlices(tf.fill([1, 2], float(r + 1)), tf.constant([r]), dense_shape=tf.constant([3, 2]))
+    avg_rows, sum_rows = tl.allreduce(rows), tl.allreduce(rows, op=tl.Sum, postscale_factor=2.0)
+    out["slices"] = [type(avg_rows).__name__, avg_rows.values.numpy().tolist(), avg_rows.indices.numpy().tolist(),
+                     sum_rows.values.numpy().tolist()]
     tl.shutdown()
-    return {"int_avg_post": avg, "ints": k.numpy().tolist(), "grad": None if g is None else g.numpy().tolist()}
+    return out
+
+
+def case_tf_gradient_gaps(comm) -> dict:
+    """Gradients None on one rank only (a branch one rank takes): each gradient keeps its own name, so
+    the others still meet their peers' (rank 0's c met rank 1's b, and took their average, silently),
+    and the one missing on a rank is named in a stall on every rank."""
+    tl.init(comm, timeout_s=3.0)
+    r = tl.rank()
+    a, b, c = tf.Variable([1.0, 1.0]), tf.Variable([1.0, 1.0]), tf.Variable([1.0, 1.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(a) + (2.0 * tf.reduce_sum(b) if r == 1 else 0.0) + 3.0 * tf.reduce_sum(c)
+    out: dict = {}
+    try:
+        grads = tl.DistributedGradientTape(tape).gradient(loss, [a, b, c])
+        out["grads"] = [None if g is None else g.numpy().tolist() for g in grads]
+    except Exception as exc:  # noqa: BLE001 (the error is the finding)
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    try:
+        tl.shutdown()
+    except Exception:  # noqa: BLE001, S110 (the stall has ended the coordinator: shutdown may say so again)
+        pass
+    return out
 
 
 from mpi_tf_parity_cases import case_tf_parity  # noqa: F401  (dispatched by mpi_cases.py)

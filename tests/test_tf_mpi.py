@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from mpi_harness import run_ok
+from mpi_harness import run_case, run_ok
 
 pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.mpi
@@ -65,6 +65,19 @@ def test_tf_integer_average_with_postscale_and_a_mixed_groups_gradient_follow_ho
     # d/dv of the summed group's float part: the allreduce's gradient (2, the ranks' ones summed) times
     # this rank's factor r + 1 (it was None: the integer tensor turned the group's gradient off)
     assert r0["grad"] == [2.0, 2.0] and r1["grad"] == [4.0, 4.0]
+    assert r0["int_scalar"] == r1["int_scalar"] == [3, 3, [3, [1, 2]]]
+    # Horovod's sparse allreduce: every rank's rows gathered (averaged: divided by the size)
+    assert r0["slices"] == r1["slices"] == ["IndexedSlices", [[0.5, 0.5], [1.0, 1.0]], [0, 1], [[2.0, 2.0], [4.0, 4.0]]]
+
+
+def test_a_gradient_none_on_one_rank_only_leaves_the_others_their_own_peers():
+    r0, r1 = run_case("tf_gradient_gaps", 2, 120).results
+    assert r0 is not None and r1 is not None
+    if "grads" in r0:  # (rank 0 gives none for b: it may finish before the stall is seen)
+        assert r0["grads"] == [[1.0, 1.0], None, [3.0, 3.0]], r0  # c: its own 3, not (3 + 2) / 2
+    else:
+        assert "StallError" in r0["error"] and ".1'" in r0["error"], r0
+    assert "StallError" in r1["error"] and ".1' (submitted by ranks [1], missing on ranks [0])" in r1["error"], r1
 
 
 TF_SCENARIO = """

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, integer_average, is_integer_average, resolve_op, scale_factors
+from ..reduce_ops import Average, Sum, integer_average, is_integer_average, resolve_op, scale_factors
 
 
 class _NoneCompressor:
@@ -61,9 +61,10 @@ def _reduce_numpy(names: list[str], arrays: list[Any], op: str, group: str | Non
     into = [_aligned_empty(f.shape, f.dtype) for f in flat] \
         if not int_avg and all(isinstance(a, np.ndarray) for a in arrays) else None
     handles = rt.coordinator.submit_group(names, flat, "sum" if int_avg else op, outs=into, group=group)
-    outs = [h.wait().reshape(shape) for h, shape in zip(handles, shapes)]
+    outs = [h.wait() for h in handles]
     if int_avg:  # (on a GPU these are CuPy kernels on CuPy's current stream: queued before the wait below)
-        outs = [integer_average(o, rt.topology.size) for o in outs]
+        outs = [integer_average(o, rt.topology.size) for o in outs]  # (flat: a 0-d one would be a numpy scalar)
+    outs = [o.reshape(shape) for o, shape in zip(outs, shapes)]
     if any(not isinstance(o, np.ndarray) for o in outs):
         # GPU results: the call's kernels are queued on the engine's stream, and CuPy's current stream
         # waits for them, but TF's streams do not (TF creates them non-blocking).  Wait here, before TF
@@ -184,9 +185,10 @@ def _py_collective(fn: Any, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     return list(outs)
 
 
-def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, grouped: bool) -> list[tf.Tensor]:
+def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, grouped: bool,
+             positions: Sequence[int] | None = None) -> list[tf.Tensor]:
     packed = [compression.compress(t) for t in tensors]
-    names = [f"{base}.{i}" for i in range(len(tensors))]
+    names = [f"{base}.{i}" for i in (range(len(tensors)) if positions is None else positions)]
     reduced = _py_collective(lambda arrays: _reduce_numpy(names, arrays, how, base if grouped else None),
                              [p for p, _ in packed])
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, packed)]
@@ -196,10 +198,12 @@ def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, g
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: str | None = None, compression: type = Compression.none,
                       grouped: bool = True, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> list[tf.Tensor]:
+                      postscale_factor: float = 1.0, positions: Sequence[int] | None = None) -> list[tf.Tensor]:
     """Allreduce several tensors in one request (as one group unless ``grouped=False``), each times
     ``prescale_factor`` before and its result times ``postscale_factor`` after.  Differentiable: the
-    gradient of each output is the same reduction of its incoming gradient, with the same factors."""
+    gradient of each output is the same reduction of its incoming gradient, with the same factors.
+    ``positions``: each tensor's number in its name (``name.<position>``; default 0, 1, ...): a
+    gradient list with gaps keeps every gradient's own name."""
     if not tensors:
         return []
     base = name or _rt.current().auto_name("tf.allreduce")
@@ -210,11 +214,13 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
     if post != 1.0 and how == "average" and not any(floating):
         # Horovod's integer average takes the postscale into its factor (postscale / size, one truncation)
         size = _rt.current().topology.size
-        return [_scale(r, post / size) for r in grouped_allreduce(dense, None, base, "sum", compression, grouped)]
+        return [_scale(r, post / size) for r in grouped_allreduce(dense, None, base, "sum", compression, grouped,
+                                                                  positions=positions)]
     if pre != 1.0 or post != 1.0:  # (the factors around the reduction: TF differentiates them itself)
-        return [_scale(r, post) for r in grouped_allreduce(dense, None, base, how, compression, grouped)]
+        return [_scale(r, post) for r in grouped_allreduce(dense, None, base, how, compression, grouped,
+                                                           positions=positions)]
     if not any(floating):
-        return _grouped(dense, base, how, compression, grouped)
+        return _grouped(dense, base, how, compression, grouped, positions)
 
     @tf.custom_gradient
     def reduce(*xs: tf.Tensor) -> Any:
@@ -222,10 +228,11 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
             # the floating tensors' gradients (integers have none: a group may hold both)
             dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d)
                    for d, x, f in zip(dys, xs, floating) if f]
-            reduced = iter(_grouped(dys, f"{base}.grad", how, Compression.none, grouped))
+            kept = None if positions is None else [p for p, f in zip(positions, floating) if f]
+            reduced = iter(_grouped(dys, f"{base}.grad", how, Compression.none, grouped, kept))
             return [next(reduced) if f else None for f in floating]
 
-        return _grouped(list(xs), base, how, compression, grouped), grad
+        return _grouped(list(xs), base, how, compression, grouped, positions), grad
 
     return list(reduce(*dense))
 
@@ -245,6 +252,16 @@ def _scale(t: tf.Tensor, factor: float) -> tf.Tensor:
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: str | None = None,
               compression: type = Compression.none, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0) -> tf.Tensor:
+    """Allreduce one tensor (see :func:`grouped_allreduce`); ``IndexedSlices`` are gathered, as Horovod
+    does, into ``IndexedSlices`` of every rank's rows (averaged values divided by ``size()``)."""
+    if isinstance(tensor, tf.IndexedSlices):
+        how = resolve_op(op, average)
+        if how not in (Average, Sum):
+            raise ValueError(f"IndexedSlices are reduced by sum or average, not {how}")
+        pre, post = scale_factors(prescale_factor, postscale_factor)
+        rows = tf.IndexedSlices(_scale(tensor.values, pre), tensor.indices, dense_shape=tensor.dense_shape)
+        out = allreduce_indexed_slices(rows, name or _rt.current().auto_name("tf.allreduce"), how)
+        return tf.IndexedSlices(_scale(out.values, post), out.indices, dense_shape=out.dense_shape)
     return grouped_allreduce([tensor], average, name or _rt.current().auto_name("tf.allreduce"), op,
                              compression, grouped=False, prescale_factor=prescale_factor,
                              postscale_factor=postscale_factor)[0]
@@ -456,8 +473,11 @@ def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
     out = list(grads)
     dense = [i for i, g in enumerate(grads) if g is not None and
              (sparse_as_dense or not isinstance(g, tf.IndexedSlices))]
+    # each gradient named by its place in the whole list: a gradient that is None on some ranks only (a
+    # branch taken on one rank) leaves a gap there, rather than shifting every later name onto another
+    # gradient (which reduced one rank's c with another's b, silently)
     reduced = grouped_allreduce([grads[i] for i in dense], name=name, op=op, compression=compression,
-                                grouped=False)
+                                grouped=False, positions=dense)
     for i, r in zip(dense, reduced):
         out[i] = r
     for i, g in enumerate(grads):
