@@ -434,3 +434,23 @@ def test_a_tune_run_that_started_from_the_scale_model_says_so(tmp_path: Path) ->
     assert main(["report", "--tune", str(path), "--out", str(out)]) == 0
     text = html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text())))
     assert "Hardware: CPU AMD EPYC (2 cores); 24 GiB memory; no GPU; 2 nodes of 2, 2 ranks; lab link 1 Gb/s" in text
+
+
+def test_figures_draw_log_ticks_as_numbers_and_given_labels_as_written():
+    """Every text of a figure is drawn as written (no math read in user strings), but a log axis' own
+    tick labels are math (2^10): with math off for them too, every report's log axes showed
+    ``$\\mathdefault{2^{10}}$`` as text.  A categorical label with a lone ``$`` draws as written."""
+    from tunelab.report.figures import new_figure, to_data_uri
+
+    fig, ax = new_figure()
+    ax.plot([1024, 4096, 65536], [1, 2, 3], label="host $a")
+    ax.set_xscale("log", base=2)
+    ax.set_yticks([1, 2, 3], labels=["one $", "two", "three"])
+    ax.legend()
+    assert to_data_uri(fig).startswith("data:image/png;base64,")  # (drawn: the ticks are the drawn ones)
+    log_ticks = [t for t in ax.xaxis.get_ticklabels() if t.get_text()]
+    assert log_ticks and all("mathdefault" in t.get_text() and t.get_parse_math() for t in log_ticks)
+    given = [t for t in ax.yaxis.get_ticklabels() if t.get_text()]
+    assert [t.get_text() for t in given] == ["one $", "two", "three"]
+    assert not any(t.get_parse_math() for t in given)
+    assert not ax.get_legend().get_texts()[0].get_parse_math()

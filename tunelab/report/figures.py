@@ -21,11 +21,16 @@ def new_figure(width: float = 7.0, height: float = 4.0) -> tuple[Any, Any]:
 def to_data_uri(fig: Any) -> str:
     """The figure as a base64 PNG ``data:`` URI (no metadata, so no URLs inside).  Every text is drawn as
     written: labels come from file names, host names and models, and matplotlib would read ``$...$`` in
-    them as math (an unbalanced ``$`` fails the whole report)."""
+    them as math (an unbalanced ``$`` fails the whole report).  Except the tick labels matplotlib writes
+    as math itself (a log axis' ``$\\mathdefault{2^{10}}$``), found once the ticks are laid out."""
     from matplotlib.text import Text
 
     for text in fig.findobj(Text):
         text.set_parse_math(False)
+    fig.draw_without_rendering()  # (the ticks' labels exist once laid out; later draws reuse them)
+    for text in fig.findobj(Text):
+        label = text.get_text()
+        text.set_parse_math(label.startswith("$\\mathdefault{") and label.endswith("$"))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
