@@ -212,6 +212,27 @@ def case_torch_collectives(comm) -> dict:
                                      postscale_factor=0.5).tolist()
     res["scaled_grouped"] = [t.tolist() for t in tl.grouped_allreduce([torch.ones(2) * r, torch.ones(1) * r],
                                                                       op=tl.Sum, postscale_factor=2.0)]
+    # Horovod's positional order: allreduce(t, average, name, compression, op, pre, post), the in-place
+    # and async ones (t, average, name, op, pre, post) (a positional 2.0 was taken for a compression)
+    one = torch.ones(2)
+    res["positional"] = [tl.allreduce(one, None, "pos.a", tl.Compression.none, tl.Sum, 2.0, 0.5).tolist(),
+                         tl.allreduce_(one.clone(), None, "pos.b", tl.Sum, 2.0).tolist(),
+                         tl.synchronize(tl.allreduce_async(one, None, "pos.c", tl.Sum, 1.0, 3.0)).tolist(),
+                         [t.tolist() for t in tl.grouped_allreduce([one], None, "pos.d", tl.Compression.none,
+                                                                   tl.Sum, 2.0)]]
+    # two threads synchronizing one handle: an integer average is finished once (it was divided twice)
+    import threading
+
+    for _ in range(5):
+        handle = tl.allreduce_async(torch.tensor([10, 20, 30]) * (r + 1))
+        got: list = []
+        threads = [threading.Thread(target=lambda h=handle, out=got: out.append(tl.synchronize(h)))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        res.setdefault("threads", []).append([g.tolist() for g in got])
     w = torch.ones(3, requires_grad=True)
     tl.allreduce(w, op=tl.Sum, name="scaled.grad", prescale_factor=2.0, postscale_factor=3.0).sum().backward()
     res["scaled_grad"] = w.grad.tolist()

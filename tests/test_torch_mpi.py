@@ -78,6 +78,9 @@ def test_collectives_match_numpy_semantics():
         assert res["leaf_inplace"] == [[ranks] * 3, True]
         assert res["scaled_int"] == [int((n * i + ranks) * 0.5) for i in range(5)]
         assert res["scaled_grouped"] == [[2.0 * ranks] * 2, [2.0 * ranks]]
+        assert res["positional"] == [[n * 1.0] * 2, [2.0 * n] * 2, [3.0 * n] * 2, [[2.0 * n] * 2]]
+        mean = [int(v * (n + 1) / 2) for v in (10, 20, 30)]  # (10, 20, 30) times rank + 1, averaged
+        assert res["threads"] == [[mean, mean]] * 5, res["threads"]
         assert res["scaled_grad"] == [2.0 * 3.0 * n] * 3  # d/dw of sum(3 * allreduce_sum(2 w)), as Horovod
         assert res["both_ops"].startswith("pass op or the older average, not both")
         assert res["mismatch"].startswith("RankMismatchError: ranks disagree on tensor 'bad.shape'")

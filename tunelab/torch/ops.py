@@ -10,6 +10,7 @@ truncated toward zero.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ class Handle:
                  finish: Callable[[list[torch.Tensor]], list[torch.Tensor]], single: bool) -> None:
         self._inner, self._results, self._finish, self._single = inner, results, finish, single
         self._out: list[torch.Tensor] | None = None
+        self._finishing = threading.Lock()  # two threads synchronizing one handle finish it once
 
     def poll(self) -> bool:
         return all(h.done() for h in self._inner)
@@ -37,7 +39,9 @@ class Handle:
         if self._out is None:
             for h in self._inner:
                 h.wait()
-            self._out = self._finish(self._results)
+            with self._finishing:
+                if self._out is None:
+                    self._out = self._finish(self._results)
         return self._out[0] if self._single else self._out
 
 
@@ -124,15 +128,15 @@ def _name(name: str | None, kind: str) -> str:
 
 # ---- allreduce --------------------------------------------------------------------------------
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                    op: str | None = None, compression: type = Compression.none,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                    op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                    compression: type = Compression.none) -> Handle:
     return _submit([tensor], [_name(name, "allreduce")], resolve_op(op, average), compression,
                    inplace=False, group=None, prescale=prescale_factor, postscale=postscale_factor)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-                     op: str | None = None, compression: type = Compression.none,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                     op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                     compression: type = Compression.none) -> Handle:
     return _submit([tensor], [_name(name, "allreduce")], resolve_op(op, average), compression,
                    inplace=True, group=None, prescale=prescale_factor, postscale=postscale_factor)
 
@@ -149,7 +153,7 @@ class _Allreduce(torch.autograd.Function):
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-              op: str | None = None, compression: type = Compression.none,
+              compression: type = Compression.none, op: str | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks (Average by default), times ``prescale_factor`` before and
     ``postscale_factor`` after.  Differentiable: the gradient is the same reduction of the incoming
@@ -163,15 +167,16 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-               op: str | None = None, compression: type = Compression.none,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
-    return synchronize(allreduce_async_(tensor, average, name, op, compression, prescale_factor, postscale_factor))
+               op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+               compression: type = Compression.none) -> torch.Tensor:
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        compression=compression))
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
                             name: str | None = None, op: str | None = None,
-                            compression: type = Compression.none, inplace: bool = False,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                            compression: type = Compression.none, inplace: bool = False) -> Handle:
     base = _name(name, "grouped_allreduce")
     names = [f"{base}.{i}" for i in range(len(tensors))]
     return _submit(list(tensors), names, resolve_op(op, average), compression, inplace, group=base,
@@ -191,7 +196,7 @@ class _GroupedAllreduce(torch.autograd.Function):
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
-                      op: str | None = None, compression: type = Compression.none,
+                      compression: type = Compression.none, op: str | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Reduce several tensors as one group.  Differentiable, like :func:`allreduce`."""
     how, base = resolve_op(op, average), _name(name, "grouped_allreduce")
@@ -204,10 +209,10 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
-                       op: str | None = None, compression: type = Compression.none,
-                       prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, compression, inplace=True,
-                                               prescale_factor=prescale_factor, postscale_factor=postscale_factor))
+                       op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                       compression: type = Compression.none) -> list[torch.Tensor]:
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
+                                               compression=compression, inplace=True))
 
 
 def synchronize(handle: Handle) -> Any:
