@@ -64,3 +64,16 @@ def test_bad_flags_exit_2(args, fragment):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
+
+
+def test_runs_started_together_in_one_folder_keep_their_own_outputs(tmp_path):
+    """Reports and their JSON are named by the time to the second: runs started in the same second wrote
+    over each other (four runs, two files of each kind); each now has its own."""
+    cmd = [sys.executable, "-m", "tunelab.cli", "bench", "kernels", "--backend", "cpu", "--sizes", "4KiB",
+           "--iters", "1", "--warmup", "0"]
+    runs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(3)]
+    outs = [run.communicate(timeout=120) for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err for _, err in outs]
+    written = sorted(p.name for p in (tmp_path / "reports").iterdir())
+    assert len([w for w in written if w.endswith(".json")]) == 3, written

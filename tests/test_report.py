@@ -434,6 +434,21 @@ def test_a_tune_run_that_started_from_the_scale_model_says_so(tmp_path: Path) ->
     assert main(["report", "--tune", str(path), "--out", str(out)]) == 0
     text = html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text())))
     assert "Hardware: CPU AMD EPYC (2 cores); 24 GiB memory; no GPU; 2 nodes of 2, 2 ranks; lab link 1 Gb/s" in text
+    # nothing stored: the report does not tell jobs to load it, nor to export a profile (it did both)
+    assert "This run was not stored (--no-store)" in text and "load it automatically" not in text
+    assert "profiles export" not in text
+    # stored, in a store that (at the same path, on another machine) holds another profile under its id:
+    # the run's own record of its hardware wins (the store's was shown)
+    store = ProfileStore()
+    [other] = store.import_(json.loads((DATA / "report-profile-export.json").read_text()))
+    theirs = store.get(other).hardware_facts["cpu_model"]
+    data["profile_id"], data["store"] = other, str(store.path)
+    data["hardware"]["cpu_model"] = "Recorded CPU"
+    path.write_text(json.dumps(data))
+    assert main(["report", "--tune", str(path), "--out", str(out)]) == 0
+    text = html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", out.read_text())))
+    assert "CPU Recorded CPU (2 cores)" in text and theirs not in text, theirs
+    assert f"tunelab profiles export {other} --out profile.json" in text
 
 
 def test_figures_draw_log_ticks_as_numbers_and_given_labels_as_written():

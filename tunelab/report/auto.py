@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def write_outputs(result: dict, json_path: Path | None, name: str, kind: str | N
     ``kind`` is "bench" or "tune", the report next to it.  Prints every path written."""
     if json_path is None and kind is None:
         return
-    stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"  # (runs started in one second differ)
     path = json_path or REPORTS_DIR / f"{stem}.json"
     write_text(path, json.dumps(result, indent=2) + "\n")
     print(f"# wrote {path}")

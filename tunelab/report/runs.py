@@ -22,9 +22,10 @@ def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(data.get("samples"), list) or "default" not in data or "best" not in data:
         raise UsageError(f"{label}: not a tunelab tune --json result")
     _check_entries(label, data)
-    facts, name = _facts_from_store(data)
-    if not facts and isinstance(data.get("hardware"), dict):  # (a run with --no-store records its own)
+    if isinstance(data.get("hardware"), dict) and data["hardware"]:  # what the run itself recorded
         facts, name = data["hardware"], str(data.get("hardware_name", "?"))
+    else:  # (files from before runs recorded it: from the store, where it still is; a store on another
+        facts, name = _facts_from_store(data)  # machine at the same path can hold another profile there)
     return {
         "label": label, "model": str(data.get("model", "?")), "hardware_name": name, "hardware_facts": facts,
         "samples": data["samples"], "searched": list(data.get("searched", SEARCHABLE)),

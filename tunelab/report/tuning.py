@@ -175,11 +175,14 @@ def _trial_row(s: dict[str, Any]) -> dict[str, Any]:
 def _locked(run: dict[str, Any]) -> list[dict[str, Any]]:
     k = run["best"]["knobs"]
     rows = [{"knob": name, "value": knob_text(name, v)} for name, v in k.items()]
-    export = "tunelab profiles export" + (f" {run['profile_id']}" if run.get("profile_id") is not None else "")
+    if run.get("profile_id") is None:  # (tune --no-store: nothing was stored, and no profile to export)
+        return [table_block("locked configuration", rows),
+                {"kind": "text", "text": "This run was not stored (--no-store): training jobs do not load it. "
+                                         "Pin these knobs with --knob, or tune again without --no-store."}]
     return [table_block("locked configuration", rows),
             {"kind": "text", "text": "Training jobs on this hardware load it automatically; "
                                      "export with tunelab profiles export:"},
-            {"kind": "code", "text": f"{export} --out profile.json"}]
+            {"kind": "code", "text": f"tunelab profiles export {run['profile_id']} --out profile.json"}]
 
 
 def landscape_block(run: dict[str, Any], sid: str) -> dict[str, Any]:
