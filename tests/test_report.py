@@ -244,6 +244,11 @@ def test_a_profile_report_reads_retunes_and_runs_with_other_pins(tmp_path: Path)
     text = outcome_text(run)
     assert text.startswith("Kept the default configuration (every knob was pinned)")
     assert "the search ended (every knob is pinned)" in text and "budget" not in text
+    # its figures and trial table hold that run's blocks alone, and its searched knobs are the cycle's
+    # (they held every run's 15 blocks, ratios to run 1's default drawn beside run 2's)
+    assert [(s["score"], s["phase"]) for s in run["samples"]] == [(100.0, "default"), (100.5, "explore"),
+                                                                  (99.0, "default")]
+    assert run["searched"] == ["cycle_time_ms"]
 
 
 def test_a_lock_from_exploration_says_so_rather_than_naming_re_measurements() -> None:

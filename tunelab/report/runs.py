@@ -111,18 +111,18 @@ def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any
     best = store.best_of(profile_id)
     if not trials or best is None:
         raise TunelabError(f"profile {profile_id} has no trials or no best config yet")
+    # the search that set the best, alone: other runs of the profile (another default, other knobs pinned)
+    # would put their blocks in its figures and its ratios to another default
+    search = _search_of(best, [t for t in trials if t.run_id == best.run_id]) or trials
     samples = [{"index": i, "phase": t.phase, "knobs": t.knobs, "score": t.score, "spread": t.spread}
-               for i, t in enumerate(trials)]
-    search = _search_of(best, [t for t in trials if t.run_id == best.run_id])
-    # the default of the run that set the best (a later run may have pinned other knobs)
-    picked = {id(t) for t in search}
-    default = next((s for s in samples if s["phase"] == "default" and id(trials[s["index"]]) in picked),
-                   next((s for s in samples if s["phase"] == "default"), samples[0]))
+               for i, t in enumerate(search)]
+    default = next((s for s in samples if s["phase"] == "default"), samples[0])
     nodes = int(summary.hardware_facts.get("nodes", 1) or 1)
+    knobs = list(SEARCHABLE) + (["hierarchical"] if nodes > 1 else [])
     return {
         "label": f"profile {profile_id}", "model": summary.model_name, "hardware_name": summary.hardware_name,
         "hardware_facts": summary.hardware_facts, "samples": samples,
-        "searched": list(SEARCHABLE) + (["hierarchical"] if nodes > 1 else []),
+        "searched": [k for k in knobs if any(s["knobs"].get(k) != default["knobs"].get(k) for s in samples)],
         "default": {"knobs": default["knobs"], "score": best.default_score, "spread": default["spread"]},
         "best": {"knobs": best.knobs, "score": best.score, "spread": best.spread},
         "locked_final": None, "profile_id": profile_id, "default_recent": None,
