@@ -220,3 +220,27 @@ def test_the_wrapped_optimizer_across_its_life_matches_plain_torch():
         assert res["list_broadcast"], res
         assert res["unpicklable"] in ("PicklingError", "AttributeError", "RankMismatchError"), res
         assert res["unpicklable_s"] < 5 and res["next_object"] == {"x": 0}, res
+
+
+def test_an_error_the_script_caught_is_one_line_at_exit_and_the_rank_exits_cleanly(tmp_path):
+    """A stall the script caught and went on from: at exit the runtime's shutdown meets the coordinator's
+    error again; it is said in one line per rank (it was an exit hook's traceback of ~15 lines on every
+    rank), and the process exits 0 (its resources freed on the way)."""
+    import subprocess
+    import sys
+
+    from tunelab.launch import mpiexec_command
+
+    script = tmp_path / "caught.py"
+    script.write_text(
+        "import torch\nimport tunelab.torch as hvd\nhvd.init(timeout_s=3)\n"
+        "try:\n    hvd.allreduce(torch.ones(2), name='only0') if hvd.rank() == 0 else None\n"
+        "    hvd.allreduce(torch.ones(2), name='everyone')\nexcept Exception as exc:\n"
+        "    print('caught', type(exc).__name__, flush=True)\n")
+    proc = subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=120, check=False,
+                          env={**__import__("os").environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("StallError") == 2, proc.stdout  # (the ranks' lines may interleave)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.count("tunelab: at exit, after an error: stalled for more than 3 s") == 2, proc.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -336,16 +337,18 @@ class Runtime:
         n = self.sync_comm.size
         bad = [(r, root) for r, root in enumerate(roots) if not (isinstance(root, (int, np.integer)) and 0 <= root < n)]
         if bad:
-            raise ValueError(f"{what}: root_rank " + ", ".join(f"{root} on rank {r}" for r, root in bad)
+            raise ValueError(f"{what}: root_rank " + ", ".join(f"{root!r} on rank {r}" for r, root in bad)
                              + f" is not a rank (world size {n})")
         if any(root != roots[0] for root in roots):
             raise RankMismatchError(f"ranks disagree on the root of {what}: "
                                     + "; ".join(f"rank {r}: root {root}" for r, root in enumerate(roots)))
 
     def shutdown(self) -> None:
-        self.coordinator.shutdown()
-        self.sync_comm.Free()
-        self.engine.close()
+        try:
+            self.coordinator.shutdown()  # (raises the coordinator's final error, if it had one)
+        finally:
+            self.sync_comm.Free()
+            self.engine.close()
 
 
 def _kept_before_outcomes(store: Any, best: Any) -> bool:
@@ -371,7 +374,7 @@ def init(comm: MPI.Comm | None = None, **settings: object) -> Runtime:
     global _current
     if _current is None:
         _current = Runtime(comm, load_engine_config(**settings))
-        atexit.register(shutdown)
+        atexit.register(_shutdown_at_exit)
     return _current
 
 
@@ -386,6 +389,16 @@ def shutdown() -> None:
     runtime, _current = _current, None
     if runtime is not None:
         runtime.shutdown()
+
+
+def _shutdown_at_exit() -> None:
+    """:func:`shutdown` at the interpreter's exit: an error the job met (a stall the script caught,
+    say) is said in one line, not as the traceback of an exit hook on every rank."""
+    try:
+        shutdown()
+    except Exception as exc:  # noqa: BLE001 - nothing is left to hand it to
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"tunelab: at exit, after an error: {first}", file=sys.stderr, flush=True)
 
 
 def abandon() -> None:
