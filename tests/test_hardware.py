@@ -119,6 +119,20 @@ def test_gpu_fingerprint_names_driver_cuda_and_interconnect(tmp_path, monkeypatc
     assert fingerprint_from_facts({**fp.facts, "gpu_driver": "550.1"}).hash != fp.hash
 
 
+def test_a_gpu_query_that_fails_is_said_rather_than_hashed_silently(tmp_path, monkeypatch, capsys):
+    """``nvidia-smi topo -m`` failing (or slower than the timeout, on a busy many-GPU node) gave another
+    fingerprint without a word, and jobs then missed their tuned profile: the fingerprint says so now."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(_FAKE_SMI.replace("  topo) printf", "  topo) exit 3; printf"))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    fp = fingerprint(1, [2])
+    assert fp.facts["cuda_version"] == "12.9" and fp.facts["gpu_interconnect"] != "NV18"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nvidia-smi topo -m failed or gave no answer" in err[0], err
+    assert "lacks the interconnect, so a profile tuned on this machine may not be found" in err[0]
+
+
 def test_parse_nvidia_topology():
     from tunelab.hardware import parse_nvidia_topology
 

@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 
 
@@ -85,7 +86,7 @@ def fact_text(name: str, value: object) -> str:
 # Facts recorded for people but kept out of the hash: the same machine type under another name
 # (a rebuilt node, a cloud instance) should find the profile it already tuned.
 UNHASHED_FACTS = frozenset({"hostname"})
-_NVIDIA_SMI_TIMEOUT_S = 5.0
+_NVIDIA_SMI_TIMEOUT_S = 15.0  # (a many-GPU node's topo -m can take seconds)
 _FRAMEWORK_DISTRIBUTIONS = {
     "torch": ("torch",),
     "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel"),
@@ -168,12 +169,28 @@ def _gpu_facts() -> dict[str, object]:
     facts = parse_nvidia_smi(listing or "")
     if not facts.get("gpu_count"):
         return {"gpu_count": 0}
-    match = re.search(r"CUDA Version:\s*([\d.]+)", _run_quietly([exe]) or "")
+    banner, topology = _run_quietly([exe]), _run_quietly([exe, "topo", "-m"])
+    match = re.search(r"CUDA Version:\s*([\d.]+)", banner or "")
     if match:
         facts["cuda_version"] = match.group(1)
-    facts["gpu_interconnect"] = parse_nvidia_topology(_run_quietly([exe, "topo", "-m"]) or "",
-                                                      int(facts["gpu_count"]))  # type: ignore[arg-type]
+    facts["gpu_interconnect"] = parse_nvidia_topology(topology or "", int(facts["gpu_count"]))  # type: ignore[arg-type]
+    failed = [what for what, out in (("nvidia-smi", banner), ("nvidia-smi topo -m", topology)) if out is None]
+    if failed:  # the fingerprint then lacks facts a profile was recorded with: say so, once a process
+        _warn_once(f"# hardware: {' and '.join(failed)} failed or gave no answer within "
+                   f"{_NVIDIA_SMI_TIMEOUT_S:g} s: the GPU fingerprint lacks the "
+                   f"{'CUDA version' if banner is None else 'interconnect'}"
+                   f"{' and the interconnect' if banner is None and topology is None else ''}, so a profile "
+                   "tuned on this machine may not be found")
     return facts
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(line: str) -> None:
+    if line not in _WARNED:
+        _WARNED.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _run_quietly(cmd: list[str]) -> str | None:
