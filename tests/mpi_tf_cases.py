@@ -286,6 +286,19 @@ def case_tf_api_edges(comm) -> dict:
     avg_rows, sum_rows = tl.allreduce(rows), tl.allreduce(rows, op=tl.Sum, postscale_factor=2.0)
     out["slices"] = [type(avg_rows).__name__, avg_rows.values.numpy().tolist(), avg_rows.indices.numpy().tolist(),
                      sum_rows.values.numpy().tolist()]
+    # a step whose last batch is smaller on one rank only: that rank traces the step again, and its
+    # unnamed collectives must keep the names the other rank's first trace runs with (they stalled)
+    w = tf.Variable(tf.ones([3, 2]))
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.matmul(x, w))
+        (g,) = tl.DistributedGradientTape(tape).gradient(loss, [w])
+        w.assign_sub(0.1 * g)
+        return tl.allreduce(loss)
+
+    out["retraced"] = [round(float(step(tf.ones([b, 3]))), 4) for b in ([4, 4, 4] if r == 0 else [4, 4, 3])]
     tl.shutdown()
     return out
 

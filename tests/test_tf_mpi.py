@@ -68,6 +68,7 @@ def test_tf_integer_average_with_postscale_and_a_mixed_groups_gradient_follow_ho
     assert r0["int_scalar"] == r1["int_scalar"] == [3, 3, [3, [1, 2]]]
     # Horovod's sparse allreduce: every rank's rows gathered (averaged: divided by the size)
     assert r0["slices"] == r1["slices"] == ["IndexedSlices", [[0.5, 0.5], [1.0, 1.0]], [0, 1], [[2.0, 2.0], [4.0, 4.0]]]
+    assert r0["retraced"] == r1["retraced"] == [3.0, 2.85, 2.7]  # (the loss of the mean gradient's steps)
 
 
 def test_a_gradient_none_on_one_rank_only_leaves_the_others_their_own_peers():

@@ -206,7 +206,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
     gradient list with gaps keeps every gradient's own name."""
     if not tensors:
         return []
-    base = name or _rt.current().auto_name("tf.allreduce")
+    base = name or auto_name("tf.allreduce")
     how = resolve_op(op, average)
     pre, post = scale_factors(prescale_factor, postscale_factor)
     dense = [_scale(tf.convert_to_tensor(t), pre) for t in tensors]  # IndexedSlices become dense here
@@ -237,6 +237,18 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
     return list(reduce(*dense))
 
 
+def auto_name(kind: str) -> str:
+    """A name for an unnamed collective.  Eagerly, the runtime's sequence (the same on every rank that
+    makes the same calls).  While a ``tf.function`` is traced, the graph's own unique name for it (as
+    Horovod names by op): a trace numbers its collectives alike on every rank, so a rank that traces
+    the step again (a last, smaller batch) keeps the names the others' earlier trace runs with; the
+    runtime's sequence would give it new ones, and every later unnamed call would stall."""
+    if not tf.inside_function():
+        return _rt.current().auto_name(kind)
+    graph = tf.compat.v1.get_default_graph()
+    return f"{kind}.graph.{graph.unique_name(kind.replace('.', '_'), mark_as_used=True)}"
+
+
 def _scale(t: tf.Tensor, factor: float) -> tf.Tensor:
     """``t`` times ``factor``: integers through float64, truncated (as torch's, and Horovod's)."""
     if factor == 1.0:
@@ -260,9 +272,9 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
             raise ValueError(f"IndexedSlices are reduced by sum or average, not {how}")
         pre, post = scale_factors(prescale_factor, postscale_factor)
         rows = tf.IndexedSlices(_scale(tensor.values, pre), tensor.indices, dense_shape=tensor.dense_shape)
-        out = allreduce_indexed_slices(rows, name or _rt.current().auto_name("tf.allreduce"), how)
+        out = allreduce_indexed_slices(rows, name or auto_name("tf.allreduce"), how)
         return tf.IndexedSlices(_scale(out.values, post), out.indices, dense_shape=out.dense_shape)
-    return grouped_allreduce([tensor], average, name or _rt.current().auto_name("tf.allreduce"), op,
+    return grouped_allreduce([tensor], average, name or auto_name("tf.allreduce"), op,
                              compression, grouped=False, prescale_factor=prescale_factor,
                              postscale_factor=postscale_factor)[0]
 
@@ -288,7 +300,7 @@ def allgather(tensor: Any, name: str | None = None) -> tf.Tensor:
     """Concatenate every rank's tensor along axis 0 (first dims may differ).  Differentiable (floating
     dtypes): the gradient is this rank's rows of the averaged incoming gradient, as in Horovod."""
     t = tf.convert_to_tensor(tensor)
-    base = name or _rt.current().auto_name("tf.allgather")
+    base = name or auto_name("tf.allgather")
     if not t.dtype.is_floating:
         return _allgather_rows(t, base)[0]
 
@@ -332,7 +344,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None) -> Any:
     if t.shape.rank == 0:
         t = tf.reshape(t, [1])
     plan = None if splits is None else tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int64)
-    base = name or _rt.current().auto_name("tf.alltoall")
+    base = name or auto_name("tf.alltoall")
     if not t.dtype.is_floating:
         out, received = _alltoall_rows(t, plan, base)
     else:
@@ -374,7 +386,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: str | None = Average, name
         raise ValueError("reducescatter needs tensors with at least one dimension")
     if not dense:
         return []
-    base = name or _rt.current().auto_name("tf.reducescatter")
+    base = name or auto_name("tf.reducescatter")
 
     def scatter(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         reduced = _grouped(xs, base, how, compression, grouped=True)
@@ -409,7 +421,7 @@ def grouped_reducescatter(tensors: Sequence[Any], op: str | None = Average, name
 def reducescatter(tensor: Any, op: str | None = Average, name: str | None = None,
                   compression: type = Compression.none) -> tf.Tensor:
     """:func:`grouped_reducescatter` of one tensor."""
-    return grouped_reducescatter([tensor], op, name or _rt.current().auto_name("tf.reducescatter"), compression)[0]
+    return grouped_reducescatter([tensor], op, name or auto_name("tf.reducescatter"), compression)[0]
 
 
 def _broadcast(t: tf.Tensor, root_rank: int, what: str) -> tf.Tensor:
@@ -427,7 +439,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None) -> tf.Tensor
     """``root_rank``'s tensor on every rank.  Differentiable (floating dtypes): the gradient is the
     averaged incoming gradient on the root and zero elsewhere, as in Horovod."""
     t = tf.convert_to_tensor(tensor)
-    base = name or _rt.current().auto_name("tf.broadcast")
+    base = name or auto_name("tf.broadcast")
     if not t.dtype.is_floating:
         return _broadcast(t, root_rank, base)
 

@@ -15,9 +15,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .. import runtime as _rt
 from ..reduce_ops import Sum
-from .ops import grouped_allreduce
+from .ops import auto_name, grouped_allreduce
 
 
 @keras.saving.register_keras_serializable(package="tunelab")
@@ -30,7 +29,6 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(*args, **kwargs)
 
     def _moments(self, inputs: tf.Tensor, mask: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        rt = _rt.current()
         axes = list(self._reduction_axes)
         x = tf.convert_to_tensor(inputs)  # Keras has cast half precision to float32 already
         kept = tf.shape(tf.reduce_sum(x, axes))  # the channels' shape, as Keras' moments return it
@@ -42,12 +40,12 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             count = tf.reshape(tf.reduce_sum(weights, axes), [-1])[:1]  # the same for every channel
         local = tf.reduce_sum(x if weights is None else x * weights, axes, keepdims=True)
         sums, counts = grouped_allreduce([tf.reshape(local, [-1]), count], op=Sum,
-                                         name=rt.auto_name(f"tf.syncbn.{self.name}.sum"))
+                                         name=auto_name(f"tf.syncbn.{self.name}.sum"))
         # Keras divides a masked sum by its weight plus epsilon (a fully masked batch gives 0, not NaN)
         n = counts[0] + (keras.backend.epsilon() if weights is not None else 0.0)
         mean = tf.reshape(sums / n, tf.shape(local))
         centered = x - mean
         sq = centered * centered if weights is None else centered * centered * weights
         (total,) = grouped_allreduce([tf.reshape(tf.reduce_sum(sq, axes), [-1])], op=Sum,
-                                     name=rt.auto_name(f"tf.syncbn.{self.name}.var"))
+                                     name=auto_name(f"tf.syncbn.{self.name}.var"))
         return tf.reshape(mean, kept), tf.reshape(total / n, kept)
