@@ -213,3 +213,24 @@ def test_host_tensors_cross_to_the_engine_and_back_without_copies(dtype, shape):
     back = tf.convert_to_tensor(back)
     assert back.dtype == t.dtype and back.shape == t.shape
     assert np.array_equal(back.numpy().astype(np.float64), t.numpy().astype(np.float64))
+
+
+def test_a_model_saved_with_the_distributed_optimizer_loads_with_its_optimizer_state(tmp_path):
+    """Keras records an optimizer by its class's module and name; the wrapper's were tunelab's, where no
+    such class is, and a checkpoint of a model compiled with it could not be loaded.  It saves as the
+    optimizer it wraps, its state (iterations, momentum) included: load it and wrap it again."""
+    script = tmp_path / "save_load.py"
+    script.write_text(
+        "import sys, numpy as np, keras\nimport tunelab.tensorflow as hvd\nhvd.init()\n"
+        "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])\n"
+        "m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss='mse',"
+        " jit_compile=False)\n"
+        "x, y = np.ones((8, 3), np.float32), np.zeros((8, 2), np.float32)\n"
+        "m.fit(x, y, epochs=2, batch_size=4, verbose=0)\nm.save(sys.argv[1])\n"
+        "m2 = keras.models.load_model(sys.argv[1])\n"
+        "print('loaded', type(m2.optimizer).__name__, int(m2.optimizer.iterations.numpy()),"
+        " bool(np.allclose(m.predict(x, verbose=0), m2.predict(x, verbose=0))))\n")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck.keras")], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "loaded SGD 4 True" in proc.stdout, proc.stdout

@@ -150,7 +150,10 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
             self._tunelab_profile_loaded = True
             _load_profile(variables, model_name)
 
-    cls = type(base.__name__, (base,), {"apply": apply, "build": build, "_tunelab_distributed": True})
+    # saved as the optimizer it wraps (Keras records a class by its module and name: this one's module,
+    # tunelab's, has no such class, and a saved model could not be loaded); wrap it again after loading
+    cls = type(base.__name__, (base,), {"apply": apply, "build": build, "_tunelab_distributed": True,
+                                        "__module__": base.__module__, "__qualname__": base.__qualname__})
     config = optimizer.get_config()
     if passes > 1:
         if config.get("gradient_accumulation_steps"):
