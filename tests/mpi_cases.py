@@ -424,6 +424,8 @@ def case_ring_stall(comm: MPI.Comm, timeout_s: float = 3.0, doubling: bool = Fal
 
     engine = Engine(comm, load_engine_config(timeout_s=timeout_s, ranks_per_node=1,
                                              doubling_max_bytes=(1 << 20) if doubling else 0))
+    out = _CASE_OUT[0]  # the watchdog's line, kept where the test reads results (stderr may be lost)
+    mpi_ring.on_fatal(lambda line: Path(out, f"rank{comm.rank}.json").write_text(json.dumps({"line": line})))
     if comm.rank == comm.size - 1:
         name = "_butterfly" if doubling else "_reduce_step"
         step = getattr(mpi_ring.RingAllreduce, name)
@@ -1441,8 +1443,12 @@ def _find_case(name: str):
     return getattr(__import__(module), name)  # framework cases import their framework only when used
 
 
+_CASE_OUT: list[str] = []  # the launch's output folder (rank<r>.json), for cases that end the job themselves
+
+
 def main(argv: list[str]) -> int:
     case, params, outdir = argv
+    _CASE_OUT.append(outdir)
     comm = MPI.COMM_WORLD
     try:
         result = _find_case("case_" + case)(comm, **json.loads(params))

@@ -67,6 +67,9 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    from .engine.mpi_ring import on_fatal
+
+    on_fatal(lambda line: _leave_error(result_path, comm.rank, line + "\n"))  # (the ring's watchdog's line)
     try:
         result = _resolve(job)(json.loads(params))
         if comm.rank == 0:

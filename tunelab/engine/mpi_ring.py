@@ -215,6 +215,14 @@ class RingAllreduce:
 
 _WATCHED: weakref.WeakSet[RingAllreduce] = weakref.WeakSet()
 _watch_lock = threading.Lock()
+_FATAL_HOOKS: list[Callable[[str], None]] = []
+
+
+def on_fatal(hook: Callable[[str], None]) -> None:
+    """Have ``hook(line)`` called with the watchdog's line before it ends the job: ``MPI_Abort`` may tear
+    the job down before the rank's stderr is forwarded (tunelab's rank entry leaves the line beside its
+    result, where the launcher reads it)."""
+    _FATAL_HOOKS.append(hook)
 
 
 def _watch(ring: RingAllreduce) -> None:
@@ -239,9 +247,15 @@ def _watchdog() -> None:
             from mpi4py import MPI
 
             ring = late[0]
-            print(f"tunelab: error: rank {MPI.COMM_WORLD.rank}: nothing came within {ring.timeout_s:g} s in "
-                  f"{ring.what} between nodes (a rank died, stalled, or skipped the call); ending the job",
-                  file=sys.stderr, flush=True)
+            line = (f"tunelab: error: rank {MPI.COMM_WORLD.rank}: nothing came within {ring.timeout_s:g} s in "
+                    f"{ring.what} between nodes (a rank died, stalled, or skipped the call); ending the job")
+            for hook in _FATAL_HOOKS:
+                try:
+                    hook(line)
+                except Exception:  # noqa: BLE001, S110 - the job ends anyway; stderr still carries the line
+                    pass
+            print(line, file=sys.stderr, flush=True)
+            time.sleep(0.5)  # (MPI's launcher forwards stderr on its own time: a moment before the abort)
             MPI.COMM_WORLD.Abort(1)
 
 
