@@ -117,6 +117,7 @@ class RingAllreduce:
             self._arm(f"step {s + 1} of the ring's allgather")
             self.comm.Sendrecv(_mem(addr + bounds[send_c] * isz, (bounds[send_c + 1] - bounds[send_c]) * isz),
                                right, _TAG, _mem(addr + lo * isz, (hi - lo) * isz), left, _TAG)
+            self.deadline = math.inf  # (only the wait is timed: not the emulated link's delay, nor a reduce)
             if self.link is not None:
                 self.link.transfer((hi - lo) * isz)
 
@@ -135,6 +136,7 @@ class RingAllreduce:
         for k, (a, b) in enumerate(pieces):
             self._arm("a step of the ring's reduce-scatter")
             recvs[k].Wait()
+            self.deadline = math.inf
             if self.link is not None:
                 sent = time.monotonic() if sent is None else sent
                 self.link.transfer((b - a) * isz, sent)
@@ -148,6 +150,7 @@ class RingAllreduce:
         self._arm("a step of the ring's reduce-scatter")
         for req in sends:
             req.Wait()
+        self.deadline = math.inf
 
 
     def _doubling(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, reduce: Reduce, tmp: int,
