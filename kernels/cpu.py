@@ -191,9 +191,8 @@ class CpuBackend:
         rows = as_rows(rows)
         if not rows.shape[0]:
             return
+        check_factor(dtype, factor)
         kind = half_kind(dtype)
-        if not kind:
-            check_factor(dtype, factor)
         work = lambda: 2 * np.dtype(dtype).itemsize * int(rows[:, 2].sum())
         if kind:
             self._k("_scale_copy_table_half", work)(rows, kind, float(factor))

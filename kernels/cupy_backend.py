@@ -407,8 +407,7 @@ class CupyBackend(DeviceArrayOps):
                          (table.array, np.int32(table.rows)), stream)
 
     def scale_copy_table(self, rows: Any, dtype: np.dtype, factor: float, stream: Any = None) -> None:
-        if not half_kind(dtype):
-            check_factor(dtype, factor)
+        check_factor(dtype, factor)
         table = self._table(rows, stream)
         if table is None:
             return

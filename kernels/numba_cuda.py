@@ -419,8 +419,7 @@ class NumbaCudaBackend(DeviceArrayOps):
             self._k.copy_rows[self._row_grid(table.rows, table.max_count, 16), self._block, stream](table.array)
 
     def scale_copy_table(self, rows: Any, dtype: np.dtype, factor: float, stream: Any = 0) -> None:
-        if not half_kind(dtype):
-            check_factor(dtype, factor)
+        check_factor(dtype, factor)
         table = self._table(rows)
         if table is None:
             return

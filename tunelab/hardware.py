@@ -174,13 +174,12 @@ def _gpu_facts() -> dict[str, object]:
     if match:
         facts["cuda_version"] = match.group(1)
     facts["gpu_interconnect"] = parse_nvidia_topology(topology or "", int(facts["gpu_count"]))  # type: ignore[arg-type]
-    failed = [what for what, out in (("nvidia-smi", banner), ("nvidia-smi topo -m", topology)) if out is None]
+    failed = [(command, fact) for command, fact, out in (("nvidia-smi", "CUDA version", banner),
+                                                         ("nvidia-smi topo -m", "interconnect", topology)) if out is None]
     if failed:  # the fingerprint then lacks facts a profile was recorded with: say so, once a process
-        _warn_once(f"# hardware: {' and '.join(failed)} failed or gave no answer within "
-                   f"{_NVIDIA_SMI_TIMEOUT_S:g} s: the GPU fingerprint lacks the "
-                   f"{'CUDA version' if banner is None else 'interconnect'}"
-                   f"{' and the interconnect' if banner is None and topology is None else ''}, so a profile "
-                   "tuned on this machine may not be found")
+        _warn_once(f"# hardware: {' and '.join(c for c, _ in failed)} failed or gave no answer within "
+                   f"{_NVIDIA_SMI_TIMEOUT_S:g} s: the GPU fingerprint lacks the {' and the '.join(f for _, f in failed)}, "
+                   "so a profile tuned on this machine may not be found")
     return facts
 
 

@@ -118,7 +118,9 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stderr.write("tunelab: interrupted\n")
         return 130
     except _Terminated as exc:
-        hangup = exc.args and exc.args[0] == _SIGHUP
+        import signal
+
+        hangup = exc.args and exc.args[0] == signal.SIGHUP
         sys.stderr.write("tunelab: hung up\n" if hangup else "tunelab: terminated\n")
         return 129 if hangup else 143
     except BrokenPipeError as exc:
@@ -224,9 +226,6 @@ def _reader_gone() -> bool:
         return any(event & select.POLLERR for _, event in poll.poll(0))
     except (OSError, ValueError, AttributeError):  # no poll here, or stdout is not a file
         return False
-
-
-_SIGHUP = 1
 
 
 class _Terminated(BaseException):

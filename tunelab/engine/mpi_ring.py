@@ -218,6 +218,7 @@ class RingAllreduce:
 
 _WATCHED: weakref.WeakSet[RingAllreduce] = weakref.WeakSet()
 _watch_lock = threading.Lock()
+_watchdog_thread: threading.Thread | None = None
 _FATAL_HOOKS: list[Callable[[str], None]] = []
 
 
@@ -230,11 +231,12 @@ def on_fatal(hook: Callable[[str], None]) -> None:
 
 def _watch(ring: RingAllreduce) -> None:
     """Have the process's watchdog thread look at ``ring``'s deadlines (started with the first)."""
+    global _watchdog_thread
     with _watch_lock:
-        first = not _WATCHED
         _WATCHED.add(ring)
-        if first and not any(t.name == "tunelab-ring-watchdog" for t in threading.enumerate()):
-            threading.Thread(target=_watchdog, name="tunelab-ring-watchdog", daemon=True).start()
+        if _watchdog_thread is None:
+            _watchdog_thread = threading.Thread(target=_watchdog, name="tunelab-ring-watchdog", daemon=True)
+            _watchdog_thread.start()
 
 
 def _watchdog() -> None:

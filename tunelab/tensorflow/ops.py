@@ -198,7 +198,7 @@ def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, g
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: str | None = None, compression: type = Compression.none,
                       grouped: bool = True, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, positions: Sequence[int] | None = None) -> list[tf.Tensor]:
+                      postscale_factor: float = 1.0, *, positions: Sequence[int] | None = None) -> list[tf.Tensor]:
     """Allreduce several tensors in one request (as one group unless ``grouped=False``), each times
     ``prescale_factor`` before and its result times ``postscale_factor`` after.  Differentiable: the
     gradient of each output is the same reduction of its incoming gradient, with the same factors.
