@@ -499,7 +499,8 @@ def case_knob_churn(comm, steps: int = 200, ranks_per_node: int | None = None) -
             if churn and tl.rank() == 0:
                 tl.set_knobs(fusion_threshold_bytes=int(rng.choice([0, 256, 4096, 1 << 20])),
                              cycle_time_ms=float(rng.choice([0.1, 0.5, 2.0])),
-                             segment_bytes=int(rng.choice([4096, 8192, 1 << 20])))
+                             segment_bytes=int(rng.choice([4096, 8192, 1 << 20])),
+                             oneshot_max_bytes=int(rng.choice([0, 1 << 20])))
             opt.zero_grad()
             for x, y in batches(step % 7, tl.size(), 1)[tl.rank()]:
                 torch.nn.functional.cross_entropy(model(x), y).backward()

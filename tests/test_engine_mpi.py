@@ -80,7 +80,8 @@ def test_one_ranks_invalid_arguments_fail_that_call_everywhere_and_leave_the_nex
     results = run_ok("one_rank_invalid", n, limit_s=120, ranks_per_node=ranks_per_node)
     own = {"op": "ValueError: unknown reduction 'product'", "out": "ValueError: output 0 must be",
            "outs": "ValueError: 1 outputs for 2 tensors", "order": ": float32[",
-           "alias": "ValueError: output 1 overlaps input 0 of the same call"}
+           "alias": "ValueError: output 1 overlaps input 0 of the same call",
+           "group": "ValueError: a group id is None or an integer >= 0, got -1"}
     for key in results[0]:
         kind = key.split("-")[0]
         assert own[kind] in results[-1][key]["message"], (key, results[-1][key])

@@ -21,8 +21,10 @@
 * :func:`flat_ring` (several nodes, hierarchical off): pack into a fusion buffer, ring allreduce
   over the world, unpack.
 
-Every rank reduces sources in rank order in all three, so for one bucket layout they give the
-same bits.
+Within a node every path reduces sources in rank order, so for one bucket layout the one-shot and
+the two-shot give the same bits.  Between nodes the order differs: the flat ring adds chunk c
+starting from rank c, recursive doubling adds in a tree, and the hierarchical path adds each node's
+sum first; so results there depend on ``hierarchical`` and ``doubling_max_bytes``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ every rank before any result is written).
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import warnings
 from collections.abc import Sequence
@@ -211,6 +212,9 @@ class Engine:
             groups_ = list(groups) if groups is not None else [None] * n
             if len(groups_) != n:
                 raise ValueError(f"{len(groups_)} group ids for {n} tensors")
+            for g in groups_:  # -1 stands for "no group" in the agreed rows and the plan cache
+                if g is not None and (isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 0):
+                    raise ValueError(f"a group id is None or an integer >= 0, got {g!r}")
             on_device = [is_device_tensor(t) for t in tensors]
             arrays, outs_ = self._inputs(tensors, outs, on_device, check_overlaps=verify)
             # Where a tensor lives is part of the call: ranks that disagree get one clear error.

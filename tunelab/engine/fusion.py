@@ -8,7 +8,8 @@ the threshold.  Without group fusion, a bucket never mixes tensors of different
 groups (nor grouped with ungrouped ones), and a group is one indivisible bucket
 per dtype whatever the threshold: grouped results then depend neither on what
 else was in flight nor on the fusion threshold, so they are bitwise
-reproducible while knobs change.
+reproducible while the fusion knobs change (across nodes the algorithm that adds
+the nodes' sums sets their order: see :mod:`.algorithms`).
 
 ``Layout`` maps element ranges of a bucket onto its tensors' memory and emits
 the (src, dst, count) tables the kernels consume.
