@@ -60,6 +60,27 @@ def test_spec_refuses_bad_shapes(kwargs, words):
         LabSpec(**kwargs)
 
 
+@needs_lab
+@pytest.mark.parametrize("gbps, shown", [(0.0015, "1500Kbit"), (2.5, "2500Mbit"), (1.0, "1Gbit")])
+def test_a_link_is_shaped_at_the_rate_asked_not_rounded_to_whole_mbits(gbps, shown):
+    """The kernel's own account of the qdisc (tc qdisc show), on a throwaway veth: 1.5 Mb/s used to
+    be shaped at 2 Mb/s, a third faster than the link the lab records and the bound uses."""
+    from tunelab.lab import net
+
+    ns = "tlab-test-rate"
+    subprocess.run(["ip", "netns", "delete", ns], check=False, capture_output=True)
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        inside = ("ip", "netns", "exec", ns)
+        subprocess.run([*inside, "ip", "link", "add", "ra", "type", "veth", "peer", "name", "rb"], check=True)
+        net._shape(inside, "ra", gbps, 0)
+        shown_now = subprocess.run([*inside, "tc", "qdisc", "show", "dev", "ra"], check=True,
+                                   capture_output=True, text=True).stdout
+        assert f"rate {shown} " in shown_now, shown_now
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], check=False, capture_output=True)
+
+
 def test_state_round_trips_through_json():
     state = _state(3, 10.0)
     again = LabState.from_json(state.to_json())

@@ -152,7 +152,7 @@ def _shape(prefix: tuple[str, ...], dev: str, gbps: float, latency_us: float) ->
     """Token-bucket shaping of ``dev``'s egress at ``gbps``, with netem latency in front if asked."""
     burst, gso = bucket(gbps)
     _run(*prefix, "ip", "link", "set", "dev", dev, "gso_max_size", str(gso))
-    tbf = ["tbf", "rate", f"{gbps * 1000:.0f}mbit", "burst", str(burst), "latency", "50ms"]
+    tbf = ["tbf", "rate", f"{gbps * 1e6:.0f}kbit", "burst", str(burst), "latency", "50ms"]
     if latency_us > 0:
         _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
              "delay", f"{latency_us:g}us")

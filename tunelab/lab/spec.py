@@ -24,7 +24,7 @@ BRIDGE = PREFIX + "br"
 HOST_IFACE = "eth0"   # the host's end of its veth pair, inside its namespace
 DEFAULT_SUBNET = "10.213.0.0/24"
 MAX_HOSTS = 64
-LINK_GBPS = (0.001, 1000.0)  # what tc's tbf is asked to shape: 1 Mb/s (its rate in whole mbit) to 1 Tb/s
+LINK_GBPS = (0.001, 1000.0)  # what tc's tbf is asked to shape (in whole kbit/s): 1 Mb/s to 1 Tb/s
 
 
 # RFC 1918's ranges: Python's is_private also admits loopback, link-local and documentation ranges
