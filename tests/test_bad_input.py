@@ -390,6 +390,30 @@ def test_an_interrupted_launch_stops_its_ranks(tmp_path, signame, status, line):
 
 
 @pytest.mark.mpi
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_killed_launch_leaves_no_ranks(tmp_path):
+    """SIGKILL runs none of the command's clean-up, and the launcher is in a session of its own: the
+    kernel's parent-death signal is what still ends the launcher and so its ranks."""
+    import time
+
+    proc, ranks = _running_job(tmp_path)
+    try:
+        proc.kill()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            alive = [p for p in ranks if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
+            if not alive:
+                break
+            time.sleep(0.2)
+    finally:
+        for p in ranks:  # (what the test leaves must not slow the tests after it)
+            if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]:
+                os.kill(p, 9)
+    assert not alive, f"ranks {alive} outlived the killed command by 20 s"
+
+
+@pytest.mark.mpi
 def test_a_reader_that_goes_away_stops_the_launched_job(tmp_path):
     """``tunelab tune | head -2``: once nobody reads the ranks' progress, the job stops (rather than run
     to its end with its output going nowhere), quietly, with the status of a broken pipe."""
@@ -642,3 +666,4 @@ def test_a_damaged_landscape_for_a_step_check_is_refused_before_any_table(lab_mo
                    "--check-steps", str(bad), "--no-report")
     one_line_error(proc, 2, fragment)
     assert proc.stdout.strip() == "", proc.stdout  # refused before a table was printed
+

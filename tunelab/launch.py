@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,7 +209,10 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
     nobody reads our output any more (``tunelab tune | head``), the job is stopped and BrokenPipeError
     raised, as for any print of ours."""
     # Its own process group: the launcher, its proxies and the ranks can be stopped together (below).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+    # Its own session also means a SIGKILL of this process reaches none of them: the launcher is told
+    # to end (and end its ranks) when we die, by the kernel (Linux's parent-death signal).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True,
+                            preexec_fn=_end_with_parent())  # noqa: PLW1509 (it takes no lock: see there)
     assert proc.stdout is not None
     reader_gone = threading.Event()
 
@@ -250,6 +254,29 @@ def _run_forwarding(cmd: list[str], env: dict[str, str], err: Any, banner: _Laun
     if reader_gone.is_set():
         raise BrokenPipeError("the reader of this command's output went away")
     return returncode
+
+
+def _end_with_parent() -> Callable[[], None] | None:
+    """What the launcher's child runs before exec so that it gets SIGTERM when this process dies, even
+    by SIGKILL (which runs none of our clean-up): MPICH's launcher then ends its ranks.  None where
+    the kernel has no parent-death signal (not Linux).  The C function is found here, in the parent:
+    the child, forked from a process with threads, should call nothing that takes a lock."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # we died between the fork and the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
