@@ -667,3 +667,18 @@ def test_a_damaged_landscape_for_a_step_check_is_refused_before_any_table(lab_mo
     one_line_error(proc, 2, fragment)
     assert proc.stdout.strip() == "", proc.stdout  # refused before a table was printed
 
+
+@pytest.mark.parametrize("target", ["/dev/null", "/dev/stdout"])
+def test_json_onto_a_device_still_gives_the_report(tmp_path, target):
+    """The report is built from a JSON file read back: onto /dev/null (or stdout) it once ran the whole
+    benchmark, then failed with "not JSON" and no report.  It now reads a copy under reports/."""
+    pytest.importorskip("matplotlib")
+    proc = tunelab("bench", "tuner", "--landscape", "replay-bert-2ranks", "--seeds", "1", "--strategies", "tunelab",
+                   "--json", target, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (copy,) = (tmp_path / "reports").glob("tuner-*.json")
+    (html,) = (tmp_path / "reports").glob("tuner-*.html")
+    assert json.loads(copy.read_text())["rows"] and "replay-bert-2ranks" in html.read_text()
+    if target == "/dev/stdout":  # (the JSON went where it was asked, whole)
+        start = proc.stdout.index("{\n")
+        assert json.loads(proc.stdout[start:proc.stdout.index("\n}\n", start) + 2]) == json.loads(copy.read_text())

@@ -38,9 +38,13 @@ def write_outputs(result: dict, json_path: Path | None, name: str, kind: str | N
         return
     stem = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"  # (runs started in one second differ)
     path = json_path or REPORTS_DIR / f"{stem}.json"
-    write_text(path, json.dumps(result, indent=2) + "\n")
+    text = json.dumps(result, indent=2) + "\n"
+    write_text(path, text)
     print(f"# wrote {path}")
     if kind is not None:
+        if not path.is_file():  # /dev/stdout, /dev/null, a pipe: the report reads a copy it can read back
+            path = write_text(REPORTS_DIR / f"{stem}.json", text)
+            print(f"# wrote {path} (for the report)")
         _write_report(path, REPORTS_DIR / f"{stem}.html", kind)
 
 
