@@ -262,6 +262,24 @@ def test_export_import_round_trip_and_reimport_adds_nothing(store, tmp_path):
         store.export([99])
 
 
+def test_an_import_stores_knob_values_as_a_job_reads_them(store, tmp_path):
+    """Values written by hand in an export ("4MiB", "yes", "10") are stored as the numbers and
+    booleans a job applies, as the store's own runs write them: jobs compare stored knobs with their
+    own, and a kept default written "10" once read as tuned."""
+    a, _ = populated(store)
+    data = store.export([a])
+    data["profiles"][0]["trials"][0]["knobs"].update(segment_bytes="4MiB", hierarchical="no", cycle_time_ms="10")
+    data["profiles"][0]["best"]["knobs"].update(hierarchical="yes", fusion_threshold_bytes="1MiB")
+    fresh = ProfileStore(tmp_path / "fresh.sqlite")
+    fresh.merge(data)
+    (p,) = fresh.export()["profiles"]
+    uid = data["profiles"][0]["trials"][0]["uid"]
+    (first,) = [t for t in p["trials"] if t["uid"] == uid]
+    assert (first["knobs"]["segment_bytes"], first["knobs"]["hierarchical"], first["knobs"]["cycle_time_ms"]) \
+        == (4 << 20, False, 10.0)
+    assert (p["best"]["knobs"]["hierarchical"], p["best"]["knobs"]["fusion_threshold_bytes"]) == (True, 1 << 20)
+
+
 def test_import_merges_trials_and_keeps_the_higher_best(store, tmp_path):
     a, _ = populated(store)
     other = ProfileStore(tmp_path / "other.sqlite")

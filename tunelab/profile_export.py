@@ -102,16 +102,19 @@ def _check_text(value: object, where: str) -> None:
 
 
 def _check_knobs(knobs: dict, where: str) -> None:
-    """Knob settings a store may hold: known names, values in range (what jobs will apply)."""
+    """Knob settings a store may hold: known names, values in range (what jobs will apply).  They are
+    rewritten in place as a job reads them ("4MiB" as 4194304, "yes" as true), so the store holds
+    what its own runs write: jobs and ``profiles show`` compare stored values with knobs."""
     from .knobs import SPECS, Knobs
 
     unknown = sorted(set(knobs) - set(SPECS))
     if unknown:
         raise InvalidExport(f"{where}: unknown knob {unknown[0]!r}")
     try:
-        Knobs(**knobs)
+        read = Knobs(**knobs).as_dict()
     except (TypeError, ValueError) as exc:
         raise InvalidExport(f"{where}: {exc}") from None
+    knobs.update({name: read[name] for name in knobs})
 
 
 def _check_fields(obj: object, fields: dict, where: str) -> None:
