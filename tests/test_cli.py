@@ -74,6 +74,12 @@ def test_a_scenario_that_cannot_be_loaded_is_a_usage_error(tmp_path, command, ho
     (["bench", "landscape", "--dtype", "float16"], "--dtype applies to replay scenarios"),
     (["bench", "landscape", "--model", "replay-bert", "--device", "cuda"], "trains torch models"),
     (["tune", "--model", "replay-bert", "--device", "cuda"], "trains torch models"),
+    # knobs the ranks would refuse to record, refused before any rank starts (they said "rank 1:", exit 1)
+    (["bench", "landscape", "--model", "replay-bert", "--grid", "hier=true"],
+     "grid knob hierarchical cannot be recorded: the tuner does not search it here (one node"),
+    (["bench", "landscape", "--model", "replay-bert", "--np", "3", "--ranks-per-node", "2", "--grid", "hier=true"],
+     "(nodes of unequal size"),
+    (["bench", "landscape", "--model", "replay-bert", "--grid", "oneshot=1KiB,1MiB"], "searched for GPU jobs only"),
     (["report"], "nothing to report"),
 ])
 def test_other_usage_errors_found_after_parsing_exit_2(args, fragment):

@@ -118,8 +118,11 @@ def _record(p: dict, rt: Any, workload: Any, pinned: dict) -> dict:
     from ..tuning.plan import block_steps_for
 
     comm = rt.sync_comm
-    space = grid_space(p["grid"], pinned, rt.topology.num_nodes, device=p.get("device") == "cuda",
-                       uniform_nodes=rt.topology.homogeneous)
+    try:
+        space = grid_space(p["grid"], pinned, rt.topology.num_nodes, device=p.get("device") == "cuda",
+                           uniform_nodes=rt.topology.homogeneous)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     points = grid_points(p["grid"], space.base)
     order = visit_order(len(points), p["repeats"], p.get("seed", 0))
     scores: list[list[float]] = [[] for _ in points]
@@ -243,17 +246,34 @@ def _cmd(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     count = len(grid_points(grid, Knobs()))
-    print(f"# landscape {scenario.name}: {scenario.model} "
-          f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {scenario.np} ranks, "
-          f"{count} grid points x {args.repeats} visits x {scenario.discard_steps}+{scenario.measure_steps} steps",
-          flush=True)
     params = {**scenario.as_params(), "grid": grid, "repeats": args.repeats, "seed": args.seed,
               "replay_dtype": args.dtype or "float32"}
     with scenario_session(args.lab, scenario) as lab:
-        result = run_job("bench-landscape", params, scenario_ranks(lab, args.np, scenario), lab=lab)
+        ranks = scenario_ranks(lab, args.np, scenario)
+        _check_grid(grid, scenario, lab, ranks)  # (the ranks check again: a job inside the user's mpiexec)
+        print(f"# landscape {scenario.name}: {scenario.model} "
+              f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {ranks} ranks, "
+              f"{count} grid points x {args.repeats} visits x {scenario.discard_steps}+{scenario.measure_steps}"
+              f" steps or more (a visit lasts at least {scenario.block_seconds:g} s)", flush=True)
+        result = run_job("bench-landscape", params, ranks, lab=lab)
     result["scenario"] = scenario.name
     _print_table(result)
     return finish(args, result, "landscape", "bench")
+
+
+def _check_grid(grid: dict, scenario: Any, lab: Any, ranks: int) -> None:
+    """A grid knob the job's ranks would refuse (see :func:`grid_space`), refused before they start:
+    the nodes are the lab's hosts, or the emulated nodes, or this one host."""
+    if lab is not None:
+        nodes, uniform = lab.spec.hosts, True
+    elif scenario.ranks_per_node:
+        nodes, uniform = -(-ranks // scenario.ranks_per_node), ranks % scenario.ranks_per_node == 0
+    else:
+        nodes, uniform = 1, True
+    try:
+        grid_space(grid, scenario.knobs, nodes, device=scenario.device == "cuda", uniform_nodes=uniform)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _print_table(result: dict) -> None:
