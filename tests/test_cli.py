@@ -80,6 +80,9 @@ def test_a_scenario_that_cannot_be_loaded_is_a_usage_error(tmp_path, command, ho
     (["bench", "landscape", "--model", "replay-bert", "--np", "3", "--ranks-per-node", "2", "--grid", "hier=true"],
      "(nodes of unequal size"),
     (["bench", "landscape", "--model", "replay-bert", "--grid", "oneshot=1KiB,1MiB"], "searched for GPU jobs only"),
+    # an image the model cannot take failed inside the ranks (torch's words, exit 1)
+    (["bench", "train", "--image-size", "16"], "--image-size must be 32 to 1024 pixels for resnet50, got 16"),
+    (["tune", "--image-size", "4096"], "[data].image_size must be 32 to 1024 pixels for resnet50, got 4096"),
     (["report"], "nothing to report"),
 ])
 def test_other_usage_errors_found_after_parsing_exit_2(args, fragment):

@@ -12,6 +12,7 @@ SHIPPED = {"resnet50", "resnet50-tf", "vgg16", "vgg16-tf", "bert", "bert-tf",
            "replay-resnet50", "replay-vgg16", "replay-vgg16-2nodes", "replay-bert", "resnet50-2nodes",
            "resnet50-lab", "replay-resnet50-lab"}
 HEADER = 'workload = "train"\nmodel = "resnet50"\n'
+REPLAY = 'workload = "replay"\nmodel = "resnet50"\n'
 MiB = 1 << 20
 
 
@@ -58,14 +59,15 @@ def test_a_complete_file_with_pinned_knobs_is_normalised(tmp_path):
     path = write(tmp_path, HEADER + 'framework = "tensorflow"\n[run]\nnp = 3\nranks_per_node = 1\n'
                  '[data]\nimage_size = 32\nbatch_size = 2\n[tuning]\ntime_budget_s = 90\nmeasure_steps = 5\nblock_seconds = 2\n'
                  '[knobs]\nfusion_threshold_bytes = "64MiB"\nhierarchical = true\ncycle_time_ms = 2\n'
-                 '[replay]\nforward_ms = 1\n', name="mine.toml")
+                 '', name="mine.toml")
     s = load_scenario(str(path))
     assert s.name == "mine"  # from the file name when not given
     assert (s.framework, s.np, s.ranks_per_node, s.image_size, s.batch_size) == ("tensorflow", 3, 1, 32, 2)
     assert s.time_budget_s == 90.0 and isinstance(s.time_budget_s, float) and s.measure_steps == 5
     assert s.block_seconds == 2.0 and s.as_params()["block_seconds"] == 2.0
     assert s.knobs == {"fusion_threshold_bytes": 64 * MiB, "hierarchical": True, "cycle_time_ms": 2.0}
-    assert s.replay_forward_ms == 1.0 and s.replay_backward_ms == 250.0
+    replay = load_scenario(str(write(tmp_path, REPLAY + '[replay]\nforward_ms = 1\n', name="r.toml")))
+    assert replay.replay_forward_ms == 1.0 and replay.replay_backward_ms == 250.0
 
 
 BROKEN = [
@@ -82,8 +84,16 @@ BROKEN = [
     (HEADER + "[tuning]\nwarmup_steps = -1\n", "[tuning].warmup_steps must be a non-negative integer"),
     (HEADER + "[tuning]\ntime_budget_s = 0\n", "[tuning].time_budget_s must be a positive number"),
     (HEADER + "[tuning]\nblock_seconds = -1\n", "[tuning].block_seconds must be a positive number"),
-    (HEADER + '[replay]\nbackward_ms = "fast"\n', '[replay].backward_ms must be a non-negative number'),
-    (HEADER + "[replay]\nforward_ms = nan\n", "[replay].forward_ms must be a non-negative number"),
+    (REPLAY + '[replay]\nbackward_ms = "fast"\n', '[replay].backward_ms must be a non-negative number'),
+    (REPLAY + "[replay]\nforward_ms = nan\n", "[replay].forward_ms must be a non-negative number"),
+    # huge times once passed: the replay's int64 step counts wrapped and its backward pass never ran
+    (REPLAY + "[replay]\nbackward_ms = 1e300\n", "[replay].backward_ms must be a non-negative number of milliseconds up to 3.6e+06"),
+    (HEADER + "[tuning]\nblock_seconds = 1e308\n", "[tuning].block_seconds must be a positive number of seconds up to 604800"),
+    (HEADER + "[replay]\nforward_ms = 5\n", '[replay] sets a replay\'s timings; this scenario trains resnet50 (workload = "train"): drop [replay]'),
+    # sizes the models cannot take failed inside the ranks (torch's or Keras's own words, exit 1)
+    (HEADER + "[data]\nimage_size = 16\n", "[data].image_size must be 32 to 1024 pixels for resnet50, got 16"),
+    ('workload = "train"\nmodel = "vgg16"\n[data]\nimage_size = 100000\n', "[data].image_size must be 32 to 1024 pixels for vgg16"),
+    (HEADER + "name = " + "[" * 500 + "]" * 500 + "\n", "invalid TOML: arrays or tables nested too deeply"),
     (HEADER + '[knobs]\nfusion_threshold_bytes = "64 parsecs"\n', "[knobs].fusion_threshold_bytes must be a size in 0B .. 1GiB (bytes, or e.g. \"64MiB\"), got \"64 parsecs\""),
     (HEADER + '[knobs]\nsegment_bytes = "1KiB"\n', "[knobs].segment_bytes must be a size in 4KiB .. 256MiB"),
     (HEADER + "[knobs]\ncycle_time_ms = 5000\n", "[knobs].cycle_time_ms must be a number in 0.05 .. 1000, got 5000"),

@@ -43,6 +43,9 @@ from .workloads.shapes import MODELS
 WORKLOADS = ("train", "replay")
 FRAMEWORKS = ("torch", "tensorflow")
 BERT_MAX_LEN = 512  # position embeddings of the bert workload
+IMAGE_SIZES = (32, 1024)  # the image models' inputs: five 2x2 poolings need 32 px; past 1024 a rank's memory goes
+MAX_MS = 3_600_000.0      # a replayed forward or backward pass: an hour at most
+MAX_SECONDS = 7 * 86400.0  # a block, or a tuning run's time budget: a week at most
 
 # TOML layout: table (None = top level) -> {key in the file: Scenario field}.  [knobs] is separate.
 _LAYOUT: dict[str | None, dict[str, str]] = {
@@ -118,6 +121,9 @@ class Scenario:
         if self.lab_hosts is not None and self.np % self.lab_hosts:
             raise ScenarioError(f"{where}: [run].np = {self.np} does not spread evenly over "
                                 f"[lab].hosts = {self.lab_hosts}")
+        if self.workload == "train" and self.model != "bert" and not IMAGE_SIZES[0] <= self.image_size <= IMAGE_SIZES[1]:
+            raise ScenarioError(f"{where}: [data].image_size must be {IMAGE_SIZES[0]} to {IMAGE_SIZES[1]} pixels for "
+                                f"{self.model}, got {self.image_size}")
         if self.model == "bert" and self.seq_len > BERT_MAX_LEN:
             raise ScenarioError(f"{where}: [data].seq_len must be at most {BERT_MAX_LEN} for bert "
                                 f"(its position embeddings), got {self.seq_len}")
@@ -176,7 +182,7 @@ def _check_value(name: str, value: Any) -> Any:
     if name in _NON_NEGATIVE_INT:
         return _integer(value, 0, "a non-negative")
     if name in _NON_NEGATIVE_MS:
-        return _number(value, "a non-negative number of milliseconds", positive=False)
+        return _number(value, "a non-negative number of milliseconds", positive=False, high=MAX_MS)
     if name in ("link_gbps", "lab_link_gbps") and value is not None:
         gbps = _number(value, "a positive number of Gb/s", positive=True)
         _in_link_range(gbps=gbps)
@@ -186,7 +192,7 @@ def _check_value(name: str, value: Any) -> Any:
         _in_link_range(latency_us=latency)
         return latency
     if name in ("time_budget_s", "block_seconds") and value is not None:
-        return _number(value, "a positive number of seconds", positive=True)
+        return _number(value, "a positive number of seconds", positive=True, high=MAX_SECONDS)
     return value
 
 
@@ -203,10 +209,10 @@ def _integer(value: Any, low: int, what: str) -> int:
     return value
 
 
-def _number(value: Any, what: str, positive: bool) -> float:
+def _number(value: Any, what: str, positive: bool, high: float = math.inf) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"must be {what}, got {_show(value)}")
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0) or value > high:
+        raise ValueError(f"must be {what}{'' if high == math.inf else f' up to {high:g}'}, got {_show(value)}")
     return float(value)
 
 
@@ -323,7 +329,12 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
         raise ScenarioError(f"{where}: cannot read the file: {getattr(exc, 'strerror', None) or exc}") from None
     except toml.TOMLDecodeError as exc:
         raise ScenarioError(f"{where}: invalid TOML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise ScenarioError(f"{where}: invalid TOML: arrays or tables nested too deeply") from None
     values = _fields_from_toml(doc, where)
+    if "replay" in doc and values.get("workload") == "train":
+        raise ScenarioError(f"{where}: [replay] sets a replay's timings; this scenario trains {values.get('model')} "
+                            "(workload = \"train\"): drop [replay]")
     for required in ("workload", "model"):
         if required not in values:
             raise ScenarioError(f"{where}: {required} is required "
