@@ -2,6 +2,7 @@
 paired-ratio statistics, the strategies' protocols and the search space; no MPI."""
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -624,6 +625,32 @@ def test_session_applies_the_drivers_knobs_and_ends_on_the_locked_ones():
     assert session.phase == "locked" and coord.knobs == session.locked != SPACE.base
     assert coord.changes[0] != SPACE.base  # the default is measured as it is: no change first
     assert session.driver.samples[0].score == pytest.approx(speed(SPACE.base))
+
+
+def test_a_measured_step_never_holds_the_decision_taken_after_the_step_before():
+    """Steps of exactly 0.1 s, and a strategy whose every proposal takes 0.5 s (a GP fit on a loaded
+    host) and repeats its last candidate every other time: a block after no knob change has no discarded
+    step, so the decision's time once landed in its first measured step (0.6 s: that candidate scored
+    5.5 steps/s where every block runs at 10)."""
+    now = [0.0]
+
+    class _Slow(STRATEGIES["random"]):
+        def ask(self):
+            now[0] += 0.5
+            if len(self.observations) % 2 and self.observations:
+                return self.observations[-1].knobs
+            return super().ask()
+
+    plan = Plan(warmup_steps=2, discard_steps=1, measure_steps=3, block_seconds=None, budget_samples=8)
+    session = TuningSession(FakeCoordinator(), FakeComm(), 1.0, SPACE, lambda e: _Slow(SPACE, e), plan,
+                            clock=lambda: now[0])
+    for _ in range(500):
+        now[0] += 0.1
+        if not session.step_done():
+            break
+    samples = session.driver.samples
+    assert len(samples) >= 6 and any(a.knobs == b.knobs for a, b in itertools.pairwise(samples))
+    assert [round(s.score, 9) for s in samples] == [10.0] * len(samples)
 
 
 def test_the_strategy_learns_each_candidates_bracketed_ratio_once_the_next_reference_is_measured():

@@ -53,12 +53,15 @@ class TuningSession:
 
     def step_done(self) -> bool:
         """Account one finished step; returns True while tuning goes on (the same on every rank)."""
-        now = self.clock()
-        elapsed, self._last = now - self._last, now
+        elapsed = self.clock() - self._last
         if self.driver is not None:
             knobs = self.driver.step_done(elapsed)
             if knobs is not None:
                 self.coordinator.set_knobs(knobs)
             self.phase = self.driver.phase
         self.phase = self.comm.bcast(self.phase, root=0)
+        # The next step is timed from here: the decision just taken (a GP fit can take a second) and the
+        # broadcast every rank waited in are not the training step's, and a block after no knob change
+        # has no discarded step to absorb them.
+        self._last = self.clock()
         return self.tuning
