@@ -82,6 +82,29 @@ def test_old_files_without_step_times_replay_log_normal_noise_of_the_pooled_spre
     assert land.sigma > 0 and abs(np.median(rates) / 20.0 - 1) < 0.05 and np.std(np.log(rates)) > 0.01
 
 
+@pytest.mark.parametrize("visits", [2, 3, 6])
+def test_an_old_files_block_spread_is_the_pooled_sd_whatever_the_visits_per_point(visits):
+    """960 points of planted block scores at a log sd of 5 %: the pooled estimate (n - 1 degrees of
+    freedom per point) finds 5 %.  Doubling the mean squared deviation was right for 2 visits only: 3
+    gave 5.7 %, 6 gave 6.4 %."""
+    from tunelab.tuning.replay import STEP_SPREAD_OF_BLOCK
+
+    rng = np.random.default_rng(3)
+    points = [({"fusion_threshold_bytes": (i % 40) * MiB, "cycle_time_ms": 1.0 + i // 40},
+               list(np.exp(rng.normal(3.0, 0.05, visits)))) for i in range(960)]
+    land = landscape(points)
+    assert land.sigma / STEP_SPREAD_OF_BLOCK == pytest.approx(0.05, rel=0.06)  # (3 sd of the estimate at 2 visits)
+
+
+def test_a_landscape_with_two_points_of_the_same_knobs_is_refused():
+    """The replay answers the first of them; the truth might be the other's, a point no run can lock."""
+    from tunelab.errors import TunelabError
+
+    with pytest.raises(TunelabError, match="landscape tiny: points 1 and 2 have the same knobs"):
+        landscape([({"fusion_threshold_bytes": 0}, [10.0]), ({"fusion_threshold_bytes": MiB}, [20.0]),
+                   ({"fusion_threshold_bytes": MiB}, [30.0])])
+
+
 def _visit_recording(visit_noise, seed=11):
     """12 points of 1 step/s at 2 % step noise, 8 visits of 3 steps each (after one discarded step),
     every visit's steps moved together by a host state of sd ``visit_noise``."""
@@ -150,6 +173,35 @@ def _two_hosts_landscape():
     doc = {"space": {"names": ["fusion_threshold_bytes"], "base": base.as_dict()}, "points": points,
            "samples_per_step": 1.0, "discard_steps": 1}
     return Landscape.from_dict(doc, "two-hosts")
+
+
+def test_a_slow_visit_holds_as_long_as_it_took_so_a_point_replays_at_its_recorded_mean():
+    """A point recorded in visits at host states of +-30 % (each 3 steps, 2 % step noise): replayed in
+    blocks of 12 or 100 steps after another point's, its mean log rate is its recorded steps' (within the
+    draws' own noise, 0.015 here).  Each drawn state once held for the mean visit's time: the slow
+    visits were cut short and the fast ones ran whole, and the point replayed 7 % fast."""
+    rng = np.random.default_rng(5)
+    base = Knobs()
+    points = []
+    for fusion, states in ((MiB, [0.0] * 8), (2 * MiB, [0.3, -0.3] * 4)):
+        steps = [[float(math.exp(-s + rng.normal(0.0, 0.02))) for _ in range(3)] for s in states]
+        points.append({"knobs": base.replace(fusion_threshold_bytes=fusion).as_dict(), "steps_s": steps,
+                       "scores": [1.0 / float(np.median(v)) for v in steps]})
+    from tunelab.tuning.replay import Landscape
+
+    land = Landscape.from_dict({"space": {"names": ["fusion_threshold_bytes"], "base": base.as_dict()},
+                                "points": points, "samples_per_step": 1.0, "discard_steps": 1}, "slow-visits")
+    assert land.visit_pools is not None  # (the states are replayed a visit at a time)
+    one, other = land.knobs[1], land.knobs[0]
+    for steps in (12, 100):
+        obj = Objective(land, seed=4)
+        logs = []
+        for _ in range(400):
+            for _ in range(4):
+                obj.step_s(other)
+            obj.step_s(one)  # discarded
+            logs += [-math.log(obj.step_s(one)) for _ in range(steps)]
+        assert abs(float(np.mean(logs)) - land.true_log_rate(one)) < 0.03, steps
 
 
 def test_a_pooled_host_state_gives_every_point_the_same_state_and_keeps_its_own_steps():

@@ -103,6 +103,10 @@ class Landscape:
         if not (math.isfinite(per_step) and per_step > 0) \
                 or any(p.size and not np.all(np.isfinite(p) & (p > 0)) for p in pools):
             raise TunelabError(f"landscape {where}: samples_per_step and every step time must be positive numbers")
+        seen: dict[Knobs, int] = {}
+        for i, k in enumerate(knobs):  # (the replay answers the first; the truth might be the other)
+            if seen.setdefault(k, i) != i:
+                raise TunelabError(f"landscape {where}: points {seen[k]} and {i} have the same knobs")
         for flag in space.booleans():  # the search asks for both sides of every boolean knob
             missing = {False, True} - {bool(getattr(k, flag)) for k in knobs}
             if missing:
@@ -127,8 +131,9 @@ class Landscape:
                            between.sigma, between.seconds, [[v for v in vs if v.size] for vs in visits])
             return cls(name, space, knobs, pools, means, 0.0, per_step, recorded, scored)
         logs = [np.log(s) for s in scores]
-        pooled = [x - x.mean() for x in logs if x.size > 1]
-        block_sigma = float(np.sqrt(np.mean(np.concatenate(pooled) ** 2) * 2.0)) if pooled else 0.02
+        pooled = [x - x.mean() for x in logs if x.size > 1]  # each point's n visits give n - 1 degrees of freedom
+        dof = sum(x.size - 1 for x in pooled)
+        block_sigma = float(np.sqrt(np.sum(np.concatenate(pooled) ** 2) / dof)) if pooled else 0.02
         means = np.asarray([float(np.mean(s)) for s in scores])
         return cls(name, space, knobs, [np.empty(0)] * len(knobs), means, block_sigma * STEP_SPREAD_OF_BLOCK,
                    recorded=recorded, visit_scores=scores)
@@ -146,6 +151,12 @@ class Landscape:
     @property
     def best(self) -> float:
         return float(self.means.max())
+
+    @functools.cached_property
+    def mean_visit_steps_s(self) -> float:
+        """The mean over every recorded visit of its measured steps' time: a visit in play lasts
+        ``visit_seconds`` times its own steps' time over this (:class:`Objective`)."""
+        return float(np.mean([v.sum() for vs in self.visit_pools or [] for v in vs])) if self.visit_pools else 0.0
 
     @functools.cached_property
     def visit_states(self) -> tuple[list[np.ndarray], np.ndarray] | None:
@@ -352,7 +363,8 @@ class Objective:
 
     Where the landscape carries a host state between visits (``visit_pools``), one of the point's recorded
     visits is drawn (from a random stream of its own) at every change of knobs or of landscape and again
-    after every ``visit_seconds`` of replayed time under the same knobs, and each step is drawn from that
+    once it has held as long as it did when recorded (``visit_seconds`` for a visit of the mean length)
+    under the same knobs, and each step is drawn from that
     visit's steps (``visit_noise`` "recorded", or True); "pooled" moves that visit's steps to the state of
     a visit drawn from every point's (see the module's notes); "off" (or False) draws every step from the
     point's pool of all its visits, as replays did before 2026-11-27 (a host whose state moves at every
@@ -376,12 +388,16 @@ class Objective:
         if not visits:
             return land.step_pools[i]
         if self._state_of != (id(land), knobs) or self.t_s >= self._state_until:
-            self._state_of, self._state_until = (id(land), knobs), self.t_s + land.visit_seconds
             v = int(self._state_rng.integers(len(visits)))
             self._visit = visits[v]
             if self.visit_noise == "pooled":
                 own, states = land.visit_states
                 self._visit = visits[v] * math.exp(float(own[i][v]) - float(states[self._state_rng.integers(states.size)]))
+            # A state holds as long as its visit took when recorded: a slow visit took longer.  (Held for
+            # one length whatever the visit, slow states were cut short and fast ones ran whole, so a
+            # point with a slow visit replayed up to 5 % faster than its recorded steps.)
+            held = land.visit_seconds * float(self._visit.sum()) / land.mean_visit_steps_s
+            self._state_of, self._state_until = (id(land), knobs), self.t_s + held
         return self._visit
 
     def current(self) -> Landscape:
