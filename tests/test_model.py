@@ -585,6 +585,12 @@ def test_cli_fit_predict_check_and_report(tmp_path: Path, monkeypatch: pytest.Mo
                  "--ranks-per-host", "4", "--check", held, "--json", str(out), report]) == 0
     text = capsys.readouterr().out
     assert "crossover" in text and "# best:" in text and "check:" in text
+    assert "forward 100 ms + backward 250 ms;" in text  # (the replay scenario's own times)
+    # a training scenario records no compute times: the table says it assumed a replay's
+    assert _cli(["model", "predict", "--model-file", model, "--scenario", "resnet50", "--hosts", "4",
+                 "--ranks-per-host", "1"]) == 0
+    assert "forward 100 ms + backward 250 ms (assumed: a training scenario records no compute times)" \
+        in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["topology"]["hosts"] == 256 and doc["step"]["best"]["step_ms"] > 0
     assert doc["check"]["summary"]["median"] < 0.05  # the truth the files were made from

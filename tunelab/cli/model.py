@@ -261,7 +261,9 @@ def _steps(model: Any, topo: Any, work: Any, base: Any, pinned: list[str]) -> di
                                      knob_text("segment_bytes", r["segment_bytes"]))
         r["hier"] = knob_text("hierarchical", r["hierarchical"])
     print(f"# step time of {work.name}: {len(work.gradient_bytes)} gradients, {human_size(work.total_bytes)}, "
-          f"forward {work.forward_ms:g} ms + backward {work.backward_ms:g} ms; {len(knobs_list)} knob settings, "
+          f"forward {work.forward_ms:g} ms + backward {work.backward_ms:g} ms"
+          f"{' (assumed: a training scenario records no compute times)' if work.assumed else ''}; "
+          f"{len(knobs_list)} knob settings, "
           f"fastest first (first {STEP_ROWS})")
     print(format_table(flat[:STEP_ROWS], [
         ("fusion", "fusion", ""), ("cycle_time_ms", "cycle_ms", "g"), ("segment", "segment", ""),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..knobs import Knobs
 from .costs import Topology
@@ -49,6 +49,7 @@ class Workload:
     gradient_bytes: tuple[int, ...]
     forward_ms: float
     backward_ms: float
+    assumed: bool = False  # the compute times are a replay's defaults (a training scenario records none)
 
     @property
     def total_bytes(self) -> int:
@@ -70,7 +71,8 @@ class Workload:
         from ..scenarios import load_scenario
 
         sc = load_scenario(name_or_path)
-        return cls.of_model(sc.name, sc.model, sc.replay_forward_ms, sc.replay_backward_ms, element_bytes)
+        work = cls.of_model(sc.name, sc.model, sc.replay_forward_ms, sc.replay_backward_ms, element_bytes)
+        return replace(work, assumed=sc.workload != "replay")
 
     @classmethod
     def of_model(cls, name: str, model: str, forward_ms: float, backward_ms: float,
