@@ -833,12 +833,14 @@ def case_emulated_link(comm: MPI.Comm, gbps: float = 0.5, count: int = 1 << 20, 
     return out
 
 
-def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda", lazy: bool = False) -> dict:
+def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda", lazy: bool = False,
+                     multi_rank_nodes: bool = False) -> dict:
     """The device data path on ``backend``: every layout, through the engine and the coordinator,
     against numpy references.  Under Numba's CUDA simulator device memory is host memory; on a GPU
     the ranks share one device and map each other's staging segments through CUDA IPC.  ``lazy``
     (simulator): launches run as late as a GPU may run them (tests/lazy_streams.py), and results
-    are read as a framework reads them, after its own stream."""
+    are read as a framework reads them, after its own stream.  ``multi_rank_nodes``: only the layouts of
+    emulated nodes of two ranks or more (what four ranks add to three's)."""
     if backend == "cupy":
         import cupy
 
@@ -862,7 +864,8 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
 
     out: dict = {"failures": [], "checks": 0, "direct": []}
     counts = (1, 7, 300, 2500)  # fused: several 4 KiB pipeline pieces
-    for lay, oneshot in [(lay, oneshot) for lay in layouts(comm.size) for oneshot in (0, 1 << 18)]:
+    chosen = [lay for lay in layouts(comm.size) if not multi_rank_nodes or (lay["ranks_per_node"] or 0) >= 2]
+    for lay, oneshot in [(lay, oneshot) for lay in chosen for oneshot in (0, 1 << 18)]:
         # without one-shot, buffers between nodes go round the ring too (not only recursive doubling)
         engine = Engine(comm, load_engine_config(backend=backend, segment_bytes=4096, oneshot_max_bytes=oneshot,
                                                  doubling_max_bytes=oneshot and 32 << 10, **lay))
