@@ -567,6 +567,26 @@ def test_bench_landscape_visits_last_a_tuning_block_where_steps_are_fast(tmp_pat
 
 
 @pytest.mark.mpi
+def test_bench_landscape_inside_the_users_mpiexec_records_hierarchical_on_the_jobs_nodes(tmp_path):
+    """Inside the user's own mpiexec the job is the world's 4 ranks, 2 emulated nodes of 2: hierarchical
+    is searched there.  The command's own check before a launch, which counted the scenario's ranks
+    (one node), once refused the grid on every rank."""
+    from tunelab.launch import mpiexec_command
+
+    (tmp_path / "tiny.toml").write_text(
+        'workload = "replay"\nmodel = "resnet50"\n[run]\nnp = 2\n[tuning]\nwarmup_steps = 1\nmeasure_steps = 2\n'
+        'block_seconds = 0.2\n[replay]\nforward_ms = 10\nbackward_ms = 20\n')
+    out = tmp_path / "in-job.json"
+    proc = subprocess.run([*mpiexec_command(), "-n", "4", sys.executable, "-m", "tunelab.cli", "bench", "landscape",
+                           "--scenario", str(tmp_path / "tiny.toml"), "--ranks-per-node", "2", "--grid",
+                           "hier=true,false", "--repeats", "1", "--json", str(out), "--no-report"],
+                          capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert sorted(p["knobs"]["hierarchical"] for p in doc["points"]) == [False, True]
+
+
+@pytest.mark.mpi
 def test_bench_landscape_trains_the_batch_and_images_it_is_given(tmp_path):
     """--batch-size and --image-size override the training scenario's, as for tune: the landscape's
     samples a step are the ranks times the batch asked for (the scenario's own batch is 8)."""

@@ -232,7 +232,7 @@ def _grid_arg(text: str) -> str:
 
 def _cmd(args: argparse.Namespace) -> int:
     from ..cli.lab import scenario_ranks, scenario_session
-    from ..launch import run_job
+    from ..launch import inside_mpi_job, run_job
     from ..scenarios import load_scenario
 
     scenario = load_scenario(chosen_scenario(args))
@@ -250,7 +250,8 @@ def _cmd(args: argparse.Namespace) -> int:
               "replay_dtype": args.dtype or "float32"}
     with scenario_session(args.lab, scenario) as lab:
         ranks = scenario_ranks(lab, args.np, scenario)
-        _check_grid(grid, scenario, lab, ranks)  # (the ranks check again: a job inside the user's mpiexec)
+        if not inside_mpi_job():  # (inside the user's mpiexec the ranks are the job's world: they check)
+            _check_grid(grid, scenario, lab, ranks)
         print(f"# landscape {scenario.name}: {scenario.model} "
               f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {ranks} ranks, "
               f"{count} grid points x {args.repeats} visits x {scenario.discard_steps}+{scenario.measure_steps}"
