@@ -24,7 +24,9 @@
 Within a node every path reduces sources in rank order, so for one bucket layout the one-shot and
 the two-shot give the same bits.  Between nodes the order differs: the flat ring adds chunk c
 starting from rank c, recursive doubling adds in a tree, and the hierarchical path adds each node's
-sum first; so results there depend on ``hierarchical`` and ``doubling_max_bytes``.
+sum first; so results there depend on ``hierarchical`` and ``doubling_max_bytes``, and, hierarchical
+on three nodes or more, on ``segment_bytes`` (each piece's shard goes round the nodes' ring on its
+own, which starts its chunk c at node c).
 """
 
 from __future__ import annotations

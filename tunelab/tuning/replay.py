@@ -15,9 +15,10 @@ steps can explain (:func:`visit_noise`: a one-way random-effects analysis of the
 at 1 %), the host's state itself changed from visit to visit: another process busy for seconds, a
 transition after a knob change.  Drawn one by one from a pool of all visits, those steps would average
 that away inside a block.  So such a landscape replays its visits as they were recorded, in two stages
-(:class:`Objective`): at every knob change (where the recording began a visit), and again every
-``visit_seconds`` (as long as a recorded visit lasted, its discarded steps included) while the knobs
-stay, one of the point's recorded visits is drawn, and each step is drawn from that visit's steps.  A
+(:class:`Objective`): at every knob change (where the recording began a visit), and again once the
+visit drawn has held as long as it took when recorded (``visit_seconds``, a recorded visit's mean
+time with its discarded steps, for a visit of the mean length) while the knobs stay, one of the
+point's recorded visits is drawn, and each step is drawn from that visit's steps.  A
 block as long as a visit replays one visit, a block four times as long about four; every replayed step
 was recorded.
 
