@@ -829,6 +829,33 @@ def watch_run(land, later, switch_s, seed, steps=1500, writer=None):
     return watch, coord, lines
 
 
+def test_a_watched_steps_time_holds_neither_the_decision_nor_the_stores_writes():
+    """Steps of exactly 0.1 s and a store whose every write takes 0.5 s: the loaded configuration's
+    watched blocks score 10 steps/s each (the writes once landed in the next measured step: 8.4)."""
+    from tunelab.tuning.watch import ProfileWatch
+
+    now = [0.0]
+
+    class _SlowWriter:
+        broken = False
+
+        def sample(self, sample):
+            now[0] += 0.5
+
+        def lock(self, driver, last):
+            now[0] += 0.5
+            return ""
+
+    coord = FakeCoordinator()
+    coord.knobs = PEAK
+    watch = ProfileWatch(coord, SPACE, PEAK, clock=lambda: now[0], say=lambda line: None, writer=_SlowWriter())
+    for _ in range(200):
+        now[0] += 0.1
+        watch.step_done()
+    scores = [round(s.score, 9) for s in watch.driver.samples]
+    assert len(scores) >= 5 and scores == [10.0] * len(scores)
+
+
 def test_a_loaded_profile_is_watched_and_retuned_when_the_optimum_moves():
     first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.02, seed=7)
     moved = PEAK.replace(fusion_threshold_bytes=0, cycle_time_ms=64.0)

@@ -61,11 +61,11 @@ class ProfileWatch:
         if self._last is None:
             self._last = now
             return
-        elapsed, self._last = now - self._last, now
-        knobs = self.driver.step_done(elapsed)
+        knobs = self.driver.step_done(now - self._last)
         if knobs is not None:
             self.coordinator.set_knobs(knobs)
         self._report()
+        self._last = self.clock()  # (the decision and the store's writes are not the next step's)
 
     def _report(self) -> None:
         d = self.driver
