@@ -393,9 +393,13 @@ def test_an_interrupted_launch_stops_its_ranks(tmp_path, signame, status, line):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_launch_leaves_no_ranks(tmp_path):
     """SIGKILL runs none of the command's clean-up, and the launcher is in a session of its own: the
-    kernel's parent-death signal is what still ends the launcher and so its ranks."""
+    kernel's parent-death signal is what still ends the launcher and so its ranks.  (The MPICH segment
+    the job made is left: its clean-up ran in the killed command.  The test removes it.)"""
     import time
 
+    from tunelab.launch import mpich_segments, remove_orphaned_segments
+
+    before = mpich_segments()
     proc, ranks = _running_job(tmp_path)
     try:
         proc.kill()
@@ -410,6 +414,7 @@ def test_a_killed_launch_leaves_no_ranks(tmp_path):
         for p in ranks:  # (what the test leaves must not slow the tests after it)
             if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]:
                 os.kill(p, 9)
+        remove_orphaned_segments(before)
     assert not alive, f"ranks {alive} outlived the killed command by 5 s"
 
 
