@@ -418,6 +418,32 @@ def test_a_killed_launch_leaves_no_ranks(tmp_path):
     assert not alive, f"ranks {alive} outlived the killed command by 5 s"
 
 
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="MPICH's segments live in /dev/shm")
+def test_the_next_launch_removes_segments_a_killed_job_left_and_no_other():
+    """Unmapped and older than five minutes: a segment a job killed with its command left (removed);
+    a new one (a job starting now) and an old one a process maps (a job running) are left alone."""
+    import mmap
+    import time
+
+    from tunelab.launch import remove_stale_segments
+
+    tag = f"{os.getpid()}_test"
+    stale, fresh, held = (Path(f"/dev/shm/mpich_shm_{tag}_{k}") for k in ("stale", "fresh", "held"))
+    try:
+        for path in (stale, fresh, held):
+            path.write_bytes(b"\0" * 4096)
+        for path in (stale, held):
+            past = time.time() - 600
+            os.utime(path, (past, past))
+        with open(held, "r+b") as f, mmap.mmap(f.fileno(), 4096) as mapped:
+            remove_stale_segments()
+            assert mapped[0] == 0
+        assert (stale.exists(), fresh.exists(), held.exists()) == (False, True, True)
+    finally:
+        for path in (stale, fresh, held):
+            path.unlink(missing_ok=True)
+
+
 @pytest.mark.mpi
 def test_a_reader_that_goes_away_stops_the_launched_job(tmp_path):
     """``tunelab tune | head -2``: once nobody reads the ranks' progress, the job stops (rather than run

@@ -95,6 +95,7 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
             from .lab.launch import lab_env, mpiexec_args
 
             cmd, env = [*mpiexec_args(lab, np_, mpiexec_command()[0]), *rank_cmd], lab_env(env)
+        remove_stale_segments()  # what a job killed with its command (SIGKILL) left
         before = mpich_segments()
         banner = _LauncherBanner()
         with open(err_path, "w") as err:
@@ -172,6 +173,22 @@ def remove_orphaned_segments(before: set[str], wait_s: float = 2.0) -> None:
         if not new or time.monotonic() >= deadline:
             return
         time.sleep(0.1)
+
+
+def remove_stale_segments(min_age_s: float = 300.0) -> None:
+    """Remove the MPICH segments that no process maps and that are older than ``min_age_s``: a job's
+    ranks map theirs from the moment it is made until the job ends, so such a segment is one a job
+    torn down with its command left (a SIGKILL runs none of :func:`remove_orphaned_segments`).  The age
+    keeps a job that is starting this moment, on this host, out of it."""
+    now = time.time()
+    old = set()
+    for name in mpich_segments():
+        with contextlib.suppress(OSError):
+            if now - (SHM_DIR / name).stat().st_mtime >= min_age_s:
+                old.add(name)
+    for name in old - _mapped(old) if old else ():
+        with contextlib.suppress(OSError):
+            (SHM_DIR / name).unlink()
 
 
 def _mapped(names: set[str]) -> set[str]:
