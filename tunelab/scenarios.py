@@ -47,6 +47,14 @@ IMAGE_SIZES = (32, 1024)  # the image models' inputs: five 2x2 poolings need 32 
 MAX_MS = 3_600_000.0      # a replayed forward or backward pass: an hour at most
 MAX_SECONDS = 7 * 86400.0  # a block, or a tuning run's time budget: a week at most
 
+
+def image_size_problem(model: str, size: int) -> str | None:
+    """What is wrong with training ``model`` on ``size`` px images ("must be ..."), or None."""
+    if model == "bert" or IMAGE_SIZES[0] <= size <= IMAGE_SIZES[1]:
+        return None
+    return f"must be {IMAGE_SIZES[0]} to {IMAGE_SIZES[1]} pixels for {model}, got {size}"
+
+
 # TOML layout: table (None = top level) -> {key in the file: Scenario field}.  [knobs] is separate.
 _LAYOUT: dict[str | None, dict[str, str]] = {
     None: {"name": "name", "workload": "workload", "model": "model", "framework": "framework"},
@@ -121,9 +129,9 @@ class Scenario:
         if self.lab_hosts is not None and self.np % self.lab_hosts:
             raise ScenarioError(f"{where}: [run].np = {self.np} does not spread evenly over "
                                 f"[lab].hosts = {self.lab_hosts}")
-        if self.workload == "train" and self.model != "bert" and not IMAGE_SIZES[0] <= self.image_size <= IMAGE_SIZES[1]:
-            raise ScenarioError(f"{where}: [data].image_size must be {IMAGE_SIZES[0]} to {IMAGE_SIZES[1]} pixels for "
-                                f"{self.model}, got {self.image_size}")
+        image = image_size_problem(self.model, self.image_size) if self.workload == "train" else None
+        if image is not None:
+            raise ScenarioError(f"{where}: [data].image_size {image}")
         if self.model == "bert" and self.seq_len > BERT_MAX_LEN:
             raise ScenarioError(f"{where}: [data].seq_len must be at most {BERT_MAX_LEN} for bert "
                                 f"(its position embeddings), got {self.seq_len}")

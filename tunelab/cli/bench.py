@@ -179,11 +179,11 @@ def _run_train(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and args.framework != "torch":
         raise UsageError("bench train --device cuda trains torch models; TensorFlow places its own devices")
-    from ..scenarios import IMAGE_SIZES
+    from ..scenarios import image_size_problem
 
-    if args.model != "bert" and not IMAGE_SIZES[0] <= args.image_size <= IMAGE_SIZES[1]:
-        raise UsageError(f"--image-size must be {IMAGE_SIZES[0]} to {IMAGE_SIZES[1]} pixels for {args.model}, "
-                         f"got {args.image_size}")
+    image = image_size_problem(args.model, args.image_size)
+    if image is not None:
+        raise UsageError(f"--image-size {image}")
     params = {**_params(args), "model": args.model, "framework": args.framework, "steps": args.iters,
               "image_size": args.image_size, "batch_size": args.batch_size, "rounds": args.rounds,
               "systems": list(SYSTEMS[args.framework]), "device": args.device}
