@@ -613,3 +613,15 @@ def test_show_says_why_a_kept_default_was_kept(tmp_path, outcome, line):
     store.set_best(pid, {"segment_bytes": 1 << 20}, 10.0, 10.0, 0.01, "r", steps=30, outcome=outcome)
     show = cli(home, "show", str(pid))
     assert show.returncode == 0 and line in show.stdout, show.stdout
+
+
+def test_cli_import_reads_past_a_byte_order_mark(tmp_path):
+    """An export edited in an editor that saves UTF-8 with a byte order mark imports as it was."""
+    home = tmp_path / "home"
+    populated(ProfileStore(home / FILE_NAME))
+    export = cli(home, "export")
+    assert export.returncode == 0, export.stderr
+    marked = tmp_path / "marked.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + export.stdout.encode())
+    imported = cli(tmp_path / "other", "import", str(marked))
+    assert imported.returncode == 0 and "2 new profiles, 4 new trials" in imported.stdout, imported.stderr

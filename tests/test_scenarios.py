@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tunelab.errors import ScenarioError, TunelabError
-from tunelab.scenarios import Scenario, list_scenarios, load_scenario, scenario_dirs
+from tunelab.scenarios import Scenario, list_scenarios, load_scenario, scenario_dirs, scenario_path
 
 SHIPPED = {"resnet50", "resnet50-tf", "vgg16", "vgg16-tf", "bert", "bert-tf",
            "replay-resnet50", "replay-vgg16", "replay-vgg16-2nodes", "replay-bert", "resnet50-2nodes",
@@ -215,3 +215,17 @@ def test_a_file_in_the_working_directory_loads_whatever_its_extension(tmp_path, 
     mine = load_scenario("mine.txt")  # a bare name that is no shipped scenario, but a file here
     assert mine.model == shipped.model and Path(mine.path).name == "mine.txt"
     assert load_scenario("resnet50").path == shipped.path  # a shipped name still means the shipped file
+
+
+def test_a_scenario_saved_with_a_byte_order_mark_loads_as_without_one(tmp_path):
+    """Some editors (Notepad, some IDEs on Windows) start a UTF-8 file with a byte order mark; TOML
+    itself has none, so the mark is read past, not refused as an invalid statement."""
+    text = scenario_path("resnet50").read_bytes()
+    marked = tmp_path / "marked.toml"
+    marked.write_bytes(b"\xef\xbb\xbf" + text)
+    plain = tmp_path / "plain.toml"
+    plain.write_bytes(text)
+    def fields(path):
+        return dataclasses.replace(load_scenario(path), path=None, name="x")
+
+    assert fields(marked) == fields(plain)

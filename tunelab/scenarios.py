@@ -330,7 +330,7 @@ def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
     where = _display(path)
     toml = _toml()
     try:
-        doc = toml.loads(path.read_text(encoding="utf-8"))
+        doc = toml.loads(path.read_text(encoding="utf-8-sig"))  # (a BOM, as some editors write, is not TOML)
     except FileNotFoundError:
         raise ScenarioError(f"{where}: no such scenario file") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -347,7 +347,7 @@ def _step_rows(model: Any, files: list[Path], scenario: str, work: Any, link: st
     docs = []
     for path in files:
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
         except OSError as exc:
             raise UsageError(f"{path}: cannot read a landscape ({exc.strerror or exc})") from None
         except ValueError as exc:

@@ -145,7 +145,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..profile_export import InvalidExport
 
     try:
-        data = json.loads(args.file.read_text(encoding="utf-8"))
+        data = json.loads(args.file.read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

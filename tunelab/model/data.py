@@ -128,7 +128,7 @@ def combine_repeats(obs: list[Observation], how: str = "min") -> list[Observatio
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ModelInputError(f"{path}: no such file") from None
     except OSError as exc:

@@ -145,7 +145,7 @@ class ScaleModel:
     @classmethod
     def load(cls, path: Path) -> ScaleModel:
         try:
-            doc = json.loads(Path(path).read_text())
+            doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
         except FileNotFoundError:
             raise ModelInputError(f"{path}: no such model file") from None
         except (OSError, ValueError) as exc:

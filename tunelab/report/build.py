@@ -20,7 +20,7 @@ def default_out() -> Path:
 def _load(path: Path) -> dict[str, Any]:
     """A --bench/--tune input; what is wrong with it is a usage error (exit 2)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:

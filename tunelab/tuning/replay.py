@@ -142,7 +142,7 @@ class Landscape:
     @classmethod
     def load(cls, path: Path) -> Landscape:
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
         except OSError as exc:
             raise TunelabError(f"cannot read landscape {path}: {exc.strerror or exc}") from None
         except ValueError as exc:  # not UTF-8, or not JSON
