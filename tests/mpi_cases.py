@@ -805,6 +805,36 @@ def case_topology(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_refused_knobs_allocate_nothing(comm: MPI.Comm, ranks_per_node: int = 3) -> dict:
+    """An engine asked for hierarchical on unequal nodes fails with TopologyError on every rank, having
+    allocated no shared memory and freed the communicators it split; an engine made next works."""
+    import tunelab.engine.engine as engine_module
+
+    made, topologies = [], []
+    barrier, build = engine_module.NodeBarrier, engine_module.build_topology
+
+    def counting_barrier(*a, **k):
+        made.append(1)
+        return barrier(*a, **k)
+
+    def keeping_topology(*a, **k):
+        topologies.append(build(*a, **k))
+        return topologies[-1]
+
+    engine_module.NodeBarrier, engine_module.build_topology = counting_barrier, keeping_topology
+    try:
+        Engine(comm, load_engine_config(ranks_per_node=ranks_per_node, hierarchical=True))
+        error = ""
+    except TopologyError as exc:
+        error = str(exc)
+    finally:
+        engine_module.NodeBarrier, engine_module.build_topology = barrier, build
+    freed = [c == MPI.COMM_NULL for t in topologies for c in (t.world, t.local, t.cross)]
+    with Engine(comm, load_engine_config(ranks_per_node=ranks_per_node)) as engine:
+        total = engine.allreduce(np.full(3, comm.rank + 1.0, np.float64)).tolist()
+    return {"error": error, "barriers": len(made), "freed": freed, "total": total}
+
+
 def case_emulated_link(comm: MPI.Comm, gbps: float = 0.5, count: int = 1 << 20, seed: int = 7) -> dict:
     """Allreduce through an emulated link between 2-rank nodes: exact results, the bytes each rank
     took through its node's link, and how long the call took."""

@@ -170,6 +170,16 @@ def test_topology_splits(n):
             assert csize == sum(1 for s in sizes if s > lrank)
 
 
+def test_knobs_the_topology_refuses_allocate_nothing_and_the_next_engine_works():
+    """4 ranks as nodes of 3 and 1 with hierarchical on: refused on every rank before any shared memory
+    is allocated, the split communicators freed (a process that retries with other knobs does not pile
+    up windows); an engine made next sums 1 + 2 + 3 + 4."""
+    for res in run_ok("refused_knobs_allocate_nothing", 4, ranks_per_node=3):
+        assert "same number of ranks on every node" in res["error"] and "[3, 1]" in res["error"], res
+        assert res["barriers"] == 0 and res["freed"] == [True, True, True], res
+        assert res["total"] == [10.0] * 3
+
+
 def test_emulated_link_carries_the_cross_node_bytes_at_its_bandwidth():
     gbps, nbytes = 0.5, 4 * (1 << 20)  # 62.5 MB/s; 1Mi float32 on 4 ranks = 2 nodes of 2
     results = run_ok("emulated_link", 4, gbps=gbps, count=1 << 20, limit_s=120)

@@ -95,6 +95,11 @@ class Engine:
 
         self.config = config or load_engine_config()
         self.topology = build_topology(comm or MPI.COMM_WORLD, self.config.ranks_per_node)
+        try:  # knobs this topology cannot run are refused before anything is allocated (the same verdict
+            self.check_knobs(self.config.knobs)  # on every rank: the topology is the same everywhere)
+        except TopologyError:
+            self.topology.free()
+            raise
         # Host tensors use the Numba CPU kernels and the node's shared-memory segments.  Device
         # tensors (CUDA) take the device path (tunelab.engine.device), set up on the first one.
         self.kernels = get_backend("cpu")
