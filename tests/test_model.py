@@ -696,7 +696,8 @@ def test_tune_takes_the_models_best_as_its_first_proposals(tmp_path: Path) -> No
     result = json.loads(out.read_text())
     candidates = [s["knobs"] for s in result["samples"] if s["role"] == "candidate"]
     assert candidates[:2] == expected
-    assert result["first_proposals"] == {"source": "scale model", "model_file": str(model_path), "knobs": expected}
+    assert result["first_proposals"] == {"source": "scale model", "model_file": str(model_path), "knobs": expected,
+                                         "compute_assumed": False}
     # where it ran, recorded though --no-store keeps it out of the store
     hw = result["hardware"]
     assert hw["nodes"] == 2 and hw["ranks_per_node"] == [2, 2] and hw["emulated_link"] == "10 Gb/s", hw
@@ -735,6 +736,11 @@ def test_no_first_proposals_where_the_model_expects_no_setting_to_pay(tmp_path: 
     # a half-precision replay's gradients are half the bytes: the model is asked about those
     half = job_proposals(path, {**p, "replay_dtype": "float16"}, 2, 2, 1.0, 2.0, two_hosts)[1][0]
     assert _predicted_ms(half) < _predicted_ms(lines[0])
+    # a training scenario records no compute times: the model ranks on a replay's defaults, and says so
+    assert "assumed" not in lines[0]
+    trained = job_proposals(path, {"name": "resnet50", "model": "resnet50", "workload": "train"}, 2, 2, 1.0, 2.0,
+                            two_hosts)[1][0]
+    assert "compute assumed at 100 + 250 ms a step, as this training scenario records none" in trained, trained
 
 
 def _predicted_ms(head: str) -> float:

@@ -160,6 +160,8 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
         element = np.dtype(p.get("replay_dtype") or "float32").itemsize if p.get("workload") == "replay" else 4
         work = Workload.of_model(str(p.get("name", p["model"])), p["model"], p.get("replay_forward_ms", 100.0),
                                  p.get("replay_backward_ms", 250.0), element)
+        # a training scenario records no compute times: the model ranks its settings on a replay's defaults
+        assumed = p.get("workload") != "replay"
         grid = {k: v for k, v in (DEFAULT_GRID if grid is None else grid).items() if k in space.names}
         if not grid:
             return [], []
@@ -169,6 +171,8 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
     except (ModelError, ModelInputError) as exc:  # a model file that does not fit this job, or that this
         # tunelab cannot read (an older format, a corrupt file): tune without it, and say so
         return [], [f"# scale model {path} not used: {exc}"]
+    compute = (f"; compute assumed at {work.forward_ms:g} + {work.backward_ms:g} ms a step, as this "
+               "training scenario records none" if assumed else "")
     where = f"{hosts} host{'s' if hosts != 1 else ''} x {ranks_per_host} rank{'s' if ranks_per_host != 1 else ''}"
     # only what the model expects to be worth a change: where it predicts every setting within the tuner's
     # minimum gain of the default (a compute-bound step, say), its ranking is a tie broken by grid order
@@ -176,9 +180,9 @@ def job_proposals(path: Any, p: dict[str, Any], hosts: int, ranks_per_host: int,
     best = [b for b in best if b.predicted_step_s * (1.0 + gain) <= default_s]
     if not best:
         return [], [(f"# scale model {path} ({where}, link {link}): no setting is predicted to beat the default "
-                     f"knobs' {default_s * 1e3:.1f} ms/step by {100 * gain:g} %: no first proposals")]
+                     f"knobs' {default_s * 1e3:.1f} ms/step by {100 * gain:g} %{compute}: no first proposals")]
     head = (f"# first proposals from the scale model {path} ({where}, link {link}; no stored trials to start from on this "
-            f"hardware; the default knobs predicted at {default_s * 1e3:.1f} ms/step):")
+            f"hardware; the default knobs predicted at {default_s * 1e3:.1f} ms/step{compute}):")
     lines = [head] + [f"#   {b.describe(hier=hosts > 1)}" for b in best]
     return [b.knobs for b in best], lines
 

@@ -91,7 +91,9 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
         result["hardware_name"], result["hardware"] = recorder.hardware
     if first:  # where the search started: said in the output, not only on the terminal
         result["first_proposals"] = {"source": "scale model", "model_file": model_path,
-                                     "knobs": [k.as_dict() for k in first]}
+                                     "knobs": [k.as_dict() for k in first],
+                                     # ranked on a replay's default compute times (a training scenario has none)
+                                     "compute_assumed": p.get("workload") != "replay"}
     if recorder is not None and recorder.write:
         recorder.finish(result)
         result["profile_id"] = recorder.profile_id
