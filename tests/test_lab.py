@@ -280,3 +280,20 @@ def test_tune_brings_a_scenarios_lab_up_and_down(lab_dir, tmp_path):
     clash = _cli("tune", "--scenario", str(scenario), "--no-store", "--no-report")
     assert clash.returncode == 2 and "a different lab is up" in clash.stderr
     assert _namespaces() == ["tlab-h0", "tlab-h1", "tlab-h2"]  # the user's lab is left alone
+
+
+def test_bench_train_records_the_lab_it_ran_on_as_bench_allreduce_does(tmp_path, monkeypatch):
+    """A training benchmark run on a lab's hosts says so in its hardware facts (hosts, ranks a host,
+    the link), as the allreduce benchmark's do; outside a lab it records none."""
+    pytest.importorskip("mpi4py")
+    from mpi4py import MPI
+
+    from tunelab.bench.train import _hardware
+    from tunelab.config import ENV_LAB_STATE
+
+    monkeypatch.delenv(ENV_LAB_STATE, raising=False)
+    assert "lab" not in _hardware(MPI.COMM_SELF)
+    (tmp_path / "lab.json").write_text(_state(2, 2.5).to_json())
+    monkeypatch.setenv(ENV_LAB_STATE, str(tmp_path / "lab.json"))
+    lab = _hardware(MPI.COMM_SELF)["lab"]
+    assert (lab["hosts"], lab["ranks_per_host"], lab["link_gbps"]) == (1, 1, 2.5)  # (this one rank is one host)

@@ -157,10 +157,11 @@ def _knob_notes(knobs: dict[str, dict], p: dict) -> list[str]:
 
 def _hardware(comm: Any, gpus: bool = False) -> dict:
     """Where it ran, as bench allreduce records it: the host's facts (``gpus``: its GPUs' too, for a run
-    that trained on them) and the ranks."""
+    that trained on them), the ranks and, on a lab's hosts, the lab (collective: every rank calls it)."""
     from ..hardware import host_info
+    from .allreduce import lab_facts
 
-    return {**host_info(gpus=gpus), "world_size": comm.size}
+    return {**host_info(gpus=gpus), "world_size": comm.size, **lab_facts(comm)}
 
 
 def rotated(systems: list[str], round_index: int) -> list[str]:
