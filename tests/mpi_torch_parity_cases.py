@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import numpy as np
@@ -371,14 +372,19 @@ def case_torch_parity(comm) -> dict:
     torch.set_num_threads(1)
     tl.init(comm)
     r, n = tl.rank(), tl.size()
-    trace = tl.broadcast_object(os.path.join(tempfile.mkdtemp(prefix="tunelab-tl-"), "trace.json"), 0)
-    out = {"errors": errors_then_success(r, n), "autograd": autograd_vs_single_process(r, n),
-           "gradcheck": gradchecks(r, n),
-           "int_avg": integer_average(r, n), "optimizer": sparse_and_options(r, n),
-           "join": join_uneven(r, n), "collectives": collectives_vs_numpy(r, n),
-           "syncbn": sync_batch_norm(r, n),
-           "timeline": timeline(r, n, trace)}
-    tl.shutdown()  # raises if any error above had poisoned the coordinator
+    scratch = tempfile.mkdtemp(prefix="tunelab-tl-") if r == 0 else None  # (one, removed below)
+    trace = tl.broadcast_object(os.path.join(scratch, "trace.json") if r == 0 else None, 0)
+    try:
+        out = {"errors": errors_then_success(r, n), "autograd": autograd_vs_single_process(r, n),
+               "gradcheck": gradchecks(r, n),
+               "int_avg": integer_average(r, n), "optimizer": sparse_and_options(r, n),
+               "join": join_uneven(r, n), "collectives": collectives_vs_numpy(r, n),
+               "syncbn": sync_batch_norm(r, n),
+               "timeline": timeline(r, n, trace)}
+        tl.shutdown()  # raises if any error above had poisoned the coordinator
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return out
 
 
