@@ -354,7 +354,8 @@ def _running_job(tmp_path):
              "sys.argv[0] = 'tunelab'; runpy.run_module('tunelab.cli', run_name='__main__')")
     proc = subprocess.Popen([sys.executable, "-c", start, "bench", "allreduce", "--np", "2", "--sizes",
                              "64KiB", "--iters", "1000000", "--warmup", "1", "--algorithms", "ring", "--no-report"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})  # (a killed launcher's scratch stays there)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         ranks = [p for p in _descendants(proc.pid) if _argv(p)[1:3] == [b"-m", b"tunelab.rankmain"]]
