@@ -51,6 +51,22 @@ def test_memory_is_rounded_so_tiny_differences_do_not_split_profiles(monkeypatch
     assert low.hash == high.hash and low.facts["memory_gib"] == 24
 
 
+def test_a_job_held_to_some_cores_is_other_hardware_and_one_on_all_keeps_its_hash(monkeypatch):
+    """taskset or a cgroup's cpuset that leaves 1 of the machine's cores: another profile (its ranks and
+    kernel threads share that core); an affinity of every core adds no fact, so the profiles tuned
+    before the fact existed still match."""
+    monkeypatch.setattr(hardware.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    everything = fingerprint(1, [2])
+    assert "cpu_usable" not in everything.facts  # (the facts, and so the hash, of before)
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    held = fingerprint(1, [2])
+    assert held.facts["cpu_usable"] == 1 and held.facts["cpu_cores"] == 8 and held.hash != everything.hash
+    assert "(1 of 8 cores," in held.name and "(8 cores," in everything.name
+    monkeypatch.delattr(hardware.os, "sched_getaffinity", raising=False)  # (a platform without affinity)
+    assert fingerprint(1, [2]).hash == everything.hash
+
+
 def test_name_is_readable():
     fp = fingerprint(1, [2])
     parts = fp.name.split(" | ")

@@ -126,6 +126,12 @@ def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
         "mpi_library": _mpi_library_line(),
         "frameworks": _framework_versions(frameworks),
     }
+    usable = _usable_cores()
+    if usable is not None and usable != facts["cpu_cores"]:
+        # a job held to some of the cores (taskset, a cgroup's cpuset, a scheduler's binding) runs its
+        # ranks and kernel threads on those only: its best knobs are not those of the whole machine
+        # (only then a fact: profiles tuned on every core keep the hash they had)
+        facts["cpu_usable"] = usable
     if emulated_link:
         facts["emulated_link"] = emulated_link
     if lab_link:  # the shaped link between lab hosts (tunelab.lab): as much a part of the hardware
@@ -147,6 +153,14 @@ def _layout(nodes: int, ranks_per_node: list[int] | tuple) -> list[int]:
         raise ValueError(f"ranks_per_node must list a positive rank count for each of the {nodes} "
                          f"node(s), got {list(ranks_per_node)!r}")
     return layout
+
+
+def _usable_cores() -> int | None:
+    """The cores this process may run on (its CPU affinity), where the platform says (None elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
 
 
 def _cpu_sockets() -> int:
@@ -271,7 +285,10 @@ def _readable_name(facts: dict) -> str:
     """E.g. ``AMD EPYC (2 cores, 24 GiB) | 1 node x 2 ranks | MPICH 5.0.2 | torch 2.13``."""
     sockets = int(facts.get("cpu_sockets", 1) or 1)
     cpu = (f"{sockets}x " if sockets > 1 else "") + _short_cpu(str(facts.get("cpu_model", "?")))
-    parts = [f"{cpu} ({facts.get('cpu_cores', '?')} cores, {facts.get('memory_gib', '?')} GiB)"]
+    cores = f"{facts.get('cpu_cores', '?')} cores"
+    if facts.get("cpu_usable"):  # a job held to some of them
+        cores = f"{facts['cpu_usable']} of {cores}"
+    parts = [f"{cpu} ({cores}, {facts.get('memory_gib', '?')} GiB)"]
     if facts.get("gpu_count"):
         link = facts.get("gpu_interconnect")
         parts.append(f"{facts['gpu_count']}x {facts.get('gpu_model', 'GPU')} "
