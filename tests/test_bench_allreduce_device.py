@@ -9,6 +9,12 @@ import numpy as np
 from tunelab.bench.allreduce import _operation
 
 
+def _buffers(tools: tuple, count: int = 4) -> tuple:
+    """(src, out, device): the input, the host output the size's algorithms share, and their device copies."""
+    src, out = np.ones(count, np.float32), np.empty(count, np.float32)
+    return src, out, (tools[0](src), tools[0](out))
+
+
 def _tools(log: list[str]) -> tuple:
     return (lambda a: a.copy(), lambda a: np.asarray(a), lambda d, h: None,
             lambda dst, src: log.append("copy and wait"), lambda: log.append("wait"))
@@ -21,14 +27,14 @@ def test_an_engine_call_on_the_device_is_timed_until_its_result_is_there() -> No
         def allreduce(self, src, out=None):
             log.append("queued")
 
-    op, reset, _ = _operation("ring", None, np.ones(4, np.float32), {"ring": Engine()}, None, _tools(log))
+    op, reset, _ = _operation("ring", None, *_buffers(_tools(log)), {"ring": Engine()}, None, _tools(log))
     op()
     assert log == ["queued", "wait"] and reset is None
 
 
 def test_the_bound_row_is_one_copy_that_waits_for_itself() -> None:
     log: list[str] = []
-    op, _, _ = _operation("bound", None, np.ones(4, np.float32), {}, None, _tools(log))
+    op, _, _ = _operation("bound", None, *_buffers(_tools(log)), {}, None, _tools(log))
     op()
     assert log == ["copy and wait"]
 
@@ -41,10 +47,10 @@ def test_on_a_shared_gpu_the_bound_is_one_launch_copying_every_ranks_bytes() -> 
     copies: list[int] = []
     tools = (lambda a: a.copy(), lambda a: np.asarray(a), lambda d, h: None,
              lambda dst, src: copies.append(src.size), lambda: log.append("wait"))
-    op, _, _ = _operation("bound", None, np.ones(4, np.float32), {}, None, tools, sharing=3, leader=True)
+    op, _, _ = _operation("bound", None, *_buffers(tools), {}, None, tools, sharing=3, leader=True)
     op()
     assert copies == [12]
-    op, _, _ = _operation("bound", None, np.ones(4, np.float32), {}, None, tools, sharing=3, leader=False)
+    op, _, _ = _operation("bound", None, *_buffers(tools), {}, None, tools, sharing=3, leader=False)
     op()
     assert copies == [12] and log == []
 
@@ -58,6 +64,6 @@ def test_the_mpi_row_on_the_device_ends_when_its_result_is_back_in_device_memory
         def Allreduce(self, src, out, op=None):
             log.append("allreduce")
 
-    op, _, _ = _operation("mpi", Comm(), np.ones(4, np.float32), {}, None, tools)
+    op, _, _ = _operation("mpi", Comm(), *_buffers(tools), {}, None, tools)
     op()
     assert log == ["allreduce", "upload queued", "wait"]

@@ -1,9 +1,11 @@
 """``tunelab bench allreduce``: nccl-tests-style allreduce benchmark (rank side).
 
-For every size and algorithm: warm-up, then timed iterations that start together
-after a barrier; the reported time is the median over iterations of the slowest
-rank.  Inputs are exact-sum integers, outputs are poisoned first and compared
-bit for bit with a numpy reference: ``wrong`` counts mismatched elements.
+For every size: each algorithm's warm-up, then timed iterations that start together after a
+barrier, the algorithms taking turns (four rounds, each giving every algorithm a quarter of its
+iterations, in an order that rotates: a slow stretch of a shared host falls on all of them alike);
+the reported time is the median over iterations of the slowest rank.  Inputs are exact-sum
+integers, the output is poisoned before each turn and compared bit for bit with a numpy reference
+after it: ``wrong`` counts mismatched elements (the most in any turn, summed over ranks).
 
 The ``bound`` row is the physical limit of any allreduce on these ranks: every rank reads its
 input and writes its output at the same time, as a plain copy (host memory, or device memory with
@@ -29,7 +31,7 @@ from ..dtypes import dtype_from_name
 from ..hardware import host_info
 from ..knobs import Knobs
 from .baselines import MPI_UNSUPPORTED, GlooGroup, torch_available
-from .common import count_wrong, exact_input, exact_sum, timed_iterations
+from .common import count_wrong, exact_input, exact_sum, interleaved_iterations
 
 ALGORITHMS = ("ring", "hierarchical", "mpi", "gloo", "bound")
 
@@ -67,11 +69,7 @@ def run_rank(p: dict) -> dict:
         count = max(1, size // dtype.itemsize)
         src = exact_input(count, comm.rank, comm.size, dtype)
         expected = exact_sum(count, comm.size, dtype)
-        for algo in algorithms:
-            op, reset, result = _operation(algo, comm, src, engines, gloo, tools, sharing, leader)
-            times = timed_iterations(comm, op, p["iters"], p["warmup"], reset)
-            wrong = None if algo == "bound" else comm.allreduce(count_wrong(result(), expected), op=MPI.SUM)
-            rows.append(_row(algo, count, dtype, times, wrong, comm.size))
+        rows += _measure_size(comm, p, algorithms, src, expected, engines, gloo, tools, sharing, leader)
     if any(e.shared_gpu for e in engines.values()):  # what the engine did, not what it might have
         notes.append("ring/hierarchical on a shared GPU: the node's first rank reduces for every rank in one "
                      "launch (the shared-GPU path)")
@@ -86,6 +84,35 @@ def run_rank(p: dict) -> dict:
     if gloo is not None:
         gloo.close()
     return {"rows": rows, "hardware": hardware, "device": "cuda" if on_device else "cpu", "notes": notes}
+
+
+def _measure_size(comm, p: dict, algorithms: list[str], src: np.ndarray, expected: np.ndarray, engines: dict,
+                  gloo, tools: tuple | None, sharing: int, leader: bool) -> list[dict]:
+    """One row per algorithm at one size, the algorithms taking turns (:func:`.common.interleaved_iterations`).
+    They share one output (and its device copy), poisoned before each turn and checked bit for bit after
+    it: taking turns, they would otherwise hold an output each at once."""
+    from mpi4py import MPI
+
+    out = np.empty_like(src)
+    device = (tools[0](src), tools[0](out)) if tools is not None else None
+    ops = [_operation(algo, comm, src, out, device, engines, gloo, tools, sharing, leader) for algo in algorithms]
+    wrong = [0] * len(ops)
+
+    def poison(i: int) -> None:  # an algorithm that writes nothing is caught
+        out.view(np.uint8).fill(0xFF)
+        if device is not None:
+            tools[2](device[1], out)
+            tools[4]()
+
+    def check(i: int) -> None:
+        if algorithms[i] != "bound":
+            wrong[i] = max(wrong[i], count_wrong(ops[i][2](), expected))
+
+    times = interleaved_iterations(comm, [(op, reset) for op, reset, _ in ops], p["iters"], p["warmup"],
+                                   before=poison, after=check)
+    count = src.size
+    return [_row(algo, count, src.dtype, times[i], None if algo == "bound" else comm.allreduce(wrong[i], op=MPI.SUM),
+                 comm.size) for i, algo in enumerate(algorithms)]
 
 
 def _algorithms(p: dict, dtype: np.dtype, on_device: bool) -> tuple[list[str], list[str]]:
@@ -119,16 +146,16 @@ def _engines(comm, p: dict, algorithms: list[str]) -> dict:
     return engines
 
 
-def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tuple | None,
-               sharing: int = 1, leader: bool = True) -> tuple:
+def _operation(algo: str, comm, src: np.ndarray, out: np.ndarray, device: tuple | None, engines: dict, gloo,
+               tools: tuple | None, sharing: int = 1, leader: bool = True) -> tuple:
     """(op, reset, result) for one algorithm at one size: ``op`` is what is timed, ``reset`` (or None)
-    restores its input before each iteration, ``result()`` is its output as a host array.  The output
-    is poisoned first, so an allreduce that writes nothing is caught.  ``sharing``: how many ranks share
-    this rank's GPU (the bound is then one copy of all their bytes, by the ``leader``, the node's first)."""
+    restores its input before each iteration, ``result()`` is its output as a host array.  ``out`` (and
+    with ``--device cuda`` ``device``, the input and output in device memory) is the output every
+    algorithm of this size writes, poisoned by the caller before each turn, so an allreduce that writes
+    nothing is caught.  ``sharing``: how many ranks share this rank's GPU (the bound is then one copy of
+    all their bytes, by the ``leader``, the node's first)."""
     from mpi4py import MPI
 
-    out = np.empty_like(src)
-    out.view(np.uint8).fill(0xFF)
     if tools is not None:  # --device cuda: inputs and outputs in device memory
         upload, download, store, copy, wait = tools
         if algo == "bound" and sharing > 1:
@@ -139,7 +166,7 @@ def _operation(algo: str, comm, src: np.ndarray, engines: dict, gloo, tools: tup
                 return (lambda: None), None, lambda: out
             d_all, d_all_out = upload(np.concatenate([src] * sharing)), upload(np.concatenate([out] * sharing))
             return (lambda: copy(d_all_out, d_all)), None, lambda: out
-        d_src, d_out = upload(src), upload(out)
+        d_src, d_out = device
         if algo == "bound":
             def op() -> None:
                 copy(d_out, d_src)

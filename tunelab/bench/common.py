@@ -58,6 +58,37 @@ def timed_iterations(comm: MPI.Comm, op: Callable[[], None], iters: int, warmup:
     return slowest
 
 
+INTERLEAVE_ROUNDS = 4  # turns each measured thing gets (bench allreduce, bench fusion)
+
+
+def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None], Callable[[], None] | None]],
+                           iters: int, warmup: int, rounds: int = INTERLEAVE_ROUNDS,
+                           before: Callable[[int], None] | None = None,
+                           after: Callable[[int], None] | None = None) -> list[np.ndarray]:
+    """Seconds per iteration of each of ``ops`` (``(op, reset)`` as :func:`timed_iterations` takes them),
+    each the slowest rank's, measured in turns: every op first runs its ``warmup`` iterations, then each of
+    ``rounds`` rounds times a share of every op's ``iters`` iterations, in an order that rotates by one
+    from round to round.  A slow or fast stretch of a shared, noisy host then falls on every op alike,
+    not on whichever one ran at the time.  A turn after another op's starts with one more untimed
+    iteration (with ``warmup`` > 0: the caches are the other op's).  ``before(i)`` and ``after(i)`` run
+    untimed around each turn of op ``i`` (to poison its output, and to check it)."""
+    n = len(ops)
+    for op, reset in ops:
+        timed_iterations(comm, op, 0, warmup, reset)
+    rounds = max(1, min(rounds, iters))
+    shares = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+    times: list[list[np.ndarray]] = [[] for _ in range(n)]
+    for r, share in enumerate(shares):
+        for i in [(r + j) % n for j in range(n)]:
+            if before is not None:
+                before(i)
+            op, reset = ops[i]
+            times[i].append(timed_iterations(comm, op, share, 1 if warmup and n > 1 else 0, reset))
+            if after is not None:
+                after(i)
+    return [np.concatenate(t) for t in times]
+
+
 def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
     """Fixed-width table; ``columns`` are (key, header, format spec)."""
     cells = [[header for _, header, _ in columns]]

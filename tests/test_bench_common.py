@@ -1,0 +1,76 @@
+"""The benchmarks' shared timing: measured things take turns, so a slow stretch of a shared host falls
+on all of them alike."""
+
+import numpy as np
+
+from tunelab.bench import common
+
+
+class OneRank:
+    """A communicator of one rank (what timed_iterations asks of MPI)."""
+
+    def Barrier(self):
+        pass
+
+    def Allreduce(self, send, recv, op=None):
+        recv[...] = send
+
+
+def test_turns_rotate_and_give_each_op_its_iterations_and_warmup(monkeypatch):
+    calls, checked = [], []
+    ops = [(lambda n=n: calls.append(n), None) for n in "abc"]
+    times = common.interleaved_iterations(OneRank(), ops, iters=10, warmup=2, rounds=4,
+                                          before=lambda i: calls.append(f"<{i}"), after=checked.append)
+    assert [t.size for t in times] == [10, 10, 10]
+    ran = [c for c in calls if not c.startswith("<")]
+    assert ran[:6] == list("aabbcc")  # each op's own warm-up first
+    turns = [c for c in calls if c.startswith("<")]
+    assert turns == ["<0", "<1", "<2", "<1", "<2", "<0", "<2", "<0", "<1", "<0", "<1", "<2"]  # rotating
+    # shares of 3, 3, 2, 2 iterations, each turn after the first with one untimed iteration
+    assert sum(1 for c in ran if c == "a") == 2 + 10 + 4 and checked == [int(t[1]) for t in turns]
+
+
+def test_a_host_that_slows_for_a_stretch_slows_every_op_alike(monkeypatch):
+    """Two ops of equal cost on a host that runs at half speed for the second half of the run: taken in
+    turn their mean times come out within a few percent (the stretch starts inside one turn); one after
+    the other (as before) the second looked twice as slow."""
+    clock = {"t": 0.0, "calls": 0}
+    total = 2 * (1 + 40 + 4)  # iterations the run will make: (warm-up + timed + a re-warm a turn) x 2
+
+    def work():
+        clock["calls"] += 1
+        clock["t"] += 1.0 if clock["calls"] <= total / 2 else 2.0
+
+    monkeypatch.setattr(common.time, "perf_counter", lambda: clock["t"])
+    a, b = common.interleaved_iterations(OneRank(), [(work, None), (work, None)], iters=40, warmup=1, rounds=4)
+    assert abs(np.mean(a) / np.mean(b) - 1.0) < 0.05
+    clock.update(t=0.0, calls=0)
+    total = 2 * (1 + 40)
+    first = common.timed_iterations(OneRank(), work, 40, 1)
+    second = common.timed_iterations(OneRank(), work, 40, 1)
+    assert np.mean(second) == 2 * np.mean(first)  # (what turns are for)
+
+
+def test_an_algorithm_that_writes_nothing_is_caught_though_another_wrote_the_shared_output_before():
+    """bench allreduce's algorithms share one output a size: it is poisoned before each turn, so one
+    that writes nothing does not pass on the result the algorithm before it left there."""
+    import pytest
+
+    pytest.importorskip("mpi4py")
+    from tunelab.bench.allreduce import _measure_size
+
+    class Comm(OneRank):
+        size = 1
+
+        def allreduce(self, value, op=None):
+            return value
+
+    class WritesNothing:
+        def allreduce(self, src, out=None):
+            return out
+
+    src = common.exact_input(256, 0, 1, np.dtype(np.float32))
+    expected = common.exact_sum(256, 1, np.dtype(np.float32))
+    p = {"iters": 4, "warmup": 1}
+    rows = _measure_size(Comm(), p, ["mpi", "ring"], src, expected, {"ring": WritesNothing()}, None, None, 1, True)
+    assert [(r["algorithm"], r["wrong"]) for r in rows] == [("mpi", 0), ("ring", 256)]
