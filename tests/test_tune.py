@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,6 +70,36 @@ def test_tune_measures_default_first_stores_trials_and_warm_starts(tmp_path):
                       timeout=120)
     assert damaged.returncode == 1, damaged.stderr[-2000:]
     assert "is damaged (the score of its trial" in damaged.stderr and "stalled" not in damaged.stderr
+
+
+@pytest.mark.mpi
+def test_a_store_that_fails_while_the_run_measures_leaves_the_result_written_and_exits_1(tmp_path):
+    """The store refuses the run's trials (a trigger raises, as a full disk or a profile deleted
+    meanwhile would): the run tunes on, says so once, writes its result as JSON, says it is not
+    stored, and exits 1 with one line; the ranks are not stopped by rank 0's store."""
+    import os
+    import sqlite3
+
+    from tunelab.profiles import FILE_NAME, ProfileStore
+
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    store = Path(os.environ["TUNELAB_HOME"]) / FILE_NAME
+    ProfileStore(store)
+    with sqlite3.connect(store) as conn:
+        conn.execute("CREATE TRIGGER full BEFORE INSERT ON trials BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    out = tmp_path / "tune.json"
+    proc = tunelab("tune", "--scenario", str(scenario), "--seed", "3", "--json", str(out), "--no-report",
+                   timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the result was not stored in the profile store:" in lines[0] \
+        and "disk full" in lines[0], proc.stderr
+    assert proc.stdout.count("the profile store took no more of this run (") == 1
+    assert "stored : not stored: " in proc.stdout and "locked after" in proc.stdout
+    result = json.loads(out.read_text())
+    assert "disk full" in result["store_error"] and "profile_id" not in result and result["samples"]
+    assert ProfileStore(store).best(ProfileStore(store).profiles()[0].key) is None  # (no best stored after it)
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -99,5 +99,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"# on the lab: {lab.describe()}", flush=True)
         result = run_job("tune", params, np_, lab=lab)
     print_tune_summary(result)
-    return finish(args, result, "tune", "tune")
+    # a store that failed while the run measured: the result is still written (JSON, report), then one
+    # error line and exit 1, since what the command is for (the stored profile) did not happen
+    return finish(args, result, "tune", "tune", bad=[result["store_error"]] if result.get("store_error") else (),
+                  problem="the result was not stored in the profile store:")
 

@@ -34,6 +34,8 @@ def print_tune_summary(result: dict) -> None:
     if "profile_id" in result:
         print(f"stored : profile {result['profile_id']} in {result['store']} "
               "(training jobs on this hardware load it automatically)")
+    elif result.get("store_error"):
+        print(f"stored : not stored: {result['store_error']}")
 
 
 def final_text(final: dict, default: dict, same: bool) -> str:

@@ -96,7 +96,10 @@ def _tune(p: dict, rt: Any, workload: Workload, pinned: dict) -> dict:
                                      "compute_assumed": p.get("workload") != "replay"}
     if recorder is not None and recorder.write:
         recorder.finish(result)
-        result["profile_id"] = recorder.profile_id
+        if recorder.failed is None:
+            result["profile_id"] = recorder.profile_id
+        else:
+            result["store_error"] = recorder.failed
         result["store"] = str(recorder.store.path)
     return result
 
@@ -345,6 +348,7 @@ class _Recorder:
         self.seeded_from, self.write = seeded_from, write
         self.hardware = hardware  # (the profile's hardware name, its facts): what the run's output records
         self.warm_source: int | None = None  # the profile whose trials warm_start_observations read
+        self.failed: str | None = None  # why the store took no more of this run's writes (None: it took them)
 
     @classmethod
     def create(cls, p: dict, rt: Any, workload: Workload, write: bool = True) -> _Recorder:
@@ -392,18 +396,27 @@ class _Recorder:
         return observations
 
     def record(self, s: Sample) -> None:
-        if not self.write:
-            return
-        record_sample(self.store, self.profile_id, self.run_id, s)
+        self._write(lambda: record_sample(self.store, self.profile_id, self.run_id, s))
 
     def finish(self, result: dict) -> None:
-        if not self.write:
-            return
         iv = result.get("gain_interval")
-        self.store.set_best(self.profile_id, result["best"]["knobs"], result["best"]["score"],
-                            result["default"]["score"], _mean_spread(result), self.run_id,
-                            gain_interval=(iv["gain"], iv["low"], iv["high"]) if iv else None,
-                            steps=result["steps_to_lock"], outcome=result["outcome"])
+        self._write(lambda: self.store.set_best(
+            self.profile_id, result["best"]["knobs"], result["best"]["score"], result["default"]["score"],
+            _mean_spread(result), self.run_id, gain_interval=(iv["gain"], iv["low"], iv["high"]) if iv else None,
+            steps=result["steps_to_lock"], outcome=result["outcome"]))
+
+    def _write(self, write: Callable[[], object]) -> None:
+        """A write to the store; once one fails (the profile deleted meanwhile, a full disk, a store
+        locked for longer than its timeout), the run goes on without writing, says so once, and its
+        result says why (the command then exits 1, its result written as JSON and report)."""
+        if not self.write or self.failed is not None:
+            return
+        try:
+            write()
+        except Exception as exc:  # noqa: BLE001 - tuning goes on; the result says what was not stored
+            self.failed = " ".join(str(exc).split()) or type(exc).__name__
+            print(f"tunelab: warning: the profile store took no more of this run ({self.failed}); tuning goes "
+                  "on, and its result is not stored", flush=True)
 
 
 def _profile_id(store: Any, key: Any) -> int | None:
