@@ -280,6 +280,34 @@ def test_an_import_stores_knob_values_as_a_job_reads_them(store, tmp_path):
     assert (p["best"]["knobs"]["hierarchical"], p["best"]["knobs"]["fusion_threshold_bytes"]) == (True, 1 << 20)
 
 
+def test_an_imports_times_are_checked_and_stored_as_the_store_writes_its_own(store, tmp_path):
+    """The store keeps the later of two ``updated`` as text: a hand-edited "yesterday" or a year 9999
+    would sort after every real time for good, so they are refused, naming the field; a time without a
+    zone, or in another one, is stored in UTC as the store's own."""
+    from tunelab.profile_export import InvalidExport
+
+    a, _ = populated(store)
+    for where, value, words in ((("updated",), "yesterday", "profiles[0].updated is not an ISO 8601 time"),
+                                (("trials", 0, "created"), "9999-01-01T00:00:00+00:00", "lies in the future"),
+                                (("best", "updated"), "", "profiles[0].best.updated is not an ISO 8601 time")):
+        data = store.export([a])
+        target = data["profiles"][0]
+        for k in where[:-1]:
+            target = target[k]
+        target[where[-1]] = value
+        with pytest.raises(InvalidExport, match=words.replace("[", r"\[").replace("]", r"\]")):
+            ProfileStore(tmp_path / "fresh.sqlite").merge(data)
+    data = store.export([a])
+    data["profiles"][0]["created"] = "2026-11-01T10:00:00"
+    data["profiles"][0]["trials"][0]["created"] = "2026-11-01T12:00:00.5+02:00"
+    fresh = ProfileStore(tmp_path / "fresh.sqlite")
+    fresh.merge(data)
+    (p,) = fresh.export()["profiles"]
+    uid = data["profiles"][0]["trials"][0]["uid"]
+    assert p["created"] == "2026-11-01T10:00:00.000+00:00"
+    assert next(t for t in p["trials"] if t["uid"] == uid)["created"] == "2026-11-01T10:00:00.500+00:00"
+
+
 def test_import_merges_trials_and_keeps_the_higher_best(store, tmp_path):
     a, _ = populated(store)
     other = ProfileStore(tmp_path / "other.sqlite")

@@ -45,6 +45,8 @@ def validate_export(data: object) -> list[dict]:
     keys: set[tuple] = set()
     for i, p in enumerate(profiles):
         _check_fields(p, _PROFILE_FIELDS, f"profiles[{i}]")
+        for name in ("created", "updated"):
+            p[name] = _check_time(p[name], f"profiles[{i}].{name}")
         if p["world_size"] < 1:
             raise InvalidExport(f"profiles[{i}].world_size must be >= 1")
         for name in _KEY_STRINGS:  # a profile's key: a store cannot hold (nor look up) an empty one
@@ -57,6 +59,7 @@ def validate_export(data: object) -> list[dict]:
         for j, t in enumerate(p["trials"]):
             where = f"profiles[{i}].trials[{j}]"
             _check_fields(t, _TRIAL_FIELDS, where)
+            t["created"] = _check_time(t["created"], f"{where}.created")
             if t["phase"] not in PHASES:
                 raise InvalidExport(f"{where}.phase {t['phase']!r} is not one of {PHASES}")
             _check_knobs(t["knobs"], f"{where}.knobs")
@@ -70,6 +73,7 @@ def validate_export(data: object) -> list[dict]:
             optional = {k: v for k, v in _BEST_OPTIONAL.items() if p["best"].get(k) is not None}
             _check_fields(p["best"], optional, f"profiles[{i}].best")
             _check_knobs(p["best"]["knobs"], f"profiles[{i}].best.knobs")
+            p["best"]["updated"] = _check_time(p["best"]["updated"], f"profiles[{i}].best.updated")
             b = p["best"]
             low, high = b.get("gain_low"), b.get("gain_high")
             if (low is None) != (high is None) or (low is not None and not 0 < low <= high):
@@ -83,6 +87,22 @@ def validate_export(data: object) -> list[dict]:
 
 
 _KEY_STRINGS = ("hardware_hash", "model_signature", "framework")
+
+
+def _check_time(value: str, where: str) -> str:
+    """A timestamp as the store writes its own (ISO 8601, UTC, milliseconds; one without a zone is
+    taken as UTC): the store orders profiles by them and keeps the later of two ``updated`` as text,
+    so a hand-edited "yesterday" or a year 9999 would sort after every real one for good."""
+    from datetime import datetime, timedelta, timezone
+
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidExport(f"{where} is not an ISO 8601 time (as 2026-11-28T15:15:10.123+00:00): {value[:40]!r}") from None
+    when = (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+    if when > datetime.now(timezone.utc) + timedelta(days=1):
+        raise InvalidExport(f"{where} {value!r} lies in the future")
+    return when.isoformat(timespec="milliseconds")
 
 
 def _check_text(value: object, where: str) -> None:
