@@ -17,6 +17,7 @@ class OneRank:
 
 
 def test_turns_rotate_and_give_each_op_its_iterations_and_warmup(monkeypatch):
+    monkeypatch.setattr(common, "REWARM_MAX_S", 1e9)  # (every op short: each turn re-warms)
     calls, checked = [], []
     ops = [(lambda n=n: calls.append(n), None) for n in "abc"]
     times = common.interleaved_iterations(OneRank(), ops, iters=10, warmup=2, rounds=4,
@@ -26,8 +27,14 @@ def test_turns_rotate_and_give_each_op_its_iterations_and_warmup(monkeypatch):
     assert ran[:6] == list("aabbcc")  # each op's own warm-up first
     turns = [c for c in calls if c.startswith("<")]
     assert turns == ["<0", "<1", "<2", "<1", "<2", "<0", "<2", "<0", "<1", "<0", "<1", "<2"]  # rotating
-    # shares of 3, 3, 2, 2 iterations, each turn after the first with one untimed iteration
+    # shares of 3, 3, 2, 2 iterations, each turn with one untimed iteration first
     assert sum(1 for c in ran if c == "a") == 2 + 10 + 4 and checked == [int(t[1]) for t in turns]
+    # an op whose iterations are long (a big allreduce behind a slow link) is not re-warmed: its turns
+    # would cost half as much again, for caches it does not feel
+    monkeypatch.setattr(common, "REWARM_MAX_S", 0.0)
+    calls.clear()
+    common.interleaved_iterations(OneRank(), ops, iters=10, warmup=2, rounds=4)
+    assert calls.count("a") == 2 + 10
 
 
 def test_a_host_that_slows_for_a_stretch_slows_every_op_alike(monkeypatch):
@@ -35,7 +42,7 @@ def test_a_host_that_slows_for_a_stretch_slows_every_op_alike(monkeypatch):
     turn their mean times come out within a few percent (the stretch starts inside one turn); one after
     the other (as before) the second looked twice as slow."""
     clock = {"t": 0.0, "calls": 0}
-    total = 2 * (1 + 40 + 4)  # iterations the run will make: (warm-up + timed + a re-warm a turn) x 2
+    total = 2 * (1 + 40)  # iterations the run will make: (warm-up + timed) x 2 (a 1 s step is not re-warmed)
 
     def work():
         clock["calls"] += 1

@@ -59,6 +59,7 @@ def timed_iterations(comm: MPI.Comm, op: Callable[[], None], iters: int, warmup:
 
 
 INTERLEAVE_ROUNDS = 4  # turns each measured thing gets (bench allreduce, bench fusion)
+REWARM_MAX_S = 0.01    # a turn starts with an untimed iteration only where one takes less than this
 
 
 def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None], Callable[[], None] | None]],
@@ -70,11 +71,22 @@ def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None
     ``rounds`` rounds times a share of every op's ``iters`` iterations, in an order that rotates by one
     from round to round.  A slow or fast stretch of a shared, noisy host then falls on every op alike,
     not on whichever one ran at the time.  A turn after another op's starts with one more untimed
-    iteration (with ``warmup`` > 0: the caches are the other op's).  ``before(i)`` and ``after(i)`` run
-    untimed around each turn of op ``i`` (to poison its output, and to check it)."""
+    iteration where an iteration is short (with ``warmup`` > 0, an op whose warm-up iterations took under
+    ``REWARM_MAX_S`` on every rank: the caches are the other op's; a longer one does not feel it, and its
+    turns would cost half as much again).  ``before(i)`` and ``after(i)`` run untimed around each turn of
+    op ``i`` (to poison its output, and to check it)."""
     n = len(ops)
+    rewarm = []
     for op, reset in ops:
+        t0 = time.perf_counter()
         timed_iterations(comm, op, 0, warmup, reset)
+        rewarm.append(warmup > 0 and n > 1 and (time.perf_counter() - t0) / warmup < REWARM_MAX_S)
+    # (a re-warm is one more collective call: every rank must agree on it)
+    mine = np.asarray(rewarm, dtype=np.int32)
+    agreed = np.empty_like(mine)
+    from mpi4py import MPI
+
+    comm.Allreduce(mine, agreed, op=MPI.MIN)
     rounds = max(1, min(rounds, iters))
     shares = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     times: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -83,7 +95,7 @@ def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None
             if before is not None:
                 before(i)
             op, reset = ops[i]
-            times[i].append(timed_iterations(comm, op, share, 1 if warmup and n > 1 else 0, reset))
+            times[i].append(timed_iterations(comm, op, share, int(agreed[i]), reset))
             if after is not None:
                 after(i)
     return [np.concatenate(t) for t in times]
