@@ -537,3 +537,23 @@ def test_a_workload_that_one_rank_cannot_build_fails_on_every_rank_at_once():
             assert fails["error"] == ("TunelabError: the workload could not be built on rank 2: out of memory "
                                       "building the model (injected)"), fails
         assert fails["seconds"] < 30 and works["gathered"] == [0, 1, 2], res
+
+
+def test_a_defect_in_storing_a_run_is_raised_not_reported_as_a_store_failure():
+    """Only the store's own errors (and the file system's) turn into "not stored": a defect in the code
+    that stores (here a store without set_best) is raised as it is."""
+    from tunelab.errors import StoreError
+    from tunelab.tuning.run import _Recorder
+
+    result = {"gain_interval": None, "best": {"knobs": {}, "score": 2.0}, "default": {"score": 1.0},
+              "samples": [], "steps_to_lock": 4, "outcome": "converged"}
+    with pytest.raises(AttributeError):
+        _Recorder(object(), 1, "r", None, None).finish(result)
+
+    class Full:
+        def set_best(self, *a, **k):
+            raise StoreError("disk full")
+
+    recorder = _Recorder(Full(), 1, "r", None, None)
+    recorder.finish(result)
+    assert recorder.failed == "disk full"

@@ -148,8 +148,8 @@ def _model_proposals(p: dict, rt: Any, space: Any) -> tuple[list[Knobs], str | N
     link_gbps = lab.spec.link_gbps if lab is not None else rt.config.link_gbps
     one_machine = lab is not None or rt.config.ranks_per_node is not None  # every rank on this host's cores
     ranks_here = topo.size if one_machine else topo.local_size
-    first, lines = job_proposals(path, p, topo.num_nodes, topo.local_size, link_gbps,
-                                 ranks_here / (os.cpu_count() or 1), space)
+    cores = topo.host_cores or os.cpu_count() or 1  # (the cores the job's ranks may use: taskset, a cpuset)
+    first, lines = job_proposals(path, p, topo.num_nodes, topo.local_size, link_gbps, ranks_here / cores, space)
     for line in lines:
         print(line, flush=True)
     return first, str(path)
@@ -400,20 +400,24 @@ class _Recorder:
 
     def finish(self, result: dict) -> None:
         iv = result.get("gain_interval")
+        args = (self.profile_id, result["best"]["knobs"], result["best"]["score"], result["default"]["score"],
+                _mean_spread(result), self.run_id)
+        steps, how = result["steps_to_lock"], result["outcome"]
         self._write(lambda: self.store.set_best(
-            self.profile_id, result["best"]["knobs"], result["best"]["score"], result["default"]["score"],
-            _mean_spread(result), self.run_id, gain_interval=(iv["gain"], iv["low"], iv["high"]) if iv else None,
-            steps=result["steps_to_lock"], outcome=result["outcome"]))
+            *args, gain_interval=(iv["gain"], iv["low"], iv["high"]) if iv else None, steps=steps, outcome=how))
 
     def _write(self, write: Callable[[], object]) -> None:
         """A write to the store; once one fails (the profile deleted meanwhile, a full disk, a store
-        locked for longer than its timeout), the run goes on without writing, says so once, and its
-        result says why (the command then exits 1, its result written as JSON and report)."""
+        locked for longer than its timeout: the store's own errors), the run goes on without writing,
+        says so once, and its result says why (the command then exits 1, its result written as JSON
+        and report).  Anything else is a defect, raised as such."""
+        from ..errors import StoreError
+
         if not self.write or self.failed is not None:
             return
         try:
             write()
-        except Exception as exc:  # noqa: BLE001 - tuning goes on; the result says what was not stored
+        except (StoreError, OSError) as exc:  # tuning goes on; the result says what was not stored
             self.failed = " ".join(str(exc).split()) or type(exc).__name__
             print(f"tunelab: warning: the profile store took no more of this run ({self.failed}); tuning goes "
                   "on, and its result is not stored", flush=True)
