@@ -805,6 +805,18 @@ def case_topology(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_fingerprint(comm: MPI.Comm) -> dict:
+    """This rank's own CPU affinity and the job's fingerprint (hash, usable cores) as a tuning job sees it."""
+    from tunelab import runtime
+
+    rt = runtime.init(comm)
+    fp = rt.fingerprint()
+    out = {"own": len(os.sched_getaffinity(0)), "hash": fp.hash, "usable": fp.facts.get("cpu_usable"),
+           "host_cores": rt.topology.host_cores}
+    runtime.shutdown()
+    return out
+
+
 def case_refused_knobs_allocate_nothing(comm: MPI.Comm, ranks_per_node: int = 3) -> dict:
     """An engine asked for hierarchical on unequal nodes fails with TopologyError on every rank, having
     allocated no shared memory and freed the communicators it split; an engine made next works."""

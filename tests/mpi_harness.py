@@ -29,14 +29,16 @@ class CaseRun:
 
 
 def run_case(case: str, n: int, limit_s: float = 180, env: dict | None = None,
-             **params: object) -> CaseRun:
+             launcher: tuple[str, ...] = (), prefix: tuple[str, ...] = (), **params: object) -> CaseRun:
+    """``launcher``: arguments for mpiexec itself (``("-bind-to", "core")``); ``prefix``: a command that
+    runs mpiexec (``("taskset", "-c", "0")``)."""
     import time
 
     from tunelab.launch import mpich_segments, mpiexec_command, remove_orphaned_segments
 
     segments = mpich_segments()  # a case whose ranks abort or die leaves MPICH's segment: removed below
     with tempfile.TemporaryDirectory(prefix="tunelab-test-") as out:
-        cmd = [*mpiexec_command(), "-n", str(n), sys.executable, str(HERE / "mpi_cases.py"),
+        cmd = [*prefix, *mpiexec_command(), *launcher, "-n", str(n), sys.executable, str(HERE / "mpi_cases.py"),
                case, json.dumps(params), out]
         # Each launch gets its own profile store unless the test passes one: tests never touch ~.
         full_env = {**os.environ, "TUNELAB_HOME": str(Path(out) / "home"), **(env or {})}

@@ -2,6 +2,7 @@
 different when the layout changes, blind to the hostname and to tiny memory differences."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,27 @@ def test_a_job_held_to_some_cores_is_other_hardware_and_one_on_all_keeps_its_has
     assert "(1 of 8 cores," in held.name and "(8 cores," in everything.name
     monkeypatch.delattr(hardware.os, "sched_getaffinity", raising=False)  # (a platform without affinity)
     assert fingerprint(1, [2]).hash == everything.hash
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2
+                    or shutil.which("taskset") is None, reason="needs CPU affinity, 2 cores and taskset")
+def test_the_fingerprint_counts_the_cores_of_the_job_not_those_of_one_bound_rank():
+    """Ranks bound to a core each (``-bind-to core``, as Slurm or Open MPI bind) are the same job on the
+    same cores as unbound ones: the same profile.  The whole job held to one core (taskset) is not."""
+    from mpi_harness import run_ok
+
+    free = run_ok("fingerprint", 2)
+    bound = run_ok("fingerprint", 2, launcher=("-bind-to", "core"))
+    held = run_ok("fingerprint", 2, prefix=("taskset", "-c", "0"))
+    cores = len(os.sched_getaffinity(0))
+    assert [r["own"] for r in bound] == [1, 1] and [r["own"] for r in free] == [cores, cores]  # (bound, or not)
+    assert {r["host_cores"] for r in bound} == {min(2, cores)}
+    if cores == 2:  # the two bound ranks hold every core between them: the unbound job's profile
+        assert free[0]["usable"] is None and bound[0]["usable"] is None and free[0]["hash"] == bound[0]["hash"]
+    else:  # (two of more cores: the bound job does run on fewer)
+        assert bound[0]["usable"] == 2
+    assert held[0]["usable"] == 1 and held[0]["hash"] != free[0]["hash"]
 
 
 def test_name_is_readable():

@@ -104,10 +104,13 @@ class Fingerprint:
 
 def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
                 frameworks: tuple[str, ...] = ("torch", "tensorflow"),
-                emulated_link: str | None = None, lab_link: str | None = None) -> Fingerprint:
+                emulated_link: str | None = None, lab_link: str | None = None,
+                usable_cores: int | None = None) -> Fingerprint:
     """Fingerprint this host's hardware and software for a job of ``nodes`` nodes.
     ``emulated_link`` (e.g. ``"10 Gb/s"``) names the emulated link between emulated nodes: a
     config tuned behind one is not the best config without it, so it is part of the hash.
+    ``usable_cores``: the cores the job's ranks on this host may run on together (the union of their
+    affinities, :attr:`tunelab.engine.topology.Topology.host_cores`); by default this process's own.
 
     Cheap enough to call at every job start: no torch/tensorflow import (versions come from the
     installed metadata), and the GPU query is one short ``nvidia-smi`` call.
@@ -126,7 +129,7 @@ def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
         "mpi_library": _mpi_library_line(),
         "frameworks": _framework_versions(frameworks),
     }
-    usable = _usable_cores()
+    usable = usable_cores if usable_cores is not None else _usable_cores()
     if usable is not None and usable != facts["cpu_cores"]:
         # a job held to some of the cores (taskset, a cgroup's cpuset, a scheduler's binding) runs its
         # ranks and kernel threads on those only: its best knobs are not those of the whole machine

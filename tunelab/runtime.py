@@ -270,7 +270,8 @@ class Runtime:
         link = describe_link(cfg.link_gbps, cfg.link_latency_us) if self.engine.link is not None else None
         lab = current_lab()
         lab_link = f"{lab.spec.link_gbps:g} Gb/s tc-shaped TCP" if lab is not None else None
-        return fingerprint(topo.num_nodes, list(topo.node_sizes), emulated_link=link, lab_link=lab_link)
+        return fingerprint(topo.num_nodes, list(topo.node_sizes), emulated_link=link, lab_link=lab_link,
+                           usable_cores=topo.host_cores)
 
     def profile_key(self, signature: str, framework: str) -> ProfileKey:
         """The store key of this job: hardware fingerprint (with the node layout), model, framework, size."""

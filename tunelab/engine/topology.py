@@ -9,6 +9,7 @@ would between hosts.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,8 @@ class Topology:
     node_sizes: tuple[int, ...]
     node_of: tuple[int, ...] = ()  # node index of every world rank
     host_of: tuple[int, ...] = ()  # real host of every world rank (its lowest world rank)
+    host_cores: int | None = None  # cores this host's ranks may run on together (the union of their CPU
+                                   # affinities; None where the platform does not say)
 
     def emulated_boundary(self, a: int, b: int) -> bool:
         """Whether world ranks ``a`` and ``b`` are on different emulated nodes of one real host."""
@@ -101,6 +104,7 @@ def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None) -> Topolog
     else:
         local = host.Split(color=host.rank // ranks_per_node, key=host.rank)
     host_size = host.size
+    host_cores = _host_cores(host)
     host_leaders = world.allgather(host.allreduce(world.rank, op=MPI.MIN))
     host.Free()
     # Number nodes by their lowest world rank so every rank sees the same order.
@@ -113,4 +117,19 @@ def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None) -> Topolog
         sizes[order.index(leader)] += 1
     return Topology(world=world, local=local, cross=cross, host_size=host_size,
                     node_sizes=tuple(sizes), node_of=tuple(order.index(x) for x in leaders),
-                    host_of=tuple(host_leaders))
+                    host_of=tuple(host_leaders), host_cores=host_cores)
+
+
+def _host_cores(host: MPI.Comm) -> int | None:
+    """How many cores the ranks of ``host`` (one real host) may run on together: the union of their
+    CPU affinities (collective over ``host``).  A launcher that binds each rank to a core of its own
+    (``-bind-to core``, Slurm, Open MPI's default) leaves the union the job's cores, as an unbound
+    launch does; ``taskset`` or a cgroup's cpuset narrows it.  None where the platform has no affinity."""
+    try:
+        mine = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = None
+    everyone = host.allgather(mine)
+    if any(cores is None for cores in everyone):
+        return None
+    return len(set().union(*everyone))

@@ -80,7 +80,8 @@ def outcome_text(run: dict[str, Any]) -> str:
 def hardware_text(facts: dict[str, Any]) -> str:
     if not facts:
         return "Hardware facts were not recorded for this run."
-    parts = [f"CPU {facts.get('cpu_model', '?')} ({facts.get('cpu_cores', '?')} cores"
+    usable = f"{facts['cpu_usable']} of " if facts.get("cpu_usable") else ""  # a job held to some cores
+    parts = [f"CPU {facts.get('cpu_model', '?')} ({usable}{facts.get('cpu_cores', '?')} cores"
              + (f", {facts['cpu_sockets']} sockets" if int(facts.get("cpu_sockets", 1) or 1) > 1 else "") + ")"]
     if facts.get("memory_gib") is not None:
         parts.append(f"{facts['memory_gib']} GiB memory")
