@@ -289,7 +289,9 @@ def test_an_imports_times_are_checked_and_stored_as_the_store_writes_its_own(sto
     a, _ = populated(store)
     for where, value, words in ((("updated",), "yesterday", "profiles[0].updated is not an ISO 8601 time"),
                                 (("trials", 0, "created"), "9999-01-01T00:00:00+00:00", "lies in the future"),
-                                (("best", "updated"), "", "profiles[0].best.updated is not an ISO 8601 time")):
+                                (("best", "updated"), "", "profiles[0].best.updated is not an ISO 8601 time"),
+                                (("updated",), "9999-12-31T23:00:00-05:00", "is not an ISO 8601 time"),
+                                (("created",), "0001-01-01T00:30:00+01:00", "is not an ISO 8601 time")):
         data = store.export([a])
         target = data["profiles"][0]
         for k in where[:-1]:
@@ -300,11 +302,12 @@ def test_an_imports_times_are_checked_and_stored_as_the_store_writes_its_own(sto
     data = store.export([a])
     data["profiles"][0]["created"] = "2026-11-01T10:00:00"
     data["profiles"][0]["trials"][0]["created"] = "2026-11-01T12:00:00.5+02:00"
+    data["profiles"][0]["updated"] = "2026-11-02T08:00:00.25Z"  # (as JavaScript's toISOString writes)
     fresh = ProfileStore(tmp_path / "fresh.sqlite")
     fresh.merge(data)
     (p,) = fresh.export()["profiles"]
     uid = data["profiles"][0]["trials"][0]["uid"]
-    assert p["created"] == "2026-11-01T10:00:00.000+00:00"
+    assert p["created"] == "2026-11-01T10:00:00.000+00:00" and p["updated"] >= "2026-11-02T08:00:00.250+00:00"
     assert next(t for t in p["trials"] if t["uid"] == uid)["created"] == "2026-11-01T10:00:00.500+00:00"
 
 

@@ -93,13 +93,18 @@ def _check_time(value: str, where: str) -> str:
     """A timestamp as the store writes its own (ISO 8601, UTC, milliseconds; one without a zone is
     taken as UTC): the store orders profiles by them and keeps the later of two ``updated`` as text,
     so a hand-edited "yesterday" or a year 9999 would sort after every real one for good."""
+    import re
     from datetime import datetime, timedelta, timezone
 
+    # what Python 3.10's fromisoformat does not read: a "Z" for UTC, and fractions of other than 3 or 6 digits
+    text = re.sub(r"[Zz]$", "+00:00", value.strip())
+    text = re.sub(r"(T\d{2}:\d{2}:\d{2})[.,](\d+)", lambda m: f"{m.group(1)}.{(m.group(2) + '000000')[:6]}", text,
+                  count=1)
     try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
+        when = datetime.fromisoformat(text)
+        when = (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+    except (ValueError, OverflowError):  # (the second: a time at the very ends of the calendar, moved to UTC)
         raise InvalidExport(f"{where} is not an ISO 8601 time (as 2026-11-28T15:15:10.123+00:00): {value[:40]!r}") from None
-    when = (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
     if when > datetime.now(timezone.utc) + timedelta(days=1):
         raise InvalidExport(f"{where} {value!r} lies in the future")
     return when.isoformat(timespec="milliseconds")

@@ -122,9 +122,11 @@ def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None) -> Topolog
 
 def _host_cores(host: MPI.Comm) -> int | None:
     """How many cores the ranks of ``host`` (one real host) may run on together: the union of their
-    CPU affinities (collective over ``host``).  A launcher that binds each rank to a core of its own
-    (``-bind-to core``, Slurm, Open MPI's default) leaves the union the job's cores, as an unbound
-    launch does; ``taskset`` or a cgroup's cpuset narrows it.  None where the platform has no affinity."""
+    CPU affinities (collective over ``host``).  ``taskset`` or a cgroup's cpuset narrows it; so does a
+    launcher that binds each rank to a core of its own (``-bind-to core``, Slurm, Open MPI's default for
+    few ranks) where the host has more cores than ranks: such a job does run on fewer cores (its kernels
+    get one a rank) and is other hardware to the fingerprint.  Bound ranks that hold every core between
+    them count them all, as an unbound job does.  None where the platform has no affinity."""
     try:
         mine = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
