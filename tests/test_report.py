@@ -264,6 +264,8 @@ def test_a_lock_from_exploration_says_so_rather_than_naming_re_measurements() ->
     assert "re-measurement" not in text.replace("no re-measurement", "")
     text = outcome_text({"outcome": {**base, "locked_from": "re-measurement"}})
     assert "from 2 re-measurements paired with the default" in text
+    # a tune result's seconds are its training's until the lock, warm-up and discarded steps included
+    assert "(40 training steps, 30 s of training) before locking" in text
 
 
 def test_the_trials_table_shows_sizes_as_tune_prints_them_and_the_locked_table_exactly() -> None:

@@ -162,7 +162,8 @@ def _outcome_of_best(best: Any, search: list[Any]) -> dict[str, Any]:
     return {"adopted": adopted, "gain_interval": interval, "converged": best.ended == "converged",
             "decision": "" if adopted else best.kept_reason(),
             "stop_reason": best.ended, "retuned": best.retuned, "samples_to_lock": len(search) or None,
-            "steps_to_lock": best.steps, "seconds_to_lock": sum(t.seconds for t in search), "drift": _drift(search)}
+            "steps_to_lock": best.steps, "seconds_to_lock": sum(t.seconds for t in search), "seconds_measured": True,
+            "drift": _drift(search)}
 
 
 def _drift(run: list[Any]) -> dict[str, Any] | None:

@@ -48,8 +48,11 @@ def outcome_text(run: dict[str, Any]) -> str:
                   else "ended")
         steps = f"{out['steps_to_lock']} training steps, " if out.get("steps_to_lock") is not None else ""
         said = reason and reason not in ("converged", "budget exhausted")  # else the ending said it
+        # a tune result's seconds are its training's until the lock (warm-up and discarded steps
+        # included); a profile's store keeps only its measured blocks' seconds
+        what = "measured steps" if out.get("seconds_measured") else "training"
         cost = (f" Tuning measured {out['samples_to_lock']} blocks ({steps}{out['seconds_to_lock']:.0f} s of "
-                f"measured steps) before locking; the search"
+                f"{what}) before locking; the search"
                 + (" (one a retune re-opened after an earlier lock)" if out.get("retuned") else "")
                 + f" {ending}" + (f" ({reason})." if said else "."))
     if out.get("adopted") and iv:
