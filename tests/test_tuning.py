@@ -952,8 +952,8 @@ def test_the_block_noise_bound_is_the_chi_square_limit_of_the_references_differe
 @pytest.mark.xfail(strict=True, reason=(
     "known defect (2026-11-28): on this host 3 of 80 seeds lock from exploration and all 3 miss; "
     "re-measurement locks miss too (12 of 14): in all, 15 of the 80 seeds lock a low end above the truth, "
-    "where a 95 % bound allows 4.  Not the replay's few states (near-Gaussian states, 200 visits a point: "
-    "15 of 17) nor the disturbed-reference filter (off, and no noise prior: 12 of 13); one round's interval "
+    "where a 95 % bound allows 4.  Not the replay's few states alone (near-Gaussian states, 200 visits a "
+    "point: 15 of 17; there, filter off and no noise prior: 12 of 13, here 5 of 7); one round's interval "
     "holds in 86 % of forks (92 % without the 1 % noise prior), and a run looks 2.5 times on average, "
     "locking at the first look that clears: docs/tuning.md, 2026-11-28"))
 def test_a_lock_straight_from_exploration_holds_its_low_end_on_a_host_whose_state_moves():

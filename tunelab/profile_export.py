@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from datetime import datetime, timedelta, timezone
 
 EXPORT_FORMAT = "tunelab-profiles"
 EXPORT_VERSION = 1
@@ -93,9 +95,6 @@ def _check_time(value: str, where: str) -> str:
     """A timestamp as the store writes its own (ISO 8601, UTC, milliseconds; one without a zone is
     taken as UTC): the store orders profiles by them and keeps the later of two ``updated`` as text,
     so a hand-edited "yesterday" or a year 9999 would sort after every real one for good."""
-    import re
-    from datetime import datetime, timedelta, timezone
-
     # what Python 3.10's fromisoformat does not read: a "Z" for UTC, and fractions of other than 3 or 6 digits
     text = re.sub(r"[Zz]$", "+00:00", value.strip())
     text = re.sub(r"(T\d{2}:\d{2}:\d{2})[.,](\d+)", lambda m: f"{m.group(1)}.{(m.group(2) + '000000')[:6]}", text,
