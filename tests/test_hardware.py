@@ -171,6 +171,31 @@ def test_a_gpu_query_that_fails_is_said_rather_than_hashed_silently(tmp_path, mo
     assert "lacks the interconnect, so a profile tuned on this machine may not be found" in err[0]
 
 
+@pytest.mark.parametrize("script,said", [
+    ("exit 15", "exit status 15"),  # e.g. a GPU fallen off the bus
+    ("exit 9", None),               # no driver loaded: a machine without a GPU, nothing to say
+    ("exit 6", None),               # no device found: the same
+])
+def test_a_gpu_listing_that_fails_is_said_where_a_machine_without_gpus_is_not(tmp_path, monkeypatch, capsys,
+                                                                             script, said):
+    """The listing failing otherwise than for want of a GPU fingerprinted a GPU machine as one without,
+    without a word: its tuned profile was then never found."""
+    import tunelab.hardware as hw
+
+    monkeypatch.setattr(hw, "_WARNED", set())
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert fingerprint(1, [2]).facts["gpu_count"] == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    if said is None:
+        assert err == []
+    else:
+        assert len(err) == 1 and f"nvidia-smi --query-gpu failed ({said})" in err[0], err
+        assert "counts no GPU" in err[0]
+
+
 def test_parse_nvidia_topology():
     from tunelab.hardware import parse_nvidia_topology
 

@@ -182,9 +182,15 @@ def _gpu_facts() -> dict[str, object]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {"gpu_count": 0}
-    listing = _run_quietly([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+    why: list[str] = []
+    listing = _run_quietly([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"], why)
     facts = parse_nvidia_smi(listing or "")
     if not facts.get("gpu_count"):
+        # exit status 6 (no device found) and 9 (no driver loaded) are a machine without a GPU; a
+        # timeout or another failure may be one whose GPUs did not answer, fingerprinted as without
+        if listing is None and why and why[0] not in ("exit status 6", "exit status 9"):
+            _warn_once(f"# hardware: nvidia-smi --query-gpu failed ({why[0]}): the fingerprint counts no GPU, "
+                       "so a profile tuned with this machine's GPUs will not be found")
         return {"gpu_count": 0}
     banner, topology = _run_quietly([exe]), _run_quietly([exe, "topo", "-m"])
     match = re.search(r"CUDA Version:\s*([\d.]+)", banner or "")
@@ -209,13 +215,21 @@ def _warn_once(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _run_quietly(cmd: list[str]) -> str | None:
-    """A short command's standard output, or None when it fails."""
+def _run_quietly(cmd: list[str], why: list[str] | None = None) -> str | None:
+    """A short command's standard output, or None when it fails (``why`` then gets the reason)."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
+    except subprocess.TimeoutExpired:
+        reason = f"no answer within {_NVIDIA_SMI_TIMEOUT_S:g} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        if proc.returncode == 0:
+            return proc.stdout
+        reason = f"exit status {proc.returncode}"
+    if why is not None:
+        why.append(reason)
+    return None
 
 
 def parse_nvidia_smi(text: str) -> dict[str, object]:
