@@ -710,6 +710,69 @@ def case_torch_retune_edges(comm, env_home: str) -> dict:
     return result
 
 
+def case_torch_profile_keys(comm, env_home: str) -> dict:
+    """Which stored profile a job finds, and what it says: a model tuned as ``tune`` sees it, trained
+    with its parameters in other groups (decay apart from the biases); a profile stored under the
+    ordered key of tunelab before 2026-11-28; a best whose interval is damaged; a lookup that raises on
+    rank 0 alone (every rank must raise, none wait)."""
+    import contextlib
+    import io
+    import os
+    import sqlite3
+
+    from tunelab.torch.optimizer import ordered_model_signature, ordered_parameters_signature
+
+    os.environ["TUNELAB_HOME"] = env_home
+    torch.set_num_threads(1)
+    tl.init(comm)
+    rt = tl._rt.current()
+    knobs = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    grouped, old, bad = tiny_model(0), torch.nn.Sequential(torch.nn.Linear(7, 3), torch.nn.Linear(3, 1)), \
+        torch.nn.Linear(5, 2)
+    if tl.rank() == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        for model, key, name in ((grouped, tl.model_signature(grouped), "grouped"),
+                                 (old, ordered_model_signature(old), "old"), (bad, tl.model_signature(bad), "bad")):
+            pid = store.upsert_profile(rt.profile_key(key, "torch"), "test hardware", {}, name)
+            store.set_best(pid, knobs, 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.25, 1.1, 1.4))
+        with sqlite3.connect(Path(env_home) / "profiles.sqlite") as conn:
+            conn.execute("UPDATE best SET gain_low = 'x' WHERE profile_id = ?", (pid,))
+    comm.Barrier()
+    decay = [p for n, p in grouped.named_parameters() if n.endswith("weight")]
+    no_decay = [p for n, p in grouped.named_parameters() if n.endswith("bias")]
+    out: dict = {"groups_reorder": ordered_parameters_signature(no_decay + decay) != ordered_model_signature(grouped),
+                 "old_keys_differ": tl.model_signature(old) != ordered_model_signature(old)}
+    logs = []
+    for model, params, name in ((grouped, [{"params": no_decay, "weight_decay": 0.0}, {"params": decay}], "grouped"),
+                                (old, old.parameters(), "old"), (bad, bad.parameters(), "bad")):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            tl.DistributedOptimizer(torch.optim.SGD(params, lr=0.1, weight_decay=1e-4), model_name=name)
+        logs.append(buf.getvalue().strip())
+    out["logs"] = logs
+    tl.allreduce(torch.ones(2), name="apply")  # (set knobs take effect at the coordinator's next cycle)
+    out["knobs"] = {k: v for k, v in rt.engine.knobs.as_dict().items() if k in knobs}
+    from tunelab import profiles
+
+    real = profiles.ProfileStore.best
+    if tl.rank() == 0:
+        def broken(self, key):
+            raise RuntimeError("a fault in the store's reader")
+
+        profiles.ProfileStore.best = broken
+    try:
+        tl.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(3, 3).parameters(), lr=0.1), model_name="raises")
+        out["raised"] = None
+    except Exception as exc:  # noqa: BLE001
+        out["raised"] = f"{type(exc).__name__}: {exc}"
+    profiles.ProfileStore.best = real
+    out["after"] = tl.allreduce(torch.ones(2) * (tl.rank() + 1), op=tl.Sum).tolist()  # still usable
+    tl.shutdown()
+    return out
+
+
 def case_torch_api_edges(comm) -> dict:
     """Horovod's semantics where they are easy to miss: an integer average with a postscale (one factor,
     one truncation), and reducescatter's gradient (each row's from the rank that kept it)."""

@@ -139,6 +139,33 @@ def test_training_jobs_load_the_tuned_profile_and_keep_pinned_knobs(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_job_finds_its_profile_whatever_its_parameter_groups_and_one_rank_failing_fails_every_rank(tmp_path):
+    """A profile is keyed by the model's parameter shapes as ``tune`` sees them (``parameters()``); a job
+    whose optimizer groups them otherwise (weight decay apart from the biases) got another key and never
+    loaded it.  A profile stored under tunelab's earlier, ordered key still loads; a best with a damaged
+    interval is one warning line on a job that trains on; and a lookup that raised on rank 0 left the
+    other ranks waiting out their timeout: now every rank raises it, at once, and the job stays usable."""
+    import time
+
+    start = time.monotonic()
+    r0, r1 = run_ok("torch_profile_keys", 2, limit_s=200, env_home=str(tmp_path / "home"))
+    assert time.monotonic() - start < 100  # (a rank waiting out its timeout would take minutes)
+    grouped, old, bad = r0["logs"]
+    assert r0["groups_reorder"] and r0["old_keys_differ"]  # (the cases do test what they say)
+    assert grouped.startswith("tunelab: loaded tuned profile") and "for grouped / torch" in grouped, grouped
+    assert old.startswith("tunelab: loaded tuned profile") and "for old / torch" in old, old
+    assert bad.startswith("tunelab: warning:") and "profile 3 is damaged" in bad and "gain_low" in bad, bad
+    assert bad.endswith("keeping the knobs of old / torch's profile"), bad  # not "using default knobs"
+    assert r0["knobs"] == r1["knobs"] == {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0,
+                                          "segment_bytes": 1 << 16}
+    for res in (r0, r1):
+        assert res["raised"] is not None and "profile lookup failed on rank 0" in res["raised"], res["raised"]
+        assert "a fault in the store's reader" in res["raised"]
+        assert res["after"] == [3.0, 3.0]
+    assert r1["logs"] == ["", "", ""]
+
+
+@pytest.mark.mpi
 def test_a_job_with_the_retune_setting_retunes_and_saves_what_it_found(tmp_path):
     r0, r1 = run_ok("torch_retune", 2, limit_s=240, env_home=str(tmp_path / "home"))
     assert "retune on: watching" in r0["log"] and "re-opening the search" in r0["log"], r0["log"]
@@ -158,6 +185,9 @@ def test_the_retune_watch_never_stops_training_and_times_only_its_own_model(tmp_
     assert not r0["watched_damaged"]
     # two models, one of them with a profile: the watch timed that one's 12 steps, not b's as well
     assert "retune on: watching" in two and r0["counted"][0] == 12, (two, r0["counted"])
+    # b has no profile of its own, and a's knobs stay in force: its line says so, not "default knobs"
+    assert "no tuned profile for b / torch / 2 ranks on this hardware: keeping the knobs of a / torch's profile" \
+        in two, two
     # another model's profile changed the knobs: the watch ends, saying why
     assert r0["counted"][1] is True and "retune off: c's profile changed the knobs" in two, two
     # an error inside the watch: said once, the watch ends, training went on
@@ -369,22 +399,22 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     store = ProfileStore()
     pid = store.upsert_profile(key, "host", {"nodes": 1}, "tiny")
     job = SimpleNamespace(topology=SimpleNamespace(size=2), config=SimpleNamespace(pinned=set(), knobs=Knobs()),
-                          profile_key=lambda signature, framework: key)
+                          profile_key=lambda signature, framework: key, _knobs_from="")
     store.set_best(pid, Knobs(segment_bytes=1 << 20).as_dict(), 99.0, 99.0, 0.02, "r", steps=30,
                    outcome="retuned: budget exhausted, default kept")
-    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    line, knobs, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line == (f"tunelab: loaded profile {pid} for tiny / torch / 2 ranks: its tuning kept the default knobs "
                     "(no configuration cleared the minimum gain; budget exhausted); that run's default had "
                     "segment_bytes=1MiB (pinned then), applied here")
     assert knobs["segment_bytes"] == 1 << 20
     store.set_best(pid, Knobs().as_dict(), 99.0, 99.0, 0.02, "r", steps=3, outcome="every knob is pinned")
-    line, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    line, *_ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("its tuning kept the default knobs (every knob was pinned)")
     # stored before the cycle's default went from 1 to 10 ms: that run's default cycle gives way to today's
     kept = Knobs(cycle_time_ms=1.0, segment_bytes=1 << 20).as_dict()
     monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-27T10:00:00.000+00:00")
     store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
-    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    line, knobs, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("that run's default had segment_bytes=1MiB (pinned then), applied here; its "
                          "cycle_time_ms=1, tunelab's default then, is 10 now, and that applies"), line
     # today's value is in what the job applies, not left out (an earlier profile's cycle would stay)
@@ -401,12 +431,12 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-23T10:00:00.000+00:00")
     store.record_trial(pid, kept, 99.0, 0.02, 3, 1.0, "schema-1-run", "default")
     store.set_best(pid, kept, 99.0, 99.0, 0.02, "schema-1-run")
-    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    line, knobs, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert "its tuning kept the default knobs (stored before tunelab recorded why)" in line, line
     assert knobs["cycle_time_ms"] == 10.0 and "tunelab's default then, is 10 now" in line
     store.set_best(pid, Knobs(cycle_time_ms=1.0, fusion_threshold_bytes=0).as_dict(), 99.0, 90.0, 0.02,
                    "schema-1-run")
-    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    line, knobs, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.startswith(f"tunelab: loaded tuned profile {pid}") and knobs["cycle_time_ms"] == 1.0
     # the one-shot's default was 256 KiB for the first 42 minutes of that knob (1 MiB since)
     from tunelab.knobs import former_default
@@ -417,13 +447,13 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     # stored since: a 1 ms cycle in it was pinned, and applies
     monkeypatch.setattr("tunelab.profiles._now", lambda: "2026-11-29T10:00:00.000+00:00")
     store.set_best(pid, kept, 99.0, 99.0, 0.02, "r", steps=30, outcome="budget exhausted, default kept")
-    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    line, knobs, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert line.endswith("that run's default had cycle_time_ms=1, segment_bytes=1MiB (pinned then), applied here")
     assert knobs["cycle_time_ms"] == 1.0
     # a tuned configuration is applied as it was locked, whatever the defaults did since
     store.set_best(pid, Knobs(cycle_time_ms=1.0, fusion_threshold_bytes=0).as_dict(), 99.0, 90.0, 0.02, "r",
                    gain_interval=(1.1, 1.05, 1.15), steps=30, outcome="converged")
-    line, knobs = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    line, knobs, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
     assert knobs["cycle_time_ms"] == 1.0 and "cycle_time_ms=1" in line
 
 
@@ -509,7 +539,7 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
                          topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                          profile_key=lambda signature, framework: key)
     monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: None)
-    spaces = {sig: runtime.Runtime._watch_profile(rt, Knobs(), sig, "torch") for sig in ("cuda-161p-x", "161p-x")}
+    spaces = {sig: runtime.Runtime._watch_profile(rt, Knobs(), sig, "torch", sig) for sig in ("cuda-161p-x", "161p-x")}
     assert "oneshot_max_bytes" in spaces["cuda-161p-x"].names
     assert "oneshot_max_bytes" not in spaces["161p-x"].names
 

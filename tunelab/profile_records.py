@@ -162,10 +162,14 @@ def trial_from_row(row: sqlite3.Row, path: Path) -> Trial:
     d = dict(row)
     for name in ("score", "spread", "seconds", "steps"):
         value = d[name]
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not number or value < 0:  # (what ProfileStore.record_trial takes)
+        if not _finite(value) or value < 0:  # (what ProfileStore.record_trial takes)
             raise damaged(path, d["profile_id"], f"the {name} of {what} is {value!r}")
     return Trial(**{**d, "knobs": knobs})
+
+
+def _finite(value: object) -> bool:
+    """A stored number: an int or a float (not a bool, nor text SQLite kept as it was given), finite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def best_from_row(row: sqlite3.Row, path: Path) -> Best:
@@ -176,8 +180,21 @@ def best_from_row(row: sqlite3.Row, path: Path) -> Best:
         ratio = float(d["score"]) / float(d["default_score"])
     except (TypeError, ValueError, ZeroDivisionError):
         raise damaged(path, d["profile_id"], "its best config's scores are not positive numbers") from None
-    if estimate is not None and not (isinstance(estimate, (int, float)) and estimate > 0):
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise damaged(path, d["profile_id"], "its best config's scores are not positive numbers")
+    if estimate is not None and not (_finite(estimate) and estimate > 0):
         raise damaged(path, d["profile_id"], "its best config's gain is not a positive number")
+    for name in ("gain_low", "gain_high", "spread", "steps"):  # (what ProfileStore.set_best takes)
+        value = d[name]
+        if (value is not None or name == "spread") and not (_finite(value) and value >= 0):
+            raise damaged(path, d["profile_id"], f"the {name} of its best config is {value!r}")
+    low, high = d["gain_low"], d["gain_high"]
+    centre = high if estimate is None else estimate
+    if (low is None) != (high is None) or (low is not None and not low <= centre <= high):
+        raise damaged(path, d["profile_id"], f"its best config's interval is [{low!r}, {high!r}]")
+    for name in ("outcome", "run_id", "updated"):
+        if not isinstance(d[name], str) and (d[name] is not None or name != "outcome"):
+            raise damaged(path, d["profile_id"], f"the {name} of its best config is {d[name]!r}")
     gain = ratio if estimate is None else float(estimate)
     return Best(**{**d, "knobs": knobs, "gain": gain, "estimate": estimate})
 
@@ -200,8 +217,11 @@ def stored_knobs(path: Path, text: object, profile_id: int, what: str) -> dict:
 
     value = stored_object(path, text, profile_id, what)
     unknown = sorted(set(value) - set(SPECS))
-    if unknown:
-        raise damaged(path, profile_id, f"{what} not valid knobs: unknown knob {unknown[0]!r}")
+    if unknown:  # (a knob added since: the schema version says nothing of knobs)
+        raise UnknownKnobProfileError(
+            f"profile store {path}: profile {profile_id} has a knob this version of tunelab does not know "
+            f"({what.removesuffix(' are')} include {unknown[0]!r}; a newer tunelab wrote it?): upgrade tunelab "
+            f"to use it; the file is left as is (or delete that profile: 'tunelab profiles delete {profile_id} --yes')")
     try:
         Knobs(**value)
     except (TypeError, ValueError) as exc:
@@ -211,6 +231,11 @@ def stored_knobs(path: Path, text: object, profile_id: int, what: str) -> dict:
 
 class DamagedProfileError(StoreError):
     """One profile's stored data cannot be read (the rest of the store can): delete it, or restore the file."""
+
+
+class UnknownKnobProfileError(DamagedProfileError):
+    """One profile's knobs include one this version does not know (a newer tunelab added it): not
+    damaged, but as unreadable here; the message says to upgrade rather than to delete."""
 
 
 def damaged(path: Path, profile_id: int, what: str) -> StoreError:

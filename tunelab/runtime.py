@@ -14,6 +14,7 @@ import itertools
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,6 +50,7 @@ class Runtime:
         self.sync_comm = self.engine.topology.world.Dup()
         self._names = itertools.count()
         self._profiles_loaded: dict[tuple[str, str], str] = {}
+        self._knobs_from = ""  # the model / framework whose profile set the job's knobs (rank 0's words)
         self._watch: Any = None  # rank 0, with the retune setting, once a profile was loaded
 
     @property
@@ -186,19 +188,27 @@ class Runtime:
                    f"allgather of {what}")
         return out, rows
 
-    def load_profile(self, signature: str, framework: str, model_name: str = "") -> str:
+    def load_profile(self, signature: str, framework: str, model_name: str = "", legacy: str | None = None) -> str:
         """Apply the best stored knobs for this hardware, model signature, framework and world size
         (collective).  Knobs the user set explicitly or through ``TUNELAB_*`` stay as they are.
         Returns the one-line log (printed by rank 0).  A model already looked up is not looked up again
-        (every rank skips alike: they make the same calls), so wrapping a tape every step costs nothing."""
+        (every rank skips alike: they make the same calls), so wrapping a tape every step costs nothing.
+        ``legacy``: the model's signature as an earlier tunelab computed it, looked up when nothing is
+        stored under ``signature`` (a profile tuned before the signature changed still loads)."""
         if (signature, framework) in self._profiles_loaded:
             return self._profiles_loaded[(signature, framework)]
-        line, knobs = "", None
+        line, knobs, stored_as = "", None, signature
         if self.sync_comm.rank == 0:
-            line, knobs = self._lookup_profile(signature, framework, model_name)
+            try:
+                line, knobs, stored_as = self._lookup_profile(signature, framework, model_name, legacy)
+            except Exception as exc:  # noqa: BLE001 - said on every rank below: the others wait on rank 0
+                knobs = _LookupFailed(f"the profile lookup failed on rank 0: {type(exc).__name__}: {exc}")
         knobs = self._lookup_done(knobs)
+        if isinstance(knobs, _LookupFailed):
+            raise TunelabError(knobs.why)
         if knobs:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
+            self._knobs_from = f"{model_name or signature} / {framework}"
         if self.sync_comm.rank == 0 and line:
             print(line, flush=True)
         if knobs and self.sync_comm.rank == 0 and self._watch is not None:
@@ -207,7 +217,7 @@ class Runtime:
             print(f"tunelab: retune off: {model_name or signature}'s profile changed the knobs of the profile "
                   "being watched (a job watches one model's profile)", flush=True)
         elif knobs and self.config.retune and self.sync_comm.rank == 0 and self._watch is None:
-            self._watch = self._watch_profile(self.engine.knobs.replace(**knobs), signature, framework)
+            self._watch = self._watch_profile(self.engine.knobs.replace(**knobs), signature, framework, stored_as)
         self._profiles_loaded[(signature, framework)] = line
         return line
 
@@ -231,9 +241,10 @@ class Runtime:
             print(f"tunelab: warning: retune off after an error in the watch ({type(exc).__name__}: {exc}); "
                   "training goes on with the knobs applied now", flush=True)
 
-    def _watch_profile(self, loaded: Any, signature: str, framework: str) -> Any:
+    def _watch_profile(self, loaded: Any, signature: str, framework: str, stored_as: str) -> Any:
         """The watch of a loaded profile (rank 0), or None where it cannot start (a store that cannot be
-        read again, a damaged trial): said in one line, and the job trains on without it."""
+        read again, a damaged trial): said in one line, and the job trains on without it.  ``stored_as``:
+        the signature the profile is stored under (the model's earlier one, where it was found so)."""
         from .profiles import ProfileStore
         from .tuning.plan import Plan
         from .tuning.result import stored_observations
@@ -247,7 +258,7 @@ class Runtime:
                              device=signature.startswith("cuda-"), uniform_nodes=self.topology.homogeneous)
         try:
             store = ProfileStore(create=False)
-            best = store.best(self.profile_key(signature, framework))
+            best = store.best(self.profile_key(stored_as, framework))
             # (only runs measured against this job's default: a re-opened search's ratios are to it)
             stored = (stored_observations(store.trials(best.profile_id), Plan().warm_start_noise, space.base,
                                           space.names)
@@ -279,15 +290,18 @@ class Runtime:
 
         return ProfileKey(self.fingerprint().hash, signature, framework, self.topology.size)
 
-    def has_profile(self, signature: str, framework: str) -> bool:
-        """Whether a tuned config is stored for this job (collective; rank 0 reads the store)."""
+    def has_profile(self, signature: str, framework: str, legacy: str | None = None) -> bool:
+        """Whether a tuned config is stored for this job (collective; rank 0 reads the store); ``legacy``
+        as for :meth:`load_profile`."""
         found: bool | str = False
         if self.sync_comm.rank == 0:
             from .errors import StoreError
             from .profiles import ProfileStore
 
             try:
-                found = ProfileStore(create=False).best(self.profile_key(signature, framework)) is not None
+                store = ProfileStore(create=False)
+                found = any(store.best(self.profile_key(sig, framework)) is not None
+                            for sig in dict.fromkeys((signature, legacy or signature)))
             except StoreError as exc:  # every rank raises it, not rank 0 alone (the others would wait)
                 found = str(exc)
         found = self._lookup_done(found)
@@ -297,21 +311,28 @@ class Runtime:
             raise StoreError(found)
         return found
 
-    def _lookup_profile(self, signature: str, framework: str, model_name: str) -> tuple[str, dict | None]:
+    def _lookup_profile(self, signature: str, framework: str, model_name: str,
+                        legacy: str | None = None) -> tuple[str, dict | None, str]:
+        """(the line to print, the knobs to apply or None, the signature the profile is stored under)."""
         from .errors import StoreError
         from .knobs import former_default, knob_text
         from .profiles import ProfileStore
 
         topo = self.topology
-        key = self.profile_key(signature, framework)
         what = f"{model_name or signature} / {framework} / {topo.size} ranks"
+        # another model's profile may have set the job's knobs already: those stay (knobs are the job's)
+        instead = (f"keeping the knobs of {self._knobs_from}'s profile" if self._knobs_from
+                   else "using default knobs")
         try:
             store = ProfileStore(create=False)
-            best = store.best(key)
+            best = store.best(self.profile_key(signature, framework))
+            if best is None and legacy and legacy != signature:
+                best = store.best(self.profile_key(legacy, framework))
+                signature = signature if best is None else legacy
         except StoreError as exc:
-            return f"tunelab: warning: {exc}; using default knobs", None
+            return f"tunelab: warning: {exc}; {instead}", None, signature
         if best is None:
-            return f"tunelab: no tuned profile for {what} on this hardware: using default knobs", None
+            return f"tunelab: no tuned profile for {what} on this hardware: {instead}", None, signature
         knobs = {k: v for k, v in best.knobs.items() if k not in self.config.pinned}
 
         if best.gain_low is None and (best.outcome is not None or _kept_before_outcomes(store, best)):
@@ -328,10 +349,10 @@ class Runtime:
                               for k, v in former.items())
             return (f"tunelab: loaded profile {best.profile_id} for {what}: its tuning kept the default knobs "
                     f"({why})" + (f"; that run's default had {other} (pinned then), applied here" if other else "")
-                    + (f"; its {since}, and that applies" if since else "")), knobs
+                    + (f"; its {since}, and that applies" if since else "")), knobs, signature
         shown = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items())
         return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
-                f"(measured {best.interval_text()} the default)"), knobs
+                f"(measured {best.interval_text()} the default)"), knobs, signature
 
     def _check_roots(self, roots: list[int], what: str) -> None:
         """Every rank's root, gathered: a root that is not a rank fails the call on every rank."""
@@ -350,6 +371,13 @@ class Runtime:
         finally:
             self.sync_comm.Free()
             self.engine.close()
+
+
+@dataclass(frozen=True)
+class _LookupFailed:
+    """Rank 0's profile lookup raised: broadcast in place of the knobs, so that every rank raises it
+    (the others would otherwise wait on the broadcast until their timeout)."""
+    why: str
 
 
 def _kept_before_outcomes(store: Any, best: Any) -> bool:

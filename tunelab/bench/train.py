@@ -212,7 +212,9 @@ def _has_profile(comm: Any, p: dict, build: Any, device: Any) -> bool:
 
     tl.init(comm, retune=False, ranks_per_node=p.get("ranks_per_node"))
     with runtime.closing():
-        return runtime.current().has_profile(tl.model_signature(build(p["model"]).to(device)), "torch")
+        model = build(p["model"]).to(device)
+        return runtime.current().has_profile(tl.model_signature(model), "torch",
+                                             legacy=tl.optimizer.ordered_model_signature(model))
 
 
 def _tunelab_phase(comm: Any, model: Any, x: Any, y: Any, p: dict, tuned: bool,

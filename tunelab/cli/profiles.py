@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ..errors import TunelabError, UsageError
 from ..files import write_text
@@ -62,11 +63,31 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"# no profiles in {store.path}")
         return 0
     print(f"# {counted(len(rows), 'profile')} in {store.path}")
-    print(format_table(_left_aligned([vars(r) for r in rows], ("hardware_name", "model_name")), [
+    table = [{**vars(r), "gain": _gain_text(store, r)} for r in rows]
+    print(format_table(_left_aligned(table, ("hardware_name", "model_name")), [
         ("id", "id", "d"), ("hardware_name", "hardware", ""), ("model_name", "model", ""),
         ("framework", "framework", ""), ("world_size", "world", "d"), ("n_trials", "trials", "d"),
-        ("best_score", "best_samples/s", ".2f"), ("best_gain", "gain", ".3f")]))
+        ("best_score", "best_samples/s", ".2f"), ("gain", "gain", "")]))
     return 0
+
+
+def _gain_text(store: Any, summary: Any) -> str | None:
+    """The best's gain as ``show`` gives it: the tuner's estimate with its interval, the interval alone
+    where a store from before schema 3 kept no estimate (the ratio of the two means can lie outside it),
+    "default kept"; "damaged" for a best that cannot be read (``show`` says what)."""
+    from ..profiles import DamagedProfileError
+
+    if summary.best_score is None:
+        return None
+    try:
+        best = store.best_of(summary.id)
+    except DamagedProfileError:
+        return "damaged"
+    if best is None:
+        return None
+    if best.gain_low is None and best.outcome is not None:
+        return "default kept"
+    return best.interval_text()
 
 
 def _left_aligned(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:

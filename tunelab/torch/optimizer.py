@@ -387,19 +387,41 @@ def _parameter_groups(params: list[torch.nn.Parameter],
 
 
 def parameters_signature(params: Sequence[torch.Tensor]) -> str:
-    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable parameters, and
-    whether they live on a GPU (a config tuned for the device path is not the host path's best)."""
+    """Identity of a model for tuned profiles: the shapes and dtypes of its trainable parameters, in
+    any order, and whether they live on a GPU (a config tuned for the device path is not the host
+    path's best).  In any order: ``tune`` sees the model's ``parameters()``, a job the order of its
+    optimizer's groups (weight decay apart from the norms and biases, a learning rate per layer), and
+    the order of the groups sends nothing differently (gradients are sent as backward makes them)."""
+    return _signature(sorted(_entries(params)), params)
+
+
+def ordered_parameters_signature(params: Sequence[torch.Tensor]) -> str:
+    """:func:`parameters_signature` as tunelab computed it before 2026-11-28, in the order given: the
+    key of profiles tuned before then, which a job still looks up when the new key has none."""
+    return _signature(_entries(params), params)
+
+
+def _entries(params: Sequence[torch.Tensor]) -> list[str]:
+    return [f"{tuple(p.shape)}:{p.dtype};" for p in params]
+
+
+def _signature(entries: Sequence[str], params: Sequence[torch.Tensor]) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for p in params:
-        h.update(f"{tuple(p.shape)}:{p.dtype};".encode())
+    for entry in entries:
+        h.update(entry.encode())
     where = "cuda-" if any(p.is_cuda for p in params) else ""
     return f"{where}{len(params)}p-{h.hexdigest()[:16]}"
 
 
 def model_signature(model: torch.nn.Module) -> str:
     return parameters_signature([p for p in model.parameters() if p.requires_grad])
+
+
+def ordered_model_signature(model: torch.nn.Module) -> str:
+    """The model's key as tunelab computed it before 2026-11-28 (:func:`ordered_parameters_signature`)."""
+    return ordered_parameters_signature([p for p in model.parameters() if p.requires_grad])
 
 
 def _scheduler_tracked_step(wrapped: Any, original: torch.optim.Optimizer) -> Any:
@@ -449,5 +471,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped._tl_setup(named_parameters, compression, backward_passes_per_step, op,
                       num_groups or groups, gradient_predivide_factor, sparse_as_dense)
     if load_profile:
-        _rt.current().load_profile(wrapped._tl_signature, "torch", model_name)
+        _rt.current().load_profile(wrapped._tl_signature, "torch", model_name,
+                                   legacy=ordered_parameters_signature(wrapped._tl_params))
     return wrapped

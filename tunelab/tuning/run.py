@@ -26,6 +26,7 @@ class Workload:
     samples_per_step: float
     signature: str
     name: str
+    legacy_signature: str | None = None  # the model's key before 2026-11-28 (torch), where a profile may be
 
 
 def run_rank(p: dict) -> dict:
@@ -236,7 +237,8 @@ def _torch_workload(p: dict, rt: Any, threads: int) -> Workload:
         opt.step()
         finish(device)  # a step's time includes its device work
 
-    return Workload(step, p["batch_size"] * rt.topology.size, tl.model_signature(model), p["model"])
+    return Workload(step, p["batch_size"] * rt.topology.size, tl.model_signature(model), p["model"],
+                    tl.optimizer.ordered_model_signature(model))
 
 
 def _tf_workload(p: dict, rt: Any, threads: int) -> Workload:
@@ -355,10 +357,17 @@ class _Recorder:
         from ..profiles import ProfileStore
 
         fp = rt.fingerprint()
-        key = rt.profile_key(workload.signature, p["framework"] if p["workload"] != "replay" else "replay")
+        framework = p["framework"] if p["workload"] != "replay" else "replay"
+        key = rt.profile_key(workload.signature, framework)
         store = ProfileStore(create=write)
         existing = _profile_id(store, key)
-        seeded = store.nearest(key) if existing is None else None
+        if existing is None and workload.legacy_signature not in (None, workload.signature):
+            # tuned before the key changed: tune on in that profile, where jobs find it too (they look
+            # the earlier key up when the new one has nothing)
+            legacy = rt.profile_key(workload.legacy_signature, framework)
+            if (legacy_id := _profile_id(store, legacy)) is not None:
+                key, existing = legacy, legacy_id
+        seeded = store.nearest(key, fp.facts) if existing is None else None
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
         return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write, (fp.name, dict(fp.facts)))
 
