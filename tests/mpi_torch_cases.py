@@ -787,6 +787,27 @@ def case_torch_api_edges(comm) -> dict:
         z = tl.reducescatter(y, op=op)
         (z * (r + 1)).sum().backward()
         out["rs_" + name] = [z.tolist(), y.grad.tolist()]
+    # two sparse embeddings of one shape that backward reaches in another order on each rank (a
+    # data-dependent forward): each gathers with its own peer, not with the other embedding
+    torch.manual_seed(5)
+    e1, e2 = torch.nn.Embedding(10, 4, sparse=True), torch.nn.Embedding(10, 4, sparse=True)
+    opt = tl.DistributedOptimizer(torch.optim.SGD([*e1.parameters(), *e2.parameters()], lr=0.1), load_profile=False)
+
+    def loss_of(rank: int, a: torch.nn.Module, b: torch.nn.Module) -> torch.Tensor:
+        i1, i2 = torch.tensor([rank, 3]), torch.tensor([7 - rank])
+        first, second = (a(i1) * 2.0, b(i2) * 3.0) if rank == 0 else (b(i2) * 3.0, a(i1) * 2.0)
+        return first.sum() + second.sum()
+
+    loss_of(r, e1, e2).backward()
+    opt.synchronize()
+    got = [e1.weight.grad.to_dense(), e2.weight.grad.to_dense()]
+    want = [torch.zeros(10, 4), torch.zeros(10, 4)]
+    for q in range(tl.size()):  # each rank's own gradients, by autograd in this process, averaged
+        a, b = torch.nn.Embedding(10, 4), torch.nn.Embedding(10, 4)
+        loss_of(q, a, b).backward()
+        want[0] += a.weight.grad / tl.size()
+        want[1] += b.weight.grad / tl.size()
+    out["sparse_order_diff"] = max(float((g - w).abs().max()) for g, w in zip(got, want))
     tl.shutdown()
     return out
 

@@ -222,7 +222,10 @@ class _DistributedMixin:
             for p in self._tl_params:
                 if id(p) not in sparse:
                     p.grad.mul_(post)
-        for p in self._tl_sparse:
+        # in parameter order: the hooks fire in the order backward reaches the parameters, which a
+        # data-dependent forward may change from rank to rank (each gather would pair with another's)
+        order = {id(q): i for i, q in enumerate(self._tl_params)}
+        for p in sorted(self._tl_sparse, key=lambda q: order[id(q)]):
             p.grad = self._tl_sparse_reduce(p)
         self._tl_reset()
         self._tl_synchronized = True
