@@ -366,6 +366,38 @@ def lr_callbacks(r: int, n: int) -> dict:
     return out
 
 
+class _RankCount(keras.callbacks.Callback):
+    """Logs a numpy integer (this rank's number + 1) and a flag at every epoch's end."""
+
+    def __init__(self, r: int) -> None:
+        super().__init__()
+        self.r = r
+
+    def on_epoch_end(self, epoch: int, logs=None) -> None:
+        logs["rank_count"] = np.int64(self.r + 1)
+        logs["flag"] = True
+
+
+def lazily_built_broadcast(r: int, n: int) -> dict:
+    """A model without an Input is built, with its optimizer, inside the first traced step: the
+    broadcast callback must still leave every rank with root's weights and optimizer state."""
+    import hashlib
+
+    x, y = _data(2, n)
+    keras.utils.set_random_seed(100 + r)  # each rank its own initial weights
+    model = keras.Sequential([keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), load_profile=False),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    hist = model.fit(_rank_rows(x, r, n, 1), _rank_rows(y, r, n, 1), batch_size=PER_RANK, epochs=2, shuffle=False,
+                     verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), _RankCount(r),
+                                           hvd.callbacks.MetricAverageCallback()])
+    h = hashlib.sha256()
+    for v in [*model.weights, *model.optimizer.variables]:
+        h.update(np.asarray(v).tobytes())
+    return {"digest": h.hexdigest(), "count": [float(c) for c in hist.history["rank_count"]],
+            "flag": [bool(f) for f in hist.history["flag"]], "variables": len(model.optimizer.variables)}
+
+
 def case_tf_parity(comm) -> dict:
     hvd.init(comm)
     r, n = hvd.rank(), hvd.size()
@@ -375,6 +407,6 @@ def case_tf_parity(comm) -> dict:
            "bcast_opt": broadcast_optimizer_variables(r, n),
            "sparse": embedding_training(r, n, False), "sparse_as_dense": embedding_training(r, n, True),
            "bpps_avg": fit_accumulated(r, n, True), "bpps_sum": fit_accumulated(r, n, False),
-           "lr": lr_callbacks(r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
+           "lr": lr_callbacks(r, n), "lazy": lazily_built_broadcast(r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
     hvd.shutdown()
     return out

@@ -175,6 +175,11 @@ def test_horovod_parity(n):
         assert lr["schedule"] == pytest.approx([0.1] * steps + [0.05] * steps + [0.025] * steps, rel=1e-6)
         assert lr["schedule_logged"] == pytest.approx([0.1, 0.05, 0.025], rel=1e-6)
         assert res["built"] == [True, False, False]
+        # built inside the first step: broadcast after it (every rank root's weights and optimizer state);
+        # a numpy integer metric averaged, a flag left alone
+        assert res["lazy"]["count"] == [(n + 1) / 2] * 2 and res["lazy"]["flag"] == [True, True], res["lazy"]
+        assert res["lazy"]["variables"] > 1
+    assert len({res["lazy"]["digest"] for res in results}) == 1
 
 
 def test_the_engine_reads_tensorflow_host_tensors_in_place_and_leaves_them_unchanged():

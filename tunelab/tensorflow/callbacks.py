@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -14,19 +15,37 @@ from .ops import broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the model's weights, and the optimizer's variables once it has built them, from
-    ``root_rank`` when training starts."""
+    """Broadcast the model's weights, and the optimizer's variables, from ``root_rank``: those that
+    exist when training starts, and again after the first batch if that batch built more.  Without a
+    ``tf.distribute`` strategy Keras builds a model that has no ``Input`` (a subclassed model, a
+    ``Sequential`` of layers alone), and its optimizer, only while it traces the first step: at the
+    start there is nothing to send, and each rank would train its own random initial weights (Horovod
+    broadcasts after the first batch for this reason)."""
 
     def __init__(self, root_rank: int = 0, device: str = "") -> None:
         super().__init__()
         self.root_rank = root_rank
+        self._sent: set[int] | None = None
 
-    def on_train_begin(self, logs: Any = None) -> None:
+    def _variables(self) -> list[Any]:
         variables = list(self.model.weights)
         opt = getattr(self.model, "optimizer", None)
         if opt is not None and getattr(opt, "built", False):
             variables += list(opt.variables)
+        return variables
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        variables = self._variables()
         broadcast_variables(variables, self.root_rank)
+        self._sent = {id(v) for v in variables}
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._sent is None:
+            return
+        variables = self._variables()  # (built alike on every rank: the same model code ran)
+        if {id(v) for v in variables} != self._sent:
+            broadcast_variables(variables, self.root_rank)  # the first step's update is root's for all
+        self._sent = None
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
@@ -38,7 +57,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not logs:
             return
-        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float, np.floating)))
+        keys = sorted(k for k, v in logs.items()  # numbers, numpy's included (an integer count too), not flags
+                      if isinstance(v, (numbers.Real, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)))
         _rt.current().check_same(keys, "the metric names to average")
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
         out = _rt.current().coordinator.submit(f"metrics.epoch{epoch}", values, op=Average).wait()
