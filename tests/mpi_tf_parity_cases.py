@@ -398,6 +398,37 @@ def lazily_built_broadcast(r: int, n: int) -> dict:
             "flag": [bool(f) for f in hist.history["flag"]], "variables": len(model.optimizer.variables)}
 
 
+def mixed_precision(r: int, n: int) -> dict:
+    """mixed_float16 with a loss scaler, and one rank whose batch overflows at first: its check must see
+    the reduced gradients, so every rank skips the same steps (a plain optimizer, which Keras would wrap
+    with a check of each rank's own gradients, is refused)."""
+    import hashlib
+
+    x, y = _data(3, n)
+    x, y = _rank_rows(x, r, n, 1), _rank_rows(y, r, n, 1)
+    if r == n - 1:
+        x[:PER_RANK] *= 1e5  # this rank's first batch overflows in float16
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        try:
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), load_profile=False)
+            refused = ""
+        except ValueError as exc:
+            refused = str(exc)
+        model = _model()
+        opt = hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)), load_profile=False)
+        model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        model.fit(x, y, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.MetricAverageCallback()])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    h = hashlib.sha256()
+    for v in model.weights:
+        h.update(np.asarray(v).tobytes())
+    return {"refused": refused, "digest": h.hexdigest(), "scale": float(np.asarray(model.optimizer.dynamic_scale)),
+            "same_optimizer": model.optimizer is opt}
+
+
 def case_tf_parity(comm) -> dict:
     hvd.init(comm)
     r, n = hvd.rank(), hvd.size()
@@ -407,6 +438,6 @@ def case_tf_parity(comm) -> dict:
            "bcast_opt": broadcast_optimizer_variables(r, n),
            "sparse": embedding_training(r, n, False), "sparse_as_dense": embedding_training(r, n, True),
            "bpps_avg": fit_accumulated(r, n, True), "bpps_sum": fit_accumulated(r, n, False),
-           "lr": lr_callbacks(r, n), "lazy": lazily_built_broadcast(r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
+           "lr": lr_callbacks(r, n), "lazy": lazily_built_broadcast(r, n), "fp16": mixed_precision(r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
     hvd.shutdown()
     return out

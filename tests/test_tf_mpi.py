@@ -180,6 +180,11 @@ def test_horovod_parity(n):
         assert res["lazy"]["count"] == [(n + 1) / 2] * 2 and res["lazy"]["flag"] == [True, True], res["lazy"]
         assert res["lazy"]["variables"] > 1
     assert len({res["lazy"]["digest"] for res in results}) == 1
+    for res in results:  # one rank's first batch overflowed: every rank skipped it and halved its scale
+        fp16 = res["fp16"]
+        assert "pass DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))" in fp16["refused"]
+        assert fp16["same_optimizer"] and fp16["scale"] == 2.0 ** 14, fp16
+    assert len({res["fp16"]["digest"] for res in results}) == 1
 
 
 def test_the_engine_reads_tensorflow_host_tensors_in_place_and_leaves_them_unchanged():

@@ -119,9 +119,22 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
 
     With ``load_profile`` the tuned knobs are applied when the optimizer is built on the model's
     variables: ``model.fit`` builds it eagerly before tracing its train step, and a build that
-    happens inside a trace still looks the profile up eagerly (see :class:`DistributedGradientTape`)."""
+    happens inside a trace still looks the profile up eagerly (see :class:`DistributedGradientTape`).
+
+    Half precision: under the ``mixed_float16`` policy ``model.compile`` would wrap a plain optimizer in
+    a ``LossScaleOptimizer`` whose overflow check reads each rank's own gradients before this one
+    reduces them, so ranks would skip different steps and pair one step's gradients with another's.
+    Pass ``keras.optimizers.LossScaleOptimizer(opt)``: the distributed optimizer is then that loss
+    scaler, reducing before its check (every rank skips the same steps); a plain one is refused."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    import keras
+
+    scaler = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if not scaler and keras.mixed_precision.dtype_policy().name == "mixed_float16":
+        raise ValueError("under the mixed_float16 policy pass DistributedOptimizer(keras.optimizers."
+                         "LossScaleOptimizer(optimizer)): Keras would wrap a plain one in a loss scaler whose "
+                         "overflow check reads each rank's own gradients, and ranks would skip different steps")
     base = optimizer.__class__
     passes = backward_passes_per_step
     # Keras averages the k accumulated gradients; Horovod's default sums them (average_aggregated=False).
@@ -156,9 +169,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                                         "__module__": base.__module__, "__qualname__": base.__qualname__})
     config = optimizer.get_config()
     if passes > 1:
-        if config.get("gradient_accumulation_steps"):
+        # (a loss scaler's inner optimizer accumulates; its own config takes no such setting)
+        accumulating = config["inner_optimizer"]["config"] if scaler else config
+        if accumulating.get("gradient_accumulation_steps"):
             raise ValueError("pass backward_passes_per_step or the optimizer's gradient_accumulation_steps, not both")
-        config["gradient_accumulation_steps"] = passes
+        accumulating["gradient_accumulation_steps"] = passes
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
