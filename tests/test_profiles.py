@@ -656,6 +656,8 @@ def test_cli_errors_are_one_line(tmp_path):
     one_error_line(cli(home, "import", str(tmp_path / "bad.json")), 2, "not valid JSON")
     (tmp_path / "wrong.json").write_text('{"format": "something"}')
     one_error_line(cli(home, "import", str(tmp_path / "wrong.json")), 2, "not a valid tunelab profiles export")
+    one_error_line(cli(tmp_path / "fresh", "import", str(tmp_path / "wrong.json")), 2, "not a valid")
+    assert not (tmp_path / "fresh").exists()  # refused before a store was made for it
     one_error_line(cli(home, "show", "abc"), 2, "expected a profile id")
     one_error_line(cli(home, "export", "--bogus"), 2, "unrecognized arguments")
     one_error_line(cli(home, "frobnicate"), 2, "invalid choice")

@@ -163,7 +163,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..profile_export import InvalidExport
+    from ..profile_export import InvalidExport, validate_export
 
     try:
         data = json.loads(args.file.read_text(encoding="utf-8-sig"))
@@ -175,8 +175,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:
         raise UsageError(f"{args.file} is not a tunelab profiles export (nested too deeply)") from None
-    store = _store(create=True)
     try:
+        validate_export(data)  # (before the store is made: a file refused leaves no empty store behind)
+        store = _store(create=True)
         result = store.merge(data)
     except InvalidExport as exc:
         raise UsageError(f"{args.file} is not a valid tunelab profiles export: {exc}") from None
