@@ -429,6 +429,46 @@ def mixed_precision(r: int, n: int) -> dict:
             "same_optimizer": model.optimizer is opt}
 
 
+def resumed_on_root(comm, r: int, n: int) -> dict:
+    """Horovod's resume: root alone loads a checkpoint with ``hvd.load_model`` (its optimizer distributed
+    again, its momentum kept), the others build a fresh model; ``BroadcastGlobalVariablesCallback``
+    leaves every rank on root's state, and training goes on as one process on the global batches."""
+    import shutil
+    import tempfile
+
+    x, y = _data(2, n)
+    folder = comm.bcast(tempfile.mkdtemp(prefix="tl-resume-") if r == 0 else None, root=0)
+    path = f"{folder}/ck.keras"
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if r == 0:  # a checkpoint of a model trained one epoch on its own, with momentum in its state
+        model = _model()
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss, jit_compile=False)
+        model.fit(x, y, batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0)
+        model.save(path)
+    comm.Barrier()
+    if r == 0:
+        model = hvd.load_model(path, load_profile=False)
+        kind = [type(model.optimizer).__name__, bool(getattr(type(model.optimizer), "_tunelab_distributed", False)),
+                int(model.optimizer.iterations.numpy())]
+    else:
+        keras.utils.set_random_seed(50 + r)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), load_profile=False),
+                      loss=loss, jit_compile=False)
+        kind = None
+    model.fit(_rank_rows(x, r, n, 1), _rank_rows(y, r, n, 1), batch_size=PER_RANK, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    ref = keras.models.load_model(path)  # one process on the global batches
+    ref.fit(x, y, batch_size=n * PER_RANK, epochs=1, shuffle=False, verbose=0)
+    diff = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(model.weights, ref.weights))
+    slots = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(model.optimizer.variables, ref.optimizer.variables))
+    comm.Barrier()
+    if r == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"kind": kind, "diff": diff, "slots": slots, "iterations": int(model.optimizer.iterations.numpy())}
+
+
 def case_tf_parity(comm) -> dict:
     hvd.init(comm)
     r, n = hvd.rank(), hvd.size()
@@ -438,6 +478,6 @@ def case_tf_parity(comm) -> dict:
            "bcast_opt": broadcast_optimizer_variables(r, n),
            "sparse": embedding_training(r, n, False), "sparse_as_dense": embedding_training(r, n, True),
            "bpps_avg": fit_accumulated(r, n, True), "bpps_sum": fit_accumulated(r, n, False),
-           "lr": lr_callbacks(r, n), "lazy": lazily_built_broadcast(r, n), "fp16": mixed_precision(r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
+           "lr": lr_callbacks(r, n), "lazy": lazily_built_broadcast(r, n), "fp16": mixed_precision(r, n), "resume": resumed_on_root(comm, r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
     hvd.shutdown()
     return out

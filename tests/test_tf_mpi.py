@@ -185,6 +185,10 @@ def test_horovod_parity(n):
         assert "pass DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))" in fp16["refused"]
         assert fp16["same_optimizer"] and fp16["scale"] == 2.0 ** 14, fp16
     assert len({res["fp16"]["digest"] for res in results}) == 1
+    assert results[0]["resume"]["kind"] == ["SGD", True, 2 * n]  # distributed again, its state kept
+    for res in results:  # root's state everywhere, then on as one process on the global batches
+        assert res["resume"]["diff"] < 1e-5 and res["resume"]["slots"] < 1e-5, res["resume"]
+        assert res["resume"]["iterations"] == 2 * n + 2
 
 
 def test_the_engine_reads_tensorflow_host_tensors_in_place_and_leaves_them_unchanged():

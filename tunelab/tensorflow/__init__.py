@@ -63,7 +63,13 @@ from .ops import (
     reducescatter,
 )
 from .sync_batch_norm import SyncBatchNormalization
-from .training import DistributedGradientTape, DistributedOptimizer, model_signature, variables_signature
+from .training import (
+    DistributedGradientTape,
+    DistributedOptimizer,
+    load_model,
+    model_signature,
+    variables_signature,
+)
 
 
 def init(comm: Any = None, **settings: object) -> None:
@@ -104,6 +110,7 @@ __all__ = [
     "init",
     "is_initialized",
     "join",
+    "load_model",
     "local_rank",
     "local_size",
     "model_signature",

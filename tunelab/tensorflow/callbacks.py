@@ -27,22 +27,26 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self._sent: set[int] | None = None
 
-    def _variables(self) -> list[Any]:
-        variables = list(self.model.weights)
+    def _parts(self) -> tuple[list[Any], list[Any] | None]:
         opt = getattr(self.model, "optimizer", None)
-        if opt is not None and getattr(opt, "built", False):
-            variables += list(opt.variables)
-        return variables
+        built = opt is not None and getattr(opt, "built", False)
+        return list(self.model.weights), list(opt.variables) if built else None
 
     def on_train_begin(self, logs: Any = None) -> None:
-        variables = self._variables()
+        # what every rank has built: a rank that resumed from a file (``load_model``, root alone in
+        # Horovod's examples) has its optimizer's state, the others build theirs in the first step
+        weights, slots = self._parts()
+        have = _rt.current().allgather_object((len(weights), slots is not None))
+        variables = (weights if len({n for n, _ in have}) == 1 else []) + \
+            (slots if slots is not None and all(b for _, b in have) else [])
         broadcast_variables(variables, self.root_rank)
         self._sent = {id(v) for v in variables}
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self._sent is None:
             return
-        variables = self._variables()  # (built alike on every rank: the same model code ran)
+        weights, slots = self._parts()  # after a step, built on every rank
+        variables = weights + (slots or [])
         if {id(v) for v in variables} != self._sent:
             broadcast_variables(variables, self.root_rank)  # the first step's update is root's for all
         self._sent = None

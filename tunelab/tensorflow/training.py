@@ -149,6 +149,13 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                 with keras.name_scope(self.name, caller=self):
                     self.build(trainable_variables)
                 self.built = True
+        if load_profile and not getattr(self, "_tunelab_profile_loaded", False):
+            # built without the lookup (:func:`load_model` rebuilt it on one rank's load): look it up here,
+            # where every rank comes (eagerly, even inside a trace: see _load_profile)
+            self._tunelab_profile_loaded = True
+            variables = trainable_variables if trainable_variables is not None else self._trainable_variables
+            self._tunelab_signature = variables_signature(variables)
+            _load_profile(variables, model_name)
         grads = _report_step(reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense),
                              lambda: getattr(self, "_tunelab_signature", ""))
         if scale != 1.0:
@@ -177,3 +184,38 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     if name is not None:
         config["name"] = name
     return cls.from_config(config)
+
+
+def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None, custom_objects: dict | None = None,
+               compression: type = Compression.none, **distributed: Any) -> Any:
+    """Horovod's ``hvd.load_model``: a model saved by Keras, compiled, whose optimizer is a
+    :func:`DistributedOptimizer` again, with the state it was saved with (its iteration count and
+    slots, such as momentum).  ``custom_optimizers``: optimizer classes of your own that the file
+    names (as ``custom_objects``); ``distributed``: the other arguments of :func:`DistributedOptimizer`.
+
+    Nothing here is collective, so one rank may load (Horovod's examples resume on rank 0 and
+    broadcast with ``BroadcastGlobalVariablesCallback``): the tuned profile is looked up at the first
+    step, where every rank comes."""
+    import keras
+
+    objects = {c.__name__: c for c in custom_optimizers or ()}
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    loaded = getattr(model, "optimizer", None)
+    if loaded is None or getattr(type(loaded), "_tunelab_distributed", False):
+        return model
+    wrapped = DistributedOptimizer(loaded, compression=compression, **distributed)
+    if loaded.built:
+        variables = list(model.trainable_variables)
+        base = type(wrapped).__mro__[1]  # the optimizer's own build: the profile waits for the first step
+        with keras.name_scope(wrapped.name, caller=wrapped):
+            base.build(wrapped, variables)
+        wrapped.built = True
+        mine, theirs = list(wrapped.variables), list(loaded.variables)
+        if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+            raise ValueError(f"{filepath}: the loaded optimizer's state does not fit its distributed copy "
+                             f"({len(theirs)} variables against {len(mine)})")
+        for new, old in zip(mine, theirs):
+            new.assign(old)
+    model.optimizer = wrapped
+    return model

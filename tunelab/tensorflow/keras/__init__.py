@@ -26,6 +26,7 @@ from .. import (
     init,
     is_initialized,
     join,
+    load_model,
     local_rank,
     local_size,
     mpi_built,
@@ -42,6 +43,6 @@ from . import callbacks
 
 __all__ = ["Average", "Compression", "DistributedOptimizer", "Max", "Min", "Sum", "SyncBatchNormalization", "allgather", "allgather_object",
            "allreduce", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "callbacks", "cross_rank",
-           "cross_size", "gloo_built", "grouped_allreduce", "init", "is_initialized", "join", "local_rank", "local_size",
+           "cross_size", "gloo_built", "grouped_allreduce", "init", "is_initialized", "join", "load_model", "local_rank", "local_size",
            "mpi_built", "mpi_threads_supported", "nccl_built", "rank", "set_knobs", "shutdown", "size",
            "start_timeline", "stop_timeline"]
