@@ -847,6 +847,22 @@ def case_refused_knobs_allocate_nothing(comm: MPI.Comm, ranks_per_node: int = 3)
     return {"error": error, "barriers": len(made), "freed": freed, "total": total}
 
 
+def case_settings_that_differ(comm: MPI.Comm) -> dict:
+    """Rank 0 made with another fusion threshold (a TUNELAB_* variable set on one rank), then rank 1 with
+    another node layout: every rank refuses, naming what differs; the same settings then work."""
+    out: dict = {}
+    for name, mine in (("knob", {"fusion_threshold_bytes": 0 if comm.rank == 0 else None}),
+                       ("layout", {"ranks_per_node": 1 if comm.rank == 1 else None})):
+        try:
+            Engine(comm, load_engine_config(**mine))
+            out[name] = ""
+        except RankMismatchError as exc:
+            out[name] = str(exc)
+    with Engine(comm, load_engine_config()) as engine:
+        out["total"] = engine.allreduce(np.full(3, comm.rank + 1.0, np.float64)).tolist()
+    return out
+
+
 def case_emulated_link(comm: MPI.Comm, gbps: float = 0.5, count: int = 1 << 20, seed: int = 7) -> dict:
     """Allreduce through an emulated link between 2-rank nodes: exact results, the bytes each rank
     took through its node's link, and how long the call took."""

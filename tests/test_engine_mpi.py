@@ -180,6 +180,18 @@ def test_knobs_the_topology_refuses_allocate_nothing_and_the_next_engine_works()
         assert res["total"] == [10.0] * 3
 
 
+def test_ranks_made_with_other_knobs_refuse_on_every_rank_instead_of_mixing_their_data():
+    """Buckets are planned from each rank's own knobs: a fusion threshold set on one rank alone paired one
+    rank's bucket with another's and summed the wrong elements without a word (and timed out on the
+    other rank)."""
+    for res in run_ok("settings_that_differ", 2):
+        assert res["knob"].startswith("ranks disagree on the engine's settings (fusion_threshold_bytes: "
+                                      "rank 0: off, rank 1: 64MiB)"), res["knob"]
+        assert "TUNELAB_* environment" in res["knob"]
+        assert "ranks_per_node: rank 0: None, rank 1: 1" in res["layout"], res["layout"]
+        assert res["total"] == [3.0] * 3
+
+
 def test_emulated_link_carries_the_cross_node_bytes_at_its_bandwidth():
     gbps, nbytes = 0.5, 4 * (1 << 20)  # 62.5 MB/s; 1Mi float32 on 4 ranks = 2 nodes of 2
     results = run_ok("emulated_link", 4, gbps=gbps, count=1 << 20, limit_s=120)

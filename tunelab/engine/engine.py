@@ -87,6 +87,28 @@ def _op(op: str) -> tuple[str, ReduceOp, bool]:
     return found
 
 
+def _agree_on_settings(comm: MPI.Comm, config: EngineConfig) -> None:
+    """Every rank plans its buckets and picks its algorithm from its own knobs (only live changes are
+    sent from rank 0): knobs that differ from rank to rank (a ``TUNELAB_*`` variable set on some ranks,
+    an ``init()`` argument computed per rank) would pair one rank's bucket with another's, a silent
+    mix of data.  So they are compared when the engine is made, with the node layout and the emulated
+    link, and any difference fails on every rank, naming it."""
+    from ..knobs import knob_text
+
+    mine = {**config.knobs.as_dict(), "ranks_per_node": config.ranks_per_node, "link_gbps": config.link_gbps,
+            "link_latency_us": config.link_latency_us}
+    everyone = comm.allgather(mine)
+    differ = [k for k in mine if any(e[k] != everyone[0][k] for e in everyone)]
+    if differ:
+        def text(name: str, value: object) -> str:
+            return knob_text(name, value) if name in config.knobs.as_dict() and value is not None else repr(value)
+
+        what = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {text(k, e[k])}" for r, e in enumerate(everyone))
+                         for k in differ[:3])
+        raise RankMismatchError(f"ranks disagree on the engine's settings ({what}): give every rank the same "
+                                "TUNELAB_* environment and init() arguments")
+
+
 class Engine:
     """Allreduce engine for the ranks of ``comm`` (default: MPI.COMM_WORLD).  Collective to create."""
 
@@ -94,7 +116,9 @@ class Engine:
         from mpi4py import MPI
 
         self.config = config or load_engine_config()
-        self.topology = build_topology(comm or MPI.COMM_WORLD, self.config.ranks_per_node)
+        comm = comm or MPI.COMM_WORLD
+        _agree_on_settings(comm, self.config)
+        self.topology = build_topology(comm, self.config.ranks_per_node)
         try:  # knobs this topology cannot run are refused before anything is allocated (the same verdict
             self.check_knobs(self.config.knobs)  # on every rank: the topology is the same everywhere)
         except TopologyError:
