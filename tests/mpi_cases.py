@@ -795,6 +795,34 @@ def case_coordinator_peer_stops(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     return {"message": message, "elapsed_s": time.monotonic() - t0, "abort": True}
 
 
+def case_shutdown_after_a_timeout(comm: MPI.Comm, timeout_s: float = 2.0, stuck_s: int = 8) -> dict:
+    """Rank 1 is stuck in C holding the GIL (its coordinator cannot cycle); rank 0's wait times out and
+    it shuts the runtime down, as its exit hook would: that must return, raising the timeout, rather
+    than wait in the collective frees for a rank that is not coming."""
+    import ctypes
+
+    from tunelab import runtime
+
+    rt = runtime.init(comm, timeout_s=timeout_s)
+    rt.coordinator.submit("warm", np.ones(4, np.float32)).wait(20)
+    comm.Barrier()
+    if comm.rank == 1:
+        ctypes.PyDLL(None).sleep(stuck_s)
+        return {"abort": True}
+    try:
+        rt.coordinator.submit("x", np.ones(4, np.float32)).wait(60)
+        waited = "no error"
+    except Exception as exc:  # noqa: BLE001 (the error's type is the finding)
+        waited = type(exc).__name__
+    t0 = time.monotonic()
+    try:
+        runtime.shutdown()
+        said = "no error"
+    except Exception as exc:  # noqa: BLE001
+        said = type(exc).__name__
+    return {"waited": waited, "shutdown": said, "shutdown_s": time.monotonic() - t0, "abort": True}
+
+
 def case_topology(comm: MPI.Comm) -> dict:
     out = {}
     for k in [None, *range(1, comm.size + 1)]:

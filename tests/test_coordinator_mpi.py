@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from mpi_harness import run_ok
+from mpi_harness import run_case, run_ok
 
 pytestmark = pytest.mark.mpi
 
@@ -99,8 +99,6 @@ def test_a_peer_whose_coordinator_stopped_mid_cycle_fails_the_others_with_a_time
     """Rank 1's coordinator fails applying a knob change; rank 0, with a new name to negotiate in the
     same cycle, fails after the engine's timeout (3 s) instead of blocking in the exchange of names for
     ever (the exchanges after a cycle's first one had no timeout)."""
-    from mpi_harness import run_case
-
     run = run_case("coordinator_peer_stops", 2, 60, timeout_s=3.0)
     first = run.results[0]  # (rank 1, its coordinator failed, waits until rank 0 has ended the job)
     assert first is not None, run.stderr[-2000:]
@@ -108,6 +106,16 @@ def test_a_peer_whose_coordinator_stopped_mid_cycle_fails_the_others_with_a_time
                                        "exchange of new names"), first
     assert first["elapsed_s"] < 15, first
     assert run.returncode != 0  # the job is ended, not left hanging
+
+
+def test_a_rank_that_timed_out_shuts_down_without_waiting_for_the_rank_it_timed_out_on():
+    """After a timeout the runtime's shutdown (the exit hook's) freed the engine's windows, which waits
+    for every rank of the node without a timeout: the rank that reported the error could never exit."""
+    run = run_case("shutdown_after_a_timeout", 2, 60, timeout_s=2.0, stuck_s=8)
+    first = run.results[0]
+    assert first is not None, run.stderr[-2000:]  # (killed with the job while it waited, it wrote nothing)
+    assert first["waited"] in ("CollectiveTimeoutError", "StallError"), first
+    assert first["shutdown"] == first["waited"] and first["shutdown_s"] < 2.0, first
 
 
 @pytest.mark.parametrize("n", [2, 3])

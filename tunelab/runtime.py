@@ -366,11 +366,24 @@ class Runtime:
                                     + "; ".join(f"rank {r}: root {root}" for r, root in enumerate(roots)))
 
     def shutdown(self) -> None:
+        """Stop the coordinator and free the engine (collective).  After a timeout or a stall the peers
+        may never come to the frees (``MPI_Win_free`` waits for every rank of the node, without a
+        timeout), and the rank that said so could not exit: then nothing collective is freed (the
+        process's end releases it), and the error is raised."""
+        from .errors import CollectiveTimeoutError, StallError
+
         try:
             self.coordinator.shutdown()  # (raises the coordinator's final error, if it had one)
-        finally:
-            self.sync_comm.Free()
-            self.engine.close()
+        except (CollectiveTimeoutError, StallError):
+            raise
+        except BaseException:
+            self._free()
+            raise
+        self._free()
+
+    def _free(self) -> None:
+        self.sync_comm.Free()
+        self.engine.close()
 
 
 @dataclass(frozen=True)
