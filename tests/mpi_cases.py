@@ -731,6 +731,14 @@ def case_coordinator_shared_memory_and_requests(comm: MPI.Comm) -> dict:
     out["swapped"] = [np.unique(h.wait(20)).tolist() for h in handles]
     out["want"] = [total, 100 * total]
     comm.Barrier()
+    y = np.full(count, rank + 1.0, np.float32)  # in place with one op, out of place with another
+    handles = [coord.submit_one("ops.sum", y, "sum"), coord.submit("ops.max", y, op="max")]
+    out["two_ops"] = [np.unique(h.wait(20)).tolist() for h in handles]
+    comm.Barrier()
+    y = np.full(count, rank + 1.0, np.float32)  # the other way round (whichever op's call runs first)
+    handles = [coord.submit_one("ops2.max", y, "max"), coord.submit("ops2.sum", y)]
+    out["two_ops"] += [np.unique(h.wait(20)).tolist() for h in handles]
+    comm.Barrier()
     if rank == 0:  # a profile's knobs, then the user's own change, before the next cycle
         coord.set_knobs(cycle_time_ms=5.0)
         coord.set_knobs(fusion_threshold_bytes=1 << 20)

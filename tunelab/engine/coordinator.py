@@ -644,14 +644,18 @@ class Coordinator:
     def _execute(self, ids: list[int]) -> None:
         with self._lock:
             reqs = [self._pending.get(self._names[i]) or self._zeros(i) for i in ids]
+        # made safe across the whole cycle, not one op's call at a time: a call of one op would otherwise
+        # write memory that a later op's submit reads
+        all_arrays, all_outs, copy_back = _unaliased(
+            [r.array for r in reqs], [r.handle.out if r.out_view is None else r.out_view for r in reqs],
+            [i for i, r in enumerate(reqs) if r.out_view is None])
         for op in dict.fromkeys(r.op for r in reqs):
-            batch = [r for r in reqs if r.op == op]
+            batch = [i for i, r in enumerate(reqs) if r.op == op]
             group_ids: dict[str, int] = {}
-            groups = [None if r.group is None else group_ids.setdefault(r.group, len(group_ids))
-                      for r in batch]
-            arrays = [r.array for r in batch]
-            outs = [r.handle.out if r.out_view is None else r.out_view for r in batch]
-            arrays, outs, copy_back = _unaliased(arrays, outs, [i for i, r in enumerate(batch) if r.out_view is None])
+            groups = [None if reqs[i].group is None else group_ids.setdefault(reqs[i].group, len(group_ids))
+                      for i in batch]
+            arrays = [all_arrays[i] for i in batch]
+            outs = [all_outs[i] for i in batch]
             timeline = self.timeline  # read once: start/stop_timeline may swap it from another thread
             if timeline is None:
                 self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
@@ -659,8 +663,8 @@ class Coordinator:
                 with timeline.span("allreduce", "allreduce", op=op, tensors=len(batch),
                                         bytes=int(sum(a.nbytes for a in arrays)), cycle=self.cycles):
                     self.engine.allreduce_batch(arrays, op, outs, groups, verify=False)
-            for private, out in copy_back:
-                np.copyto(out, private)
+        for private, out in copy_back:
+            np.copyto(out, private)
         with self._lock:
             for r in reqs:
                 if self._pending.get(r.name) is r:  # (not a submit of the same name since: a joined rank's)
