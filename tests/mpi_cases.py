@@ -371,10 +371,13 @@ def case_bad_requests(comm: MPI.Comm) -> dict:
             errors[label] = str(exc)
     big = 1 << 20  # (4 MiB of float32: past a segment, where the two-shot's pieces once overwrote inputs)
     x = np.ones(big, np.float32)
+    views = [x[:big // 2], x[1:big // 2 + 1]]
     for label, call in (("byteorder", lambda: engine.allreduce(np.ones(big, ">f4"))),
                         ("alias", lambda: _aliased(engine, big, True)),
                         ("twice", lambda: engine.allreduce_batch([x, x], outs=[x, x])),
-                        ("shifted", lambda: engine.allreduce(x[:big // 2], out=x[1:big // 2 + 1]))):
+                        ("shifted", lambda: engine.allreduce(x[:big // 2], out=x[1:big // 2 + 1])),
+                        # two views of one buffer, each in place, overlapping: each would overwrite the other
+                        ("views_in_place", lambda: engine.allreduce_batch(views, outs=views))):
         try:
             call()
             errors[label] = ""

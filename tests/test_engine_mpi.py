@@ -123,6 +123,7 @@ def test_invalid_requests_fail_on_every_rank_with_a_reason():
         assert "output 1 overlaps input 0 of the same call" in res["alias"]
         assert "output 0 overlaps input 1 of the same call" in res["twice"]
         assert "output 0 overlaps its input without being in its place" in res["shifted"]
+        assert "output 0 overlaps input 1 of the same call" in res["views_in_place"], res["views_in_place"]
         assert "must be C-contiguous and writeable" in res["readonly_one"]
         assert "must be a C-contiguous, writeable" in res["readonly_group"]
         assert res["after_readonly"] == [3.0] * 4  # (1 + 2, by hand: the coordinator still works)

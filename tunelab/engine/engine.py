@@ -628,17 +628,23 @@ def refuse_overlaps(arrays: list[Any], results: list[Any]) -> None:
     """ValueError where an output shares memory with another tensor of the call than its own input
     (exactly in its place): the algorithms write a piece of the results while later pieces of the
     inputs are still to be read, so such a call would give results that depend on the sizes and knobs.
-    One sweep over the spans, sorted; a call wholly in place (every output its input, the common
-    case: gradients) only checks that no tensor comes twice (distinct views that overlap each other are
-    not looked for there: the sweep costs about 3 us a tensor)."""
+    One sweep over the spans, sorted (about 3 us a tensor); a call wholly in place (every output its
+    input, the common case: gradients) checks that no tensor comes twice, and sweeps only where two of
+    its tensors are views of one buffer (``x[:n]`` and ``x[1:]`` in place would overwrite each other)."""
     if all(o is a for a, o in zip(arrays, results)):
         seen: dict[int, int] = {}
+        buffers: set[int] = set()
+        shared = False
         for i, a in enumerate(arrays):
             if id(a) in seen and a.size:
                 raise ValueError(f"output {seen[id(a)]} overlaps input {i} of the same call (the same "
                                  "tensor twice, in place): give it memory of its own")
             seen[id(a)] = i
-        return
+            owner = _owner(a)
+            shared = shared or id(owner) in buffers
+            buffers.add(id(owner))
+        if not shared:
+            return
     spans = []
     for i, (a, o) in enumerate(zip(arrays, results)):
         if a.size:
@@ -655,6 +661,14 @@ def refuse_overlaps(arrays: list[Any], results: list[Any]) -> None:
                                  f"output {k} overlaps {kind} {other} of the same call (its results would "
                                  "overwrite what is still to be read): give it memory of its own")
         active.append((start, end, i, out))
+
+
+def _owner(a: Any) -> Any:
+    """The object whose memory ``a`` views (``a`` itself where it owns its memory): two views of one
+    buffer have the same owner."""
+    while isinstance(getattr(a, "base", None), np.ndarray):
+        a = a.base
+    return a.base if getattr(a, "base", None) is not None else a
 
 
 def _check_out(i: int, a: np.ndarray, o: Any) -> np.ndarray:
