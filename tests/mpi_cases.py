@@ -331,6 +331,8 @@ def case_one_rank_invalid(comm: MPI.Comm, ranks_per_node: int | None = None) -> 
             "outs": lambda size=size: engine.allreduce_batch(
                 [np.ones(size, np.float32)] * 2, outs=[np.empty(size, np.float32) for _ in range(1 if r == last else 2)]),
             "order": lambda size=size: engine.allreduce(np.ones(size, ">f4" if r == last else np.float32)),
+            # an object array (no view of the slots can be made for it: numpy raised before the agreement)
+            "object": lambda size=size: engine.allreduce(np.ones(size, object if r == last else np.float32)),
             "alias": lambda size=size: _aliased(engine, size, r == last),
             # -1 once stood for "no group" in the agreed rows: the last rank's [-1, -1] passed the
             # agreement against [None, None] and was planned as one bucket where the others had two

@@ -444,8 +444,8 @@ class Engine:
         except TypeError as exc:
             error = exc
         count = int(np.prod(shape, dtype=np.int64))
-        if self.topology.num_nodes == 1:
-            slots, nloc = self._host.slots, self.topology.local_size
+        if self.topology.num_nodes == 1 and error is None:  # (an unreducible dtype, such as object, has no
+            slots, nloc = self._host.slots, self.topology.local_size  # view: it is refused after agreeing)
             views = tuple([slots.half(q, parity)[:count * dtype.itemsize].view(dtype).reshape(shape)
                            for q in range(nloc)] for parity in (0, 1))
         else:  # several nodes: recursive doubling receives into the ring's scratch, not into slots
@@ -472,7 +472,8 @@ class Engine:
         barrier that publishes the slot, then reduce every peer's slot straight into the output."""
         self._calls += 1
         views = small.views[self.barrier.next_parity()]  # the parity is alike on every rank
-        np.copyto(views[self.topology.local_rank], a)
+        if small.error is None:
+            np.copyto(views[self.topology.local_rank], a)
         if not self.barrier.wait_agreeing(small.digest, self._call_name):
             what = self._call_name()
             everyone = self.topology.world.allgather(small.signature)
