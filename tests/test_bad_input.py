@@ -260,6 +260,31 @@ def test_ranks_given_different_command_lines_stop_with_one_error_instead_of_hang
     assert "ranks disagree on the command's iters: rank 0 has 1, rank 1 3" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("second", [
+    ["bench", "allreduce", "--sizes", "4KiB", "--iters", "0", "--no-report"],  # refused by the parser
+    ["tune", "--scenario", "only-on-the-other-host.toml", "--no-store", "--no-report"],  # a file on one host
+])
+def test_a_rank_refused_before_the_job_starts_ends_the_whole_job(tmp_path, second):
+    """Under the user's mpiexec, a rank that stopped at its command line exited alone, and the launcher
+    left the other ranks waiting in MPI for ever, spinning: now it ends the job, with its status, and
+    leaves no shared memory behind."""
+    import time
+
+    from tunelab.launch import mpich_segments, mpiexec_command
+
+    first = ["bench", "allreduce", "--sizes", "4KiB", "--iters", "1", "--warmup", "0", "--algorithms", "ring",
+             "--no-report"]
+    cmd = [*mpiexec_command(), "-n", "1", sys.executable, "-m", "tunelab.cli", *first, ":",
+           "-n", "1", sys.executable, "-m", "tunelab.cli", *second]
+    before = mpich_segments()
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    assert time.monotonic() - start < 60 and proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "tunelab: error:" in proc.stderr or "error: argument --iters" in proc.stderr, proc.stderr[-2000:]
+    assert mpich_segments() <= before
+
+
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
 def test_a_job_that_aborts_leaves_no_shared_memory_behind():
     def segments():

@@ -7,12 +7,14 @@ waiting for a rank that failed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from .errors import TunelabError, UsageError
 
@@ -34,6 +36,34 @@ def _resolve(job: str) -> Callable[[dict], dict]:
     return getattr(importlib.import_module(module), func)
 
 
+_REACHED = False  # whether this process reached the job's agreement (run_in_process)
+
+
+def end_the_job_if_alone(status: int) -> None:
+    """Under the user's mpiexec/srun, a rank that fails before it reaches the job's agreement (a bad
+    flag, a scenario file on one host only) leaves the other ranks waiting there for ever (the
+    launcher does not end a job for one rank's exit): it ends the whole job instead, with its status."""
+    from .launch import inside_mpi_job
+
+    if status == 0 or _REACHED or not inside_mpi_job():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    from mpi4py import MPI
+
+    from .launch import SHM_DIR, mpich_segments
+
+    try:  # MPI_Abort leaves the node's MPICH segment behind: this job's is the one this process maps
+        maps = Path("/proc/self/maps").read_text(errors="replace")
+    except OSError:
+        maps = ""
+    for name in mpich_segments():
+        if name in maps:
+            with contextlib.suppress(OSError):
+                (SHM_DIR / name).unlink()  # (its mappings live on until the job's processes end)
+    MPI.COMM_WORLD.Abort(status)
+
+
 def run_in_process(job: str, params: dict) -> dict:
     """Run ``job`` in this process (already one rank of an MPI job); every rank gets rank 0's result.
     Each rank parsed its own command line (``mpiexec -n 1 tunelab ... : -n 1 tunelab ...`` may give
@@ -41,6 +71,8 @@ def run_in_process(job: str, params: dict) -> dict:
     iterations or sizes would otherwise wait on each other's collectives for ever."""
     from mpi4py import MPI
 
+    global _REACHED
+    _REACHED = True  # (every rank that gets here meets the others in the agreement: see ends_the_job)
     _agree_on_job(MPI.COMM_WORLD, job, params)
     result = _resolve(job)(params)
     return MPI.COMM_WORLD.bcast(result, root=0)

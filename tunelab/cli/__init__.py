@@ -60,6 +60,18 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ..rankmain import end_the_job_if_alone
+
+    try:
+        status = _checked_main(argv)
+    except SystemExit as exc:  # argparse's usage errors (and --help)
+        end_the_job_if_alone(exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2)
+        raise
+    end_the_job_if_alone(status)
+    return status
+
+
+def _checked_main(argv: Sequence[str] | None) -> int:
     try:
         return _main(argv)
     except OSError as exc:  # a path no file system takes, wherever it is first looked at: a usage error
