@@ -285,6 +285,21 @@ def test_a_rank_refused_before_the_job_starts_ends_the_whole_job(tmp_path, secon
     assert mpich_segments() <= before
 
 
+def test_inside_the_users_mpiexec_rank_0_alone_writes_the_outputs(tmp_path):
+    """Every rank has rank 0's result; each wrote its own report, and --json /dev/stdout held the
+    document once per rank (not JSON any more)."""
+    from tunelab.launch import mpiexec_command
+
+    cmd = [*mpiexec_command(), "-n", "2", sys.executable, "-m", "tunelab.cli", "bench", "allreduce", "--sizes", "4KiB",
+           "--iters", "1", "--warmup", "0", "--algorithms", "ring", "--json", "/dev/stdout"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    document = proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1]
+    assert json.loads(document)["rows"], proc.stdout[-2000:]  # one document
+    assert len(list((tmp_path / "reports").glob("*.html"))) == 1
+
+
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
 def test_a_job_that_aborts_leaves_no_shared_memory_behind():
     def segments():
