@@ -93,6 +93,23 @@ def test_report_is_self_contained_and_complete(report: Path) -> None:
         assert text in html, text
 
 
+def test_bench_tables_give_their_units(tmp_path: Path) -> None:
+    """Bandwidth columns read GB/s (bytes), not "gbps" beside a link's Gb/s (bits) in the same page; the
+    link-bound ratio is shown; a row that has no check says n/a, not NaN."""
+    data = json.loads((DATA / "report-allreduce.json").read_text())
+    data["hardware"]["link_gbps"] = 1.0
+    for r in data["rows"]:
+        r["time_vs_link"] = 1.25
+    data["rows"][0]["wrong"] = None
+    bench = tmp_path / "linked-allreduce.json"
+    bench.write_text(json.dumps(data))
+    html = build_html("units", [], [bench, DATA / "report-kernels.json", DATA / "report-fusion.json"], [])
+    for heading in ("algbw (GB/s)", "busbw (GB/s)", "time (us)", "time / link bound", "copy (GB/s)"):
+        assert f"<th>{heading}</th>" in html, heading
+    assert "gbps</th>" not in html and "<td>1 Gb/s</td>" in html
+    assert "<td>n/a</td>" in html and "NaN" not in html
+
+
 def test_user_text_is_escaped(report: Path) -> None:
     html = report.read_text()
     assert PAYLOAD not in html

@@ -31,6 +31,11 @@ def kind_of(data: dict[str, Any]) -> str:
     return "unknown"
 
 
+# a table's headings with their units (bandwidths are GB/s, bytes; a link's speed is Gb/s, bits)
+_HEADS = {"time_us": "time (us)", "algbw_gbps": "algbw (GB/s)", "busbw_gbps": "busbw (GB/s)",
+          "time_vs_link": "time / link bound", "gbps": "GB/s", "copy_gbps": "copy (GB/s)"}
+
+
 def allreduce_section(results: list[Result]) -> dict[str, Any]:
     series: dict[str, tuple[list[float], list[float]]] = {}
     tables = []
@@ -41,11 +46,18 @@ def allreduce_section(results: list[Result]) -> dict[str, Any]:
             name = f"{alg} ({label})" if multi else alg
             series[name] = ([r["size"] for r in rows], [r["busbw_gbps"] for r in rows])
         cols = ["size", "count", "dtype", "algorithm", "time_us", "algbw_gbps", "busbw_gbps", "wrong"]
-        table = [{c: (format_size(r[c]) if c == "size" else r.get(c)) for c in cols} for r in data["rows"]]
+        if any("time_vs_link" in r for r in data["rows"]):
+            cols.append("time_vs_link")
+        table = [{_HEADS.get(c, c): (format_size(r[c]) if c == "size" else "n/a" if c == "wrong" and r.get(c) is None
+                                     else r.get(c)) for c in cols} for r in data["rows"]]
         tables.append(table_block(f"nccl-tests style results: {label}", table))
         hw = data.get("hardware")
         if hw:
-            tables.append(table_block(f"hardware: {label}", [{"fact": k, "value": str(v)} for k, v in hw.items()]))
+            from ..hardware import fact_text
+
+            tables.append(table_block(f"hardware: {label}", [
+                {"fact": k, "value": f"{v:g} Gb/s" if k == "link_gbps" and isinstance(v, (int, float)) else fact_text(k, v)}
+                for k, v in hw.items()]))
     fig = figures.line_chart(series, "message size (bytes)", "bus bandwidth (GB/s)", logx=True)
     blocks = [_figure("fig-busbw", "bus bandwidth vs message size, every algorithm incl. baselines", fig)]
     return {"id": "bench-allreduce", "title": "Allreduce bandwidth", "blocks": blocks + tables}
@@ -57,7 +69,8 @@ def fusion_section(results: list[Result]) -> dict[str, Any]:
     fig = figures.grouped_bars(modes, series, "time per step (ms)")
     blocks = [_figure("fig-fusion", "allreduce time per fusion mode", fig)]
     for label, d in results:
-        blocks.append(table_block(f"fusion modes: {label} (model {d.get('model', '?')})", d["rows"]))
+        blocks.append(table_block(f"fusion modes: {label} (model {d.get('model', '?')})",
+                                  [{_HEADS.get(k, k): v for k, v in r.items()} for r in d["rows"]]))
     return {"id": "bench-fusion", "title": "Tensor fusion", "blocks": blocks}
 
 
@@ -72,7 +85,7 @@ def kernels_section(results: list[Result]) -> dict[str, Any]:
     blocks = [_figure("fig-kernels", "kernel bandwidth next to a plain copy", fig)]
     for label, d in results:
         blocks.append(table_block(f"kernels: {label} ({d.get('backend', '?')}, {d.get('device', '?')})",
-                                  d["rows"]))
+                                  [{_HEADS.get(k, k): v for k, v in r.items()} for r in d["rows"]]))
     return {"id": "bench-kernels", "title": "Kernels", "blocks": blocks}
 
 
