@@ -110,6 +110,19 @@ def test_bench_tables_give_their_units(tmp_path: Path) -> None:
     assert "<td>n/a</td>" in html and "NaN" not in html
 
 
+def test_a_run_the_store_failed_says_so_not_no_store(tmp_path: Path) -> None:
+    tune = json.loads((DATA / "report-tune.json").read_text())
+    tune.pop("profile_id", None)
+    tune["store_error"] = "database or disk is full"
+    path = tmp_path / "failed-tune.json"
+    path.write_text(json.dumps(tune))
+    html = build_html("t", [], [], [path])
+    assert "the profile store failed (database or disk is full)" in html and "--no-store" not in html
+    tune.pop("store_error")
+    path.write_text(json.dumps(tune))
+    assert "This run was not stored (--no-store)" in build_html("t", [], [], [path])
+
+
 def test_user_text_is_escaped(report: Path) -> None:
     html = report.read_text()
     assert PAYLOAD not in html

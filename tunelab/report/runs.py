@@ -34,6 +34,7 @@ def run_from_json(label: str, data: dict[str, Any]) -> dict[str, Any]:
         "best": {"knobs": data["best"]["knobs"], "score": data["best"]["score"],
                  "spread": _spread(data["samples"], data["best"]["knobs"])},
         "locked_final": data.get("locked_final", {}).get("score"), "profile_id": data.get("profile_id"),
+        "store_error": str(data["store_error"]) if data.get("store_error") else None,
         "default_recent": _recent(label, data.get("locked_final", {}).get("default_recent")),
         "runner_up": ({"knobs": data["runner_up"]["knobs"], "score": data["runner_up"]["score"],
                        "spread": _spread(data["samples"], data["runner_up"]["knobs"])}

@@ -179,6 +179,11 @@ def _trial_row(s: dict[str, Any]) -> dict[str, Any]:
 def _locked(run: dict[str, Any]) -> list[dict[str, Any]]:
     k = run["best"]["knobs"]
     rows = [{"knob": name, "value": knob_text(name, v)} for name, v in k.items()]
+    if run.get("store_error"):  # (the store stopped taking the run's writes: no profile to export)
+        return [table_block("locked configuration", rows),
+                {"kind": "text", "text": f"This run was not stored: the profile store failed ({run['store_error']}). "
+                                         "Training jobs do not load it: pin these knobs with --knob, or tune "
+                                         "again once the store takes writes."}]
     if run.get("profile_id") is None:  # (tune --no-store: nothing was stored, and no profile to export)
         return [table_block("locked configuration", rows),
                 {"kind": "text", "text": "This run was not stored (--no-store): training jobs do not load it. "
