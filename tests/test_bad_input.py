@@ -93,6 +93,14 @@ def test_an_output_onto_what_a_command_reads_by_default_is_refused(tmp_path):
             if target.read_bytes() != kept:  # put the shipped file back before failing
                 target.write_bytes(kept)
                 pytest.fail(f"{' '.join(args[:2])} overwrote {target}, which it reads by default")
+    # tune reads $TUNELAB_HOME/scale-model.json where it exists and --model-file is left out
+    home = tmp_path / "home2"
+    home.mkdir()
+    model = home / "scale-model.json"
+    model.write_text('{"a fitted": "model"}')
+    one_line_error(tunelab("tune", "--no-store", "--no-report", "--json", str(model), env={"TUNELAB_HOME": str(home)}),
+                   2, "(--model-file)")
+    assert model.read_text() == '{"a fitted": "model"}'
 
 
 def test_an_output_onto_a_default_that_another_flag_replaces_is_not_refused(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import UsageError
 from ..units import counted
@@ -54,12 +55,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument("--retune", type=positive_int, nargs="?", const=200, default=0, metavar="STEPS",
                       help="after the lock, train STEPS more steps (default 200) and tune again if step time "
                            "leaves the locked configuration's interval")
-    tune.add_argument("--model-file", type=input_file, default=None, metavar="FILE",
-                      help="a fitted scale model (tunelab model fit): its predicted best settings are the first "
-                           "proposals when this hardware has no stored trials (default: "
-                           "$TUNELAB_HOME/scale-model.json when it exists)")
+    named_input(tune.add_argument("--model-file", type=input_file, default=None, metavar="FILE",
+                                  help="a fitted scale model (tunelab model fit): its predicted best settings are "
+                                       "the first proposals when this hardware has no stored trials (default: "
+                                       "$TUNELAB_HOME/scale-model.json when it exists)"),
+                Path, _default_model_input)
     add_output_flags(tune)
     tune.set_defaults(func=run)
+
+
+def _default_model_input(args: argparse.Namespace) -> list[Path]:
+    """The scale model tune reads when --model-file is not given (an output naming it is refused)."""
+    from ..model.tuner import default_model_path
+
+    path = default_model_path()
+    return [path] if path.exists() else []
 
 
 def run(args: argparse.Namespace) -> int:
