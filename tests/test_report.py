@@ -148,6 +148,13 @@ def test_default_out_folder(inputs: dict, tmp_path: Path, monkeypatch: pytest.Mo
     out = Path(capsys.readouterr().out.strip())
     assert out.parent == Path("reports") and out.name.startswith("report-") and out.suffix == ".html"
     assert (tmp_path / out).is_file()
+    # two reports made in one second (two commands at once) each keep their own file
+    from tunelab.report import build
+
+    monkeypatch.setattr(build.os, "getpid", lambda: 424242)
+    assert main(["report", "--bench", str(DATA / "report-fusion.json")]) == 0
+    second = Path(capsys.readouterr().out.strip())
+    assert second != out and second.name.endswith("-424242.html") and (tmp_path / out).is_file()
 
 
 def _chromium(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ fit).  A missing or foreign file, or too few points to fit, is a usage error: on
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
@@ -415,6 +414,8 @@ def _report(model: Any, topo: Any, args: argparse.Namespace, result: dict) -> No
                        [{**r.pop("knobs"), **r} for r in [dict(x) for x in result["step"]["rows"][:STEP_ROWS]]]))
     section = model_section(model, errors, topo.ranks_per_host, topo.link if topo.hosts > 1 else "none",
                             [1 << 20, 64 << 20], tables)
-    out = Path("reports") / f"model-{time.strftime('%Y%m%d-%H%M%S')}.html"
+    from ..report.build import default_out
+
+    out = default_out("model")
     write_model_report(out, section, [str(args.model_file)] + [str(p) for p in args.check])
     print(f"# report: {out}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +14,9 @@ from ..errors import UsageError
 from ..files import write_text
 
 
-def default_out() -> Path:
-    return Path("reports") / f"report-{time.strftime('%Y%m%d-%H%M%S')}.html"
+def default_out(name: str = "report") -> Path:
+    """``reports/<name>-<time>-<pid>.html``: two reports made in one second do not overwrite each other."""
+    return Path("reports") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.html"
 
 
 def _load(path: Path) -> dict[str, Any]:
