@@ -76,6 +76,16 @@ def test_an_output_naming_an_input_given_by_name_is_refused_and_the_input_kept(t
             pytest.fail("bench tuner overwrote the shipped landscape it read")
 
 
+@pytest.mark.parametrize("args, env", [
+    (["tune", "--scenario", "~nosuchuser/my.toml", "--no-store"], {}),
+    (["bench", "landscape", "--model", "~nosuchuser/x.toml"], {}),
+    (["profiles", "list"], {"TUNELAB_HOME": "~nosuchuser/tunelab"}),
+])
+def test_a_tilde_of_an_unknown_user_is_a_usage_error_not_a_traceback(tmp_path, args, env):
+    env = {"TUNELAB_HOME": str(tmp_path / "home"), **env}
+    one_line_error(tunelab(*args, env=env), 2, "no such user as '~nosuchuser' to expand")
+
+
 def test_an_output_onto_what_a_command_reads_by_default_is_refused(tmp_path):
     """Left out, --landscape reads every shipped landscape and tune's --model the resnet50 scenario: an
     output onto one of those is refused too, and the file is kept."""

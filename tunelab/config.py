@@ -82,14 +82,23 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
                         link_gbps=gbps, link_latency_us=latency, retune=_flag("retune", other.get("retune", False)))
 
 
+def _expanded(text: str, variable: str) -> Path:
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # ~user of a user this system does not know
+        from .errors import UsageError
+
+        raise UsageError(f"{variable}={text}: no such user as {text.split('/')[0]!r} to expand") from None
+
+
 def tunelab_home(environ: Mapping[str, str] | None = None) -> Path:
     """Directory of tunelab's lasting data (the profile store): ``TUNELAB_HOME``, else the user's
     data dir (``$XDG_DATA_HOME/tunelab`` or ``~/.local/share/tunelab``), so every job on the host
     finds the profiles earlier jobs tuned."""
     env = os.environ if environ is None else environ
     if env.get(ENV_HOME):
-        return Path(env[ENV_HOME]).expanduser()
-    xdg = Path(env.get("XDG_DATA_HOME") or "").expanduser()
+        return _expanded(env[ENV_HOME], ENV_HOME)
+    xdg = _expanded(env.get("XDG_DATA_HOME") or "", "XDG_DATA_HOME")
     if xdg.is_absolute():  # the XDG spec says relative values are to be ignored
         return xdg / "tunelab"
     home = Path(env["HOME"]) if env.get("HOME") else Path.home()

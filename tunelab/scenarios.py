@@ -310,7 +310,10 @@ def scenario_path(name_or_path: str | os.PathLike[str]) -> Path:
     if not text.strip():
         raise ScenarioError(f"an empty scenario name; shipped scenarios are {', '.join(list_scenarios())}")
     if not _NAME_RE.fullmatch(text) or text.endswith(".toml"):
-        return Path(text).expanduser()
+        try:
+            return Path(text).expanduser()
+        except RuntimeError:  # ~user of a user this system does not know (the shell left it as it was)
+            raise ScenarioError(f"{text}: no such user as {text.split('/')[0]!r} to expand") from None
     directory = _shipped_dir()
     if (directory is None or not (directory / f"{text}.toml").is_file()) and Path(text).is_file():
         return Path(text)  # not a shipped name, but a file by that name (any extension) is here: read it
