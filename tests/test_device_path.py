@@ -33,6 +33,31 @@ def test_cuda_array_interface_is_taken_without_copying():
         device_buffer(FakeCudaArray((2, 3), "<f8", strides=(32, 8)))  # a row of a wider array
 
 
+def test_host_staging_is_page_locked_by_numba_where_cupy_is_not_installed(monkeypatch):
+    """The numba-cuda back end alone (no CuPy): staging for a non-CUDA-aware MPI imported cupy in the
+    middle of a collective.  With stand-ins for a device (not the simulator) and numba's pinned array."""
+    import sys
+
+    from numba import cuda
+
+    from tunelab.engine import device_ipc
+
+    asked = []
+
+    def pinned_array(shape, dtype):
+        asked.append((shape, np.dtype(dtype)))
+        return np.zeros(shape, dtype)
+
+    monkeypatch.setattr(device_ipc, "simulated", lambda: False)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    monkeypatch.setattr(cuda, "pinned_array", pinned_array, raising=False)
+    staging = device_ipc.PinnedStaging()
+    view = staging.view(64, np.dtype(np.float32))
+    assert view.dtype == np.float32 and view.size == 16 and asked == [(64, np.dtype(np.uint8))]
+    assert staging.view(32, np.dtype(np.float32)).size == 8 and len(asked) == 1  # big enough: kept
+    staging.free()
+
+
 def test_host_memory_is_refused_with_a_clear_error():
     with pytest.raises(TypeError, match="expected a CUDA tensor .* got ndarray"):
         device_buffer(np.zeros(3, np.float32))  # numpy's DLPack device is the CPU

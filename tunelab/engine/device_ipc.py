@@ -208,10 +208,15 @@ class PinnedStaging:
             if simulated():
                 self.array = np.empty(nbytes, dtype=np.uint8)
             else:
-                import cupy
+                try:
+                    import cupy
+                except ImportError:  # the numba-cuda back end alone: its own page-locked array
+                    from numba import cuda
 
-                self._mem = cupy.cuda.alloc_pinned_memory(nbytes)
-                self.array = np.frombuffer(self._mem, dtype=np.uint8, count=nbytes)
+                    self._mem, self.array = None, cuda.pinned_array(nbytes, dtype=np.uint8)
+                else:
+                    self._mem = cupy.cuda.alloc_pinned_memory(nbytes)
+                    self.array = np.frombuffer(self._mem, dtype=np.uint8, count=nbytes)
         return self.array[:nbytes].view(dtype)
 
     def free(self) -> None:
