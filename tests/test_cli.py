@@ -385,3 +385,20 @@ def test_every_option_of_every_command_says_what_it_does():
 
     walk(build_parser(), ["tunelab"])
     assert not silent, f"options without a help string: {', '.join(silent)}"
+
+
+def test_only_the_rank_that_writes_outputs_checks_where_they_go(monkeypatch):
+    """Inside the user's mpiexec rank 0 alone writes --json and the report: another host's rank need not
+    be able to write there (refused, it would now end the whole job)."""
+    import argparse
+
+    from tunelab.cli.types import output_file
+
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("PMI_RANK", "1")
+    assert output_file("/proc/no/such/out.json") == Path("/proc/no/such/out.json")
+    monkeypatch.setenv("PMI_RANK", "0")
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot write"):
+        output_file("/proc/no/such/out.json")

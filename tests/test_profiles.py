@@ -129,6 +129,12 @@ def test_a_schema_1_store_is_upgraded_in_place_keeping_its_best(tmp_path):
         conn.execute("ALTER TABLE best1 RENAME TO best")
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     conn.close()
+    before = path.read_bytes()  # read as it is first, as a training job and the reading commands do
+    reader = ProfileStore(path, create=False)
+    assert reader.best(KEY).score == 102.0 and reader.best(KEY).gain_low is None
+    listed = cli(tmp_path, "list")
+    assert listed.returncode == 0 and "1.020x" in listed.stdout, (listed.stdout, listed.stderr)
+    assert path.read_bytes() == before
     store = ProfileStore(path)
     best = store.best_of(a)
     assert best.score == 102.0 and best.gain_low is None and best.steps is None
@@ -239,11 +245,21 @@ def test_tune_goes_on_in_a_profile_stored_under_the_models_earlier_key(home_stor
     rt = SimpleNamespace(fingerprint=lambda: SimpleNamespace(name="host", facts=dict(FACTS)),
                          profile_key=lambda sig, fw: ProfileKey(KEY.hardware_hash, sig, fw, 2))
     earlier = new_profile(store, ProfileKey(KEY.hardware_hash, "6p-ordered", "torch", 2))
+    trial(store, earlier, 10.0)
     work = Workload(lambda: None, 1.0, "6p-sorted", "resnet50", legacy_signature="6p-ordered")
+    # --no-store reads it where it is; a stored run moves it to the new key, trials and all
+    assert _Recorder.create({"framework": "torch", "workload": "torch"}, rt, work, write=False).profile_id == earlier
+    assert store.get(earlier).model_signature == "6p-ordered"
     assert _Recorder.create({"framework": "torch", "workload": "torch"}, rt, work).profile_id == earlier
+    assert store.get(earlier).model_signature == "6p-sorted" and len(store.trials(earlier)) == 1
     fresh = Workload(lambda: None, 1.0, "7p-sorted", "resnet50", legacy_signature="7p-ordered")
     made = _Recorder.create({"framework": "torch", "workload": "torch"}, rt, fresh).profile_id
     assert made != earlier and store.get(made).model_signature == "7p-sorted"  # nothing earlier: the new key
+    # a profile of the same model on other hardware, stored under the earlier key, still seeds a new one
+    other = new_profile(store, ProfileKey("hw-other", "8p-ordered", "torch", 2))
+    seeded = _Recorder.create({"framework": "torch", "workload": "torch"}, rt,
+                              Workload(lambda: None, 1.0, "8p-sorted", "resnet50", legacy_signature="8p-ordered"))
+    assert seeded.seeded_from is not None and seeded.seeded_from.id == other
 
 
 def test_a_knob_this_version_does_not_know_says_upgrade_not_delete(tmp_path):

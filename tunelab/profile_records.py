@@ -184,6 +184,8 @@ def best_from_row(row: sqlite3.Row, path: Path) -> Best:
         raise damaged(path, d["profile_id"], "its best config's scores are not positive numbers")
     if estimate is not None and not (_finite(estimate) and estimate > 0):
         raise damaged(path, d["profile_id"], "its best config's gain is not a positive number")
+    for name in ("gain_low", "gain_high", "steps", "outcome"):  # (a store before schema 2, read as it
+        d.setdefault(name, None)                                # is, has none of these columns)
     for name in ("gain_low", "gain_high", "spread", "steps"):  # (what ProfileStore.set_best takes)
         value = d[name]
         if (value is not None or name == "spread") and not (_finite(value) and value >= 0):

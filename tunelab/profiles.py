@@ -159,6 +159,14 @@ class ProfileStore:
             self._touch(conn, row[0], now)
             conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES ({_BEST_SLOTS})", row)
 
+    def rekey(self, profile_id: int, model_signature: str) -> None:
+        """Store a profile under another model signature (the same model's, as a newer tunelab computes
+        it); its trials and best stay as they are."""
+        now = _now()
+        with self._write() as conn:
+            self._touch(conn, int(profile_id), now)
+            conn.execute("UPDATE profiles SET model_signature = ? WHERE id = ?", (str(model_signature), int(profile_id)))
+
     def delete(self, profile_id: int) -> bool:
         """Remove a profile with its trials and best; False if there was no such profile."""
         with self._write() as conn:
@@ -193,15 +201,18 @@ class ProfileStore:
         found = self._summaries("WHERE p.id = ?", (profile_id,))
         return found[0] if found else None
 
-    def nearest(self, key: ProfileKey, hardware_facts: dict | None = None) -> ProfileSummary | None:
+    def nearest(self, key: ProfileKey, hardware_facts: dict | None = None,
+                also: tuple[str, ...] = ()) -> ProfileSummary | None:
         """Another profile of the same model and framework to seed ``key``'s tuning from.
 
         Prefers the same world size, then the hardware sharing the most facts with ``hardware_facts``
         (by default the facts stored for ``key.hardware_hash``, if any profile has them), then a
-        profile with a best config and many trials.
+        profile with a best config and many trials.  ``also``: other signatures of the same model (its
+        key before a change of how signatures are computed).
         """
-        candidates = [s for s in self._summaries("WHERE p.model_signature = ? AND p.framework = ?",
-                                                 (key.model_signature, key.framework)) if s.key != key]
+        candidates = [s for sig in dict.fromkeys((key.model_signature, *also))
+                      for s in self._summaries("WHERE p.model_signature = ? AND p.framework = ?", (sig, key.framework))
+                      if s.key != key]
         if not candidates:
             return None
         facts = hardware_facts if hardware_facts is not None else self._facts_of(key.hardware_hash)

@@ -39,13 +39,19 @@ def _resolve(job: str) -> Callable[[dict], dict]:
 _REACHED = False  # whether this process reached the job's agreement (run_in_process)
 
 
+def alone_in_a_job() -> bool:
+    """Whether this process is a rank of the user's mpiexec/srun job that has not reached the job's
+    agreement (the others may be waiting there for it)."""
+    from .launch import inside_mpi_job
+
+    return not _REACHED and inside_mpi_job()
+
+
 def end_the_job_if_alone(status: int) -> None:
     """Under the user's mpiexec/srun, a rank that fails before it reaches the job's agreement (a bad
     flag, a scenario file on one host only) leaves the other ranks waiting there for ever (the
     launcher does not end a job for one rank's exit): it ends the whole job instead, with its status."""
-    from .launch import inside_mpi_job
-
-    if status == 0 or _REACHED or not inside_mpi_job():
+    if status == 0 or not alone_in_a_job():
         return
     sys.stdout.flush()
     sys.stderr.flush()

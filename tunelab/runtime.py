@@ -304,7 +304,11 @@ class Runtime:
                             for sig in dict.fromkeys((signature, legacy or signature)))
             except StoreError as exc:  # every rank raises it, not rank 0 alone (the others would wait)
                 found = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a defect too: said on every rank, not rank 0's alone
+                found = _LookupFailed(f"the profile lookup failed on rank 0: {type(exc).__name__}: {exc}")
         found = self._lookup_done(found)
+        if isinstance(found, _LookupFailed):
+            raise TunelabError(found.why)
         if isinstance(found, str):
             from .errors import StoreError
 

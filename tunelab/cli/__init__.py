@@ -60,12 +60,19 @@ def _name_the_commands(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..rankmain import end_the_job_if_alone
+    from ..rankmain import alone_in_a_job, end_the_job_if_alone
 
     try:
         status = _checked_main(argv)
     except SystemExit as exc:  # argparse's usage errors (and --help)
         end_the_job_if_alone(exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2)
+        raise
+    except Exception:  # a defect's traceback: said, then (alone in a job) the job ended rather than left waiting
+        if alone_in_a_job():
+            import traceback
+
+            traceback.print_exc()
+            end_the_job_if_alone(1)
         raise
     end_the_job_if_alone(status)
     return status
@@ -101,7 +108,9 @@ def _main(argv: Sequence[str] | None) -> int:
         Parser(prog=parser.prog if before else args._prog).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         _refuse_overwriting_inputs(args)
-        if getattr(args, "report", False) is True:  # a report under reports/ at the end: can it be written?
+        from .types import writes_outputs
+
+        if getattr(args, "report", False) is True and writes_outputs():  # a report under reports/: writable?
             from ..report.auto import reports_unwritable
 
             why = reports_unwritable()

@@ -15,11 +15,11 @@ def finish(args: argparse.Namespace, result: dict, name: str, kind: str | None =
     """Print ``result``'s notes, write ``--json`` (``args.json``) and, when ``kind`` ("bench" or "tune")
     is given and ``args.report`` is on, the HTML report named after ``name``.  ``bad`` names what went
     wrong (e.g. the algorithms with wrong rows): then one error line on stderr and exit status 1."""
-    from ..launch import inside_mpi_job, job_rank
+    from .types import writes_outputs
 
     # under the user's mpiexec every rank has rank 0's result: rank 0 alone writes and speaks for the job
     # (N ranks wrote N reports, and N copies of the JSON into one --json /dev/stdout)
-    speaks = not inside_mpi_job() or job_rank() == 0
+    speaks = writes_outputs()
     for note in result.get("notes", []):
         print(f"# note: {note}")
     report = kind if getattr(args, "report", False) else None

@@ -168,6 +168,14 @@ def scenario_input(name: str) -> Path | None:
         return None
 
 
+def writes_outputs() -> bool:
+    """Whether this process writes the command's files: inside the user's mpiexec/srun, rank 0 alone
+    (:func:`tunelab.cli.finish.finish`), so the other ranks do not check where they would go."""
+    from ..launch import inside_mpi_job, job_rank
+
+    return not inside_mpi_job() or job_rank() == 0
+
+
 def output_file(text: str) -> Path:
     """A file the command will write: refused now (exit 2), before any work, when it cannot be."""
     from ..files import unwritable
@@ -175,6 +183,8 @@ def output_file(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path")
     path = Path(text)
+    if not writes_outputs():
+        return path  # (rank 0 writes it: another host's rank need not be able to)
     why = unwritable(path)
     if why is not None:
         raise argparse.ArgumentTypeError(f"cannot write {text!r}: {why}")

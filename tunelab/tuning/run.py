@@ -361,13 +361,18 @@ class _Recorder:
         key = rt.profile_key(workload.signature, framework)
         store = ProfileStore(create=write)
         existing = _profile_id(store, key)
-        if existing is None and workload.legacy_signature not in (None, workload.signature):
-            # tuned before the key changed: tune on in that profile, where jobs find it too (they look
-            # the earlier key up when the new one has nothing)
-            legacy = rt.profile_key(workload.legacy_signature, framework)
-            if (legacy_id := _profile_id(store, legacy)) is not None:
-                key, existing = legacy, legacy_id
-        seeded = store.nearest(key, fp.facts) if existing is None else None
+        legacy = workload.legacy_signature if workload.legacy_signature != workload.signature else None
+        if existing is None and legacy is not None:
+            # tuned before the key changed: tune on in that profile, moved to the new key (where a job
+            # that groups the parameters otherwise finds it too); read where it is under --no-store
+            legacy_key = rt.profile_key(legacy, framework)
+            if (legacy_id := _profile_id(store, legacy_key)) is not None:
+                existing = legacy_id
+                if write:
+                    store.rekey(legacy_id, workload.signature)
+                else:
+                    key = legacy_key
+        seeded = store.nearest(key, fp.facts, also=(legacy,) if legacy else ()) if existing is None else None
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
         return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write, (fp.name, dict(fp.facts)))
 
