@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,21 @@ SCENARIO = tiny_replay()
 def tunelab(*args, env=None, timeout=600, cwd=None):
     return subprocess.run([sys.executable, "-m", "tunelab.cli", *args], check=False, capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd)
+
+
+@pytest.mark.mpi
+def test_a_knob_a_tunelab_variable_sets_is_pinned_not_searched(tmp_path):
+    """TUNELAB_SEGMENT_BYTES runs the engine on 16 KiB segments: tune searched segments anyway, and
+    its first reference block ran on 16 KiB under the default's 4 MiB label."""
+    scenario = tmp_path / "tiny.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "tune.json"
+    proc = tunelab("tune", "--scenario", str(scenario), "--budget", "3", "--no-store", "--no-report", "--json", str(out),
+                   cwd=tmp_path, env={**os.environ, "TUNELAB_SEGMENT_BYTES": "16384", "TUNELAB_HOME": str(tmp_path / "h")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert "segment_bytes" not in result["searched"], result["searched"]
+    assert {s["knobs"]["segment_bytes"] for s in result["samples"]} == {16384}
 
 
 @pytest.mark.mpi

@@ -45,6 +45,9 @@ def run_with_workload(p: dict, body: Callable[[dict, Any, Workload, dict], dict]
     rt = runtime.init(comm, ranks_per_node=p.get("ranks_per_node"), link_gbps=p.get("link_gbps"),
                       link_latency_us=p.get("link_latency_us"), **pinned)
     with runtime.closing():
+        # pinned: the scenario's and --knob's, and those a TUNELAB_* variable sets (the engine runs them:
+        # searched, the first reference block would run them under the default's label)
+        pinned = {k: getattr(rt.config.knobs, k) for k in sorted(rt.config.pinned)}
         return body(p, rt, make_workload(p, rt, comm), pinned)
 
 
