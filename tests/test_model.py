@@ -980,3 +980,43 @@ def test_a_derived_link_from_a_fractional_one_keeps_every_baseline_key() -> None
     for key in ("mpi@2.5gbps.alpha", "mpi@2.5gbps.beta", "mpi@2.5gbps.wake.alpha", "mpi@2.5gbps~over.beta",
                 "gloo@2.5gbps.beta"):
         assert derived[key.replace("2.5gbps", "10gbps")] == values[key]  # the baselines' own costs, as fitted
+
+
+def test_the_crossover_check_counts_same_named_files_of_two_folders_as_two_runs_and_gives_no_factor_for_opposites() -> None:
+    """Two days' runs of one file name were one run to the check (the later overwrote the earlier); and
+    a predicted crossover the other way round from the measured one was given a factor as if it agreed."""
+    from tunelab.model.data import Observation
+    from tunelab.model.validate import crossover_check
+
+    topo = Topology(2, 2, "1gbps", 2.0)
+    sizes = [64 << 10, 256 << 10, MiB, 4 * MiB]
+    obs = []
+    for run, cross in (("day1/knob.json", 1), ("day2/knob.json", 2)):  # flat faster below the crossing
+        for i, size in enumerate(sizes):
+            hier = size * 1e-8
+            obs += [Observation("hierarchical", size, hier, topo, source="knob", run=run),
+                    Observation("flat", size, hier * (0.7 if i < cross else 1.4), topo, source="knob", run=run)]
+
+    class Model:  # hierarchical faster below 512 KiB, flat above: the other way round
+        def time_s(self, algorithm: str, topo: Topology, size: int, knobs: Knobs) -> float:
+            return size * 1e-8 * ((1.4 if size < 512 << 10 else 0.7) if algorithm == "flat" else 1.0)
+
+    (row,) = crossover_check(Model(), obs)  # type: ignore[arg-type]
+    assert row["repeats"] == 2 and len(row["repeat_crossovers"]) == 2, row
+    assert "factor" not in row and row["opposite"], row
+
+
+def test_runs_the_model_does_not_cost_are_refused_not_read_as_repeats(tmp_path: Path) -> None:
+    """A run behind an emulated latency, or of another dtype, was kept as a repeat of the plain float32
+    run (the faster one kept): refused, naming why."""
+    from tunelab.model.data import ModelInputError, load_bench
+
+    base = json.loads((Path(__file__).parent / "data" / "report-allreduce.json").read_text())
+    late = {**base, "hardware": {**base["hardware"], "link_latency_us": 500.0}}
+    half = {**base, "rows": [{**r, "dtype": "float16"} for r in base["rows"]]}
+    for name, doc, fragment in (("late", late, "emulated link latency of 500 us"), ("half", half, "'float16'")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ModelInputError, match=fragment):
+            load_bench(path)
+    assert load_bench(Path(__file__).parent / "data" / "report-allreduce.json")  # the plain run still loads

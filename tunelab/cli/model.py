@@ -317,7 +317,8 @@ def _check(model: Any, checked: list, sizes: list[int] | None = None) -> dict:
                   f"measurements of that one path differ by {100 * sp['median']:.0f}% (median), "
                   f"{100 * sp['max']:.0f}% (max): run-to-run noise")
             continue
-        factor = f"; first crossover predicted/measured {c['factor']:.2f}" if "factor" in c else ""
+        factor = f"; first crossover predicted/measured {c['factor']:.2f}" if "factor" in c else \
+            "; the first crossovers go opposite ways (no factor)" if c.get("opposite") else ""
         if "onset_factor" in c:
             bound = {"<=": "at most ", ">=": "at least "}.get(c["onset_factor_bound"], "")
             factor += f"; onset predicted/measured {bound}{c['onset_factor']:.2f}"

@@ -46,7 +46,8 @@ class Observation:
     time_s: float
     topo: Topology
     knobs: Knobs = field(default_factory=Knobs)
-    source: str = ""
+    source: str = ""   # the file's name without its folder and suffix (what tables show)
+    run: str = ""      # the file itself (two days' files of one name are two runs)
 
     @property
     def label(self) -> str:
@@ -71,9 +72,16 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
     if doc.get("device") == "cuda" or any(str(n).startswith("device kernels:") for n in notes):
         raise ModelInputError(f"{path}: a --device cuda run; the scale model costs the engine's host path "
                               f"only (its device path takes other routes and copies)")
+    latency = hw.get("link_latency_us")
+    if isinstance(latency, (int, float)) and not isinstance(latency, bool) and latency > 0:
+        raise ModelInputError(f"{path}: recorded behind an emulated link latency of {latency:g} us, which the "
+                              "model does not cost (it would be read as a repeat of the same run without it)")
     topo, knobs = _topology(path, hw, link_gbps)
     out = []
     for i, r in enumerate(rows, 1):
+        if r.get("dtype", "float32") != "float32":
+            raise ModelInputError(f"{path}: row {i} is {r.get('dtype')!r}; the model is fitted on and predicts "
+                                  "float32 allreduces (another dtype would be read as a repeat of them)")
         if not isinstance(r["algorithm"], str):
             raise ModelInputError(f"{path}: row {i}: algorithm must be a name, got {r['algorithm']!r}")
         algo = ALGORITHM_OF_ROW.get(r["algorithm"])
@@ -94,7 +102,7 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
             shown = f"{size:.4g}" if size <= MAX_SIZE else f"more than {MAX_SIZE:.4g}"
             raise ModelInputError(f"{path}: a row's size must be 1 B .. 1 PiB and its time a positive number, "
                                   f"got {shown} B in {t} s")
-        out.append(Observation(algo, size, t, topo, knobs, Path(path).stem))
+        out.append(Observation(algo, size, t, topo, knobs, Path(path).stem, str(path)))
     return out
 
 

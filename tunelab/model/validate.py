@@ -80,11 +80,11 @@ def crossover_check(model: ScaleModel, obs: Sequence[Observation]) -> list[dict[
             layouts.setdefault((o.topo, o.knobs), []).append(o)
     out = []
     for mine in layouts.values():
-        sources = list(dict.fromkeys(o.source for o in mine))
+        sources = list(dict.fromkeys(o.run or o.source for o in mine))  # each repeat, by its file
         per_size = _log_ratios(mine, sources)
         if not per_size:
             continue
-        name, topo = sources[0].split(".")[0], mine[0].topo
+        name, topo = mine[0].source.split(".")[0], mine[0].topo
         if topo.ranks_per_host == 1:
             spread = [abs(d) for ds in per_size.values() for d in ds]
             out.append({"source": name, "repeats": len(sources), "same_path": True, "sizes": len(per_size),
@@ -117,8 +117,8 @@ def _log_ratios(mine: Sequence[Observation], sources: list[str]) -> dict[int, li
     """Per size: each repeat's own log(flat time / hierarchical time), both measured in that repeat."""
     per_size: dict[int, list[float]] = {}
     for src in sources:
-        flat = {o.size: o for o in mine if o.source == src and o.algorithm == "flat"}
-        hier = {o.size: o for o in mine if o.source == src and o.algorithm == "hierarchical"}
+        flat = {o.size: o for o in mine if (o.run or o.source) == src and o.algorithm == "flat"}
+        hier = {o.size: o for o in mine if (o.run or o.source) == src and o.algorithm == "hierarchical"}
         for size in set(flat) & set(hier):
             per_size.setdefault(size, []).append(math.log(flat[size].time_s / hier[size].time_s))
     return per_size
@@ -149,7 +149,10 @@ def _compare(model: ScaleModel, topo: Topology, knobs: Knobs, diffs: dict[int, f
     if measured.sizes:
         row["measured_crossover"] = measured.sizes[0]
     if measured.sizes and predicted.sizes:
-        row["factor"] = predicted.sizes[0] / measured.sizes[0]
+        if measured.faster_below == predicted.faster_below:  # (the same way round: else no factor holds)
+            row["factor"] = predicted.sizes[0] / measured.sizes[0]
+        else:
+            row["opposite"] = True
     if measured.onset is not None and predicted.onset is not None \
             and measured.faster_above == predicted.faster_above:
         # An onset at the smallest size is only a bound (at most that size), and so is a factor with one:
