@@ -197,15 +197,8 @@ class Runtime:
         stored under ``signature`` (a profile tuned before the signature changed still loads)."""
         if (signature, framework) in self._profiles_loaded:
             return self._profiles_loaded[(signature, framework)]
-        line, knobs, stored_as = "", None, signature
-        if self.sync_comm.rank == 0:
-            try:
-                line, knobs, stored_as = self._lookup_profile(signature, framework, model_name, legacy)
-            except Exception as exc:  # noqa: BLE001 - said on every rank below: the others wait on rank 0
-                knobs = _LookupFailed(f"the profile lookup failed on rank 0: {type(exc).__name__}: {exc}")
-        knobs = self._lookup_done(knobs)
-        if isinstance(knobs, _LookupFailed):
-            raise TunelabError(knobs.why)
+        line, knobs, stored_as = self._on_rank0(lambda: self._lookup_profile(signature, framework, model_name, legacy))
+        line = line if self.sync_comm.rank == 0 else ""  # (rank 0 speaks for the job)
         if knobs:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
             self._knobs_from = f"{model_name or signature} / {framework}"
@@ -293,26 +286,32 @@ class Runtime:
     def has_profile(self, signature: str, framework: str, legacy: str | None = None) -> bool:
         """Whether a tuned config is stored for this job (collective; rank 0 reads the store); ``legacy``
         as for :meth:`load_profile`."""
-        found: bool | str = False
-        if self.sync_comm.rank == 0:
-            from .errors import StoreError
+        def look() -> bool:
             from .profiles import ProfileStore
 
+            store = ProfileStore(create=False)
+            return any(store.best(self.profile_key(sig, framework)) is not None
+                       for sig in dict.fromkeys((signature, legacy or signature)))
+
+        return self._on_rank0(look)
+
+    def _on_rank0(self, look: Any) -> Any:
+        """``look()`` on rank 0, its result broadcast (collective); what it raises there is raised on every
+        rank (the others would wait on the broadcast until their timeout): a store's error as the
+        ``StoreError`` it is, anything else as a ``TunelabError`` saying it happened on rank 0."""
+        from .errors import StoreError
+
+        found: Any = None
+        if self.sync_comm.rank == 0:
             try:
-                store = ProfileStore(create=False)
-                found = any(store.best(self.profile_key(sig, framework)) is not None
-                            for sig in dict.fromkeys((signature, legacy or signature)))
-            except StoreError as exc:  # every rank raises it, not rank 0 alone (the others would wait)
-                found = str(exc)
+                found = look()
+            except StoreError as exc:
+                found = _LookupFailed(str(exc), store=True)
             except Exception as exc:  # noqa: BLE001 - a defect too: said on every rank, not rank 0's alone
                 found = _LookupFailed(f"the profile lookup failed on rank 0: {type(exc).__name__}: {exc}")
         found = self._lookup_done(found)
         if isinstance(found, _LookupFailed):
-            raise TunelabError(found.why)
-        if isinstance(found, str):
-            from .errors import StoreError
-
-            raise StoreError(found)
+            raise (StoreError if found.store else TunelabError)(found.why)
         return found
 
     def _lookup_profile(self, signature: str, framework: str, model_name: str,
@@ -395,6 +394,7 @@ class _LookupFailed:
     """Rank 0's profile lookup raised: broadcast in place of the knobs, so that every rank raises it
     (the others would otherwise wait on the broadcast until their timeout)."""
     why: str
+    store: bool = False  # a StoreError's text (raised as one), else a defect's
 
 
 def _kept_before_outcomes(store: Any, best: Any) -> bool:
