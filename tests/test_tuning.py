@@ -816,15 +816,18 @@ def test_the_one_shot_switch_is_searched_only_for_gpu_jobs():
 
 
 # ---- retune for a job that loaded its profile ---------------------------------------------------------
-def watch_run(land, later, switch_s, seed, steps=1500, writer=None):
+def watch_run(land, later, switch_s, seed, steps=1500, writer=None, interval=None, plan=None, host=None):
+    """A job that loaded PEAK, watched for ``steps`` steps of ``land`` (``later`` from ``switch_s`` on);
+    ``host(t)``: a factor on every step's time from the host (all configurations alike)."""
     from tunelab.tuning.watch import ProfileWatch
 
     coord, now, lines = FakeCoordinator(), [0.0], []
     obj = Objective(land, seed, Drift(0.03, 60.0, seed), later, switch_s)
     coord.knobs = PEAK
-    watch = ProfileWatch(coord, SPACE, PEAK, clock=lambda: now[0], say=lines.append, seed=seed, writer=writer)
+    watch = ProfileWatch(coord, SPACE, PEAK, clock=lambda: now[0], say=lines.append, seed=seed, writer=writer,
+                         interval=interval, plan=plan)
     for _ in range(steps):
-        now[0] += obj.step_s(coord.knobs)
+        now[0] += obj.step_s(coord.knobs) * (host(obj.t_s) if host is not None else 1.0)
         watch.step_done()
     return watch, coord, lines
 
@@ -862,13 +865,63 @@ def test_a_loaded_profile_is_watched_and_retuned_when_the_optimum_moves():
     later = synthetic("after", SPACE, GRID, lambda k: peaked(moved, 0.4)(k) * (2.0 - peaked(PEAK)(k)),
                       noise=0.02, seed=8)
     for seed in range(2):
-        watch, coord, lines = watch_run(first, later, 60.0, seed)
-        d = watch.driver
-        assert d.decisions[0].knobs == PEAK and d.epoch >= 1 and len(d.decisions) >= 2, seed
-        assert later.true_score(d.decisions[-1].knobs) > later.true_score(PEAK), seed
-        assert coord.knobs == d.decisions[-1].knobs and any("re-opening" in line for line in lines)
+        for claimed in (None, CLAIMED):  # unchecked (no gain known), and checked against the profile's claim
+            watch, coord, lines = watch_run(first, later, 60.0, seed, interval=claimed)
+            d = watch.driver
+            assert d.decisions[0].knobs == PEAK and d.epoch >= 1 and len(d.decisions) >= 2, seed
+            assert later.true_score(d.decisions[-1].knobs) > later.true_score(PEAK), seed
+            assert coord.knobs == d.knobs and any("re-opening" in line for line in lines)
+            assert d.phase != "locked" or coord.knobs == d.decisions[-1].knobs
+            assert claimed is None or any(c.moved for c in d.checks), seed  # checked first, and found moved
     steady, coord, lines = watch_run(first, None, math.inf, 0)
     assert steady.driver.epoch == 0 and coord.changes == [] and not lines  # nothing moved: nothing changes
+
+
+# what PEAK's profile says it gains over the default (peaked: 1.3 on PEAK, 1.059 at the default)
+CLAIMED = stats.Interval(1.23, 1.18, 1.28, 6)
+
+
+def test_a_host_that_moves_is_checked_and_the_search_stays_closed():
+    """Every configuration 12 % slower from 60 s on (another job on the host): the watch sees the loaded
+    configuration's steps leave their interval, and the check, PEAK between two default blocks, finds
+    it still ahead by what its profile claims.  So no search re-opens; without the check (or without a
+    claimed gain to hold it to) one does, for nothing."""
+    first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.02, seed=7)
+    host = lambda t: 1.12 if t >= 60.0 else 1.0
+    for seed in range(3):
+        watch, coord, lines = watch_run(first, None, math.inf, seed, steps=600, interval=CLAIMED, host=host)
+        d = watch.driver
+        assert d.checks and not any(c.moved for c in d.checks), seed
+        assert d.epoch == 0 and len(d.decisions) == 1 and d.checks[0].ratio == pytest.approx(1.228, abs=0.05)
+        assert any("the host moved, not the optimum" in line for line in lines)
+        assert not any("re-opening" in line for line in lines)
+        # the check's blocks ran, and the loaded knobs are back
+        assert SPACE.base in coord.changes and coord.knobs == d.knobs and (d.phase != "locked" or d.knobs == PEAK)
+        unchecked = watch_run(first, None, math.inf, seed, steps=600, interval=None, host=host)[0].driver
+        assert unchecked.epoch >= 1 and not [c for c in unchecked.checks if c.index < unchecked.samples[-1].index
+                                             and unchecked.samples[c.index].epoch == 0], seed
+        nocheck = watch_run(first, None, math.inf, seed, steps=600, interval=CLAIMED, host=host,
+                            plan=Plan(retune=True, check_z=None))[0].driver
+        assert nocheck.epoch >= 1 and not nocheck.checks, seed
+
+
+def test_the_watch_follows_a_host_that_drifts_slowly():
+    """The host slows steadily, 20 % over 150 s, on quiet steps (1 % noise between blocks of 3): the
+    watched interval follows the line of the blocks, so checks are rare (3 in the six seeds' 2400 or
+    so blocks today), each passes, and no search re-opens.  Centred on the window's mean instead of
+    its line, the blocks lag behind the host by half a window and leave the interval (18 checks)."""
+    first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.005, seed=7)
+    host = lambda t: math.exp(0.2 * min(t, 150.0) / 150.0)
+    checks = 0
+    for seed in range(6):
+        watch, _, lines = watch_run(first, None, math.inf, seed, steps=1200, interval=CLAIMED, host=host)
+        d = watch.driver
+        watched = [s.log_score for s in d.samples if s.role == "locked"]
+        assert watched[0] - min(watched) > 0.15  # the host did slow (the replay's own drift is 3 %)
+        assert not any(c.moved for c in d.checks) and d.epoch == 0, seed
+        assert len(watched) > 300 and not any("re-opening" in line for line in lines)
+        checks += len(d.checks)
+    assert checks <= 6
 
 
 def test_a_retune_writes_its_trials_and_its_new_lock_back_to_the_profile_store(tmp_path):
@@ -894,16 +947,22 @@ def test_a_retune_writes_its_trials_and_its_new_lock_back_to_the_profile_store(t
     assert relocked.epoch >= 1 and relocked.adopted and relocked.knobs != PEAK
     best = store.best(key)
     assert Knobs(**best.knobs) == relocked.knobs and best.outcome.startswith("retuned")
-    assert best.gain_low == pytest.approx(relocked.interval.low) and best.run_id == "retune-1"
+    # each search under its own run id (the job's run id, .r1 for the first retune, ...): the best names
+    # the one that set it
+    assert best.gain_low == pytest.approx(relocked.interval.low) and best.run_id == f"retune-1.r{relocked.epoch}"
     assert best.gain == pytest.approx(later.true_score(relocked.knobs) / later.true_score(SPACE.base), rel=0.1)
-    mine = [t for t in store.trials(pid) if t.run_id == "retune-1"]
-    measured = [s for s in d.samples if s.epoch >= 1 and s.role != "locked"]
-    assert len(mine) == len(measured) and {t.phase for t in mine} >= {"default", "explore"}
+    for epoch in range(1, d.epoch + 1):
+        mine = [t for t in store.trials(pid) if t.run_id == f"retune-1.r{epoch}"]
+        measured = [s for s in d.samples if s.epoch == epoch and s.role != "locked"]
+        assert len(mine) == len(measured) and {t.phase for t in mine} >= {"default", "explore"}
     assert len(stored_observations(store.trials(pid), 0.1)) >= 3  # what the next search warms up from
     assert any("saved to profile" in line for line in lines) and not said
-    # a retune that keeps the default says so in the store: the next job loads the default knobs
-    watch, coord, lines = watch_run(first, later, 60.0, 0, writer=StoreWriter(store, pid, "retune-2", said.append))
-    assert not watch.driver.decisions[-1].adopted
+    # a retune that keeps the default says so in the store: the next job loads the default knobs (after
+    # the move every configuration but the default is slower than the default)
+    flat = synthetic("after", SPACE, GRID, lambda k: 1.0 if k == SPACE.base else 0.85, noise=0.02, seed=8)
+    watch, coord, lines = watch_run(first, flat, 60.0, 0, writer=StoreWriter(store, pid, "retune-2", said.append),
+                                    interval=CLAIMED)
+    assert watch.driver.checks[0].moved and not watch.driver.decisions[-1].adopted
     best = store.best(key)
     assert Knobs(**best.knobs) == SPACE.base and best.outcome.endswith("default kept") and best.gain_low is None
 

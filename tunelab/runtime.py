@@ -242,6 +242,7 @@ class Runtime:
         from .tuning.plan import Plan
         from .tuning.result import stored_observations
         from .tuning.space import search_space
+        from .tuning.stats import Interval
         from .tuning.watch import ProfileWatch, StoreWriter
 
         pinned = {k: getattr(self.engine.knobs, k) for k in self.config.pinned}
@@ -261,7 +262,11 @@ class Runtime:
             return None
         writer = StoreWriter(store, best.profile_id, f"retune-{uuid.uuid4().hex[:8]}") if best else None
         print("tunelab: retune on: watching the loaded configuration's step time", flush=True)
-        return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer, key=(signature, framework))
+        # the gain the profile claims for its knobs, which a check holds them to before a search re-opens
+        claimed = (Interval(best.gain, best.gain_low, best.gain_high, 0)
+                   if best and best.gain_low is not None and best.gain_high is not None and best.gain > 0 else None)
+        return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer, key=(signature, framework),
+                            interval=claimed)
 
     def fingerprint(self) -> Fingerprint:
         """This job's hardware fingerprint: the host, the node layout and any emulated or lab link."""

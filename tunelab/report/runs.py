@@ -140,7 +140,7 @@ def _search_of(best: Any, run: list[Any]) -> list[Any]:
     for t in run:
         if best.updated and t.created > best.updated:
             break  # measured after this best was written: a later search that never locked
-        if t.phase == "locked":
+        if t.phase in ("locked", "check"):  # (a check: the locked configuration between two default blocks)
             if searches[-1]:
                 searches.append([])
         else:

@@ -40,8 +40,11 @@ Phases (``Driver.phase``):
    too); else, or after ``max_rounds``, the default is kept.  A search's k-th re-measurement decides
    at confidence ``1 - (1 - confidence) / 2^(k-1)`` (:meth:`Driver._after_round`);
 4. ``locked``: the decision is applied.  With ``retune``, blocks of the locked configuration go on being
-   measured; when ``watch_sustain`` blocks in a row leave its interval, the search re-opens (a fresh
-   strategy warm-started with this run's trials) and locks again.
+   measured; when ``watch_sustain`` blocks in a row leave the interval its own blocks predict
+   (:meth:`Driver._watch`), a lock that claims a gain is first checked: one block of it between two of
+   the default (phase ``check``).  Where their paired ratio still holds the claimed gain, the host
+   moved, not the optimum, and the watch goes on; else (or with no gain claimed) the search re-opens (a
+   fresh strategy warm-started with this run's trials) and locks again.
 """
 
 from __future__ import annotations
@@ -68,6 +71,17 @@ class _Block:
     role: str
     discard_left: int
     times: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A retune's check (:meth:`Driver._end_check`): where its blocks began, the locked configuration's
+    ratio to the default it measured, the gain the lock claimed, and whether the optimum moved."""
+
+    index: int
+    ratio: float
+    claimed: float
+    moved: bool
 
 
 class Driver:
@@ -99,6 +113,11 @@ class Driver:
         self._finalists: list[Knobs] = []
         self._round = 0
         self._outside = 0
+        self._watch_from = 0    # the watch reads locked blocks from this sample on (reset by a check)
+        self._watch_var = 0.0   # one watched block's variance, as the watch last estimated it
+        self._watch_ss = (0.0, 0)  # squared successive differences (and their count) of the watched
+                                   # blocks before the last check, since the lock
+        self.checks: list[Check] = []
         self._noise: tuple[int, noise.Noise] | None = None
         self._forced: Knobs | None = None  # a finalist the model gave up on but a measurement did not
         self._block_steps: int | None = None  # measured steps of a block, fixed once the warm-up is timed
@@ -110,11 +129,15 @@ class Driver:
     @classmethod
     def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
                  reason: str = "loaded from the profile store",
-                 on_sample: Callable[[Sample], None] | None = None) -> Driver:
+                 on_sample: Callable[[Sample], None] | None = None,
+                 interval: stats.Interval | None = None) -> Driver:
         """A driver that starts locked on ``loaded`` (a stored profile) and watches it (``plan.retune``):
-        its first ``watch_baseline`` blocks (after the warm-up steps) set the interval watched."""
+        its first ``watch_baseline`` blocks (after the warm-up steps) set the interval watched.
+        ``interval``: the gain over the default the profile claims for ``loaded``, which a check holds
+        it to before a search re-opens (None: none is known, and the search re-opens unchecked)."""
         driver = cls(space, make_strategy, dataclasses.replace(plan, retune=True), on_sample=on_sample)
-        driver.decisions.append(Decision(0, loaded, loaded != space.base, loaded, None, reason,
+        adopted = loaded != space.base
+        driver.decisions.append(Decision(0, loaded, adopted, loaded, interval if adopted else None, reason,
                                          "loaded, not searched here", False, 0, 0, 0.0))
         driver.phase, driver.knobs = "locked", loaded
         driver._block = _Block(loaded, "locked", "locked", plan.warmup_steps)
@@ -220,6 +243,8 @@ class Driver:
             self._retell_bracketed(sample)
         if block.role == "locked":
             self._watch(sample)
+        elif block.phase == "check" and not self._queue:
+            self._end_check()
 
     def _tell(self, sample: Sample) -> float | None:
         """Provisional paired ratio against the reference blocks so far (the strategy learns now, and the
@@ -283,7 +308,8 @@ class Driver:
             if self._since_ref:
                 return ref
             return self._after_round()
-        return (self.knobs, "locked", "locked") if self.plan.retune else None
+        # (the lock's knobs: after a check, the block just measured was the default's)
+        return (self.decisions[-1].knobs, "locked", "locked") if self.plan.retune else None
 
     def _explore_done(self) -> str:
         if not self.space.names:
@@ -479,25 +505,99 @@ class Driver:
                                        blocks, self.steps - self._epoch_start[1],
                                        self.elapsed_s - self._epoch_start[0]))
         self.phase = "locked"
-        self._outside, self._forced = 0, None
+        self._outside, self._forced, self._watch_ss = 0, None, (0.0, 0)
         return (knobs, "locked", "locked")
 
     def _watch(self, sample: Sample) -> None:
-        """Retune: count locked blocks outside the locked configuration's interval."""
-        locked = self.decisions[-1].knobs
-        mine = [s for s in self.samples if s.epoch == self.epoch and s.knobs == locked
-                and s.role in ("reference", "candidate")]
-        if not mine:  # loaded, not searched here: the first locked blocks are the baseline
-            mine = [s for s in self.samples if s.epoch == self.epoch and s.role == "locked"]
-            if len(mine) <= self.plan.watch_baseline:
-                return
-            mine = mine[:self.plan.watch_baseline]
-        centre = float(np.mean([s.log_score for s in mine]))
-        sigma = noise.sigma_of(self.noise(), locked, self.block_steps)
-        half = self.plan.watch_z * sigma * math.sqrt(1.0 + 1.0 / len(mine))
+        """Retune: count locked blocks in a row outside the interval that the locked blocks before them
+        predict; ``watch_sustain`` in a row start a check where the lock claims a gain
+        (:meth:`_begin_check`), else re-open the search.
+
+        The interval rests on the locked configuration's own blocks since its lock, not on the search's
+        (picked as the best of several, its exploration blocks read high, and they ran at another time).
+        Its centre is the straight line through the last ``watch_window`` watched blocks before the run
+        of blocks outside, carried on to this block: a host that drifts slowly carries the line with it,
+        while a jump, whose blocks stay out of the window, does not.  Its spread is what the watched
+        blocks before that run differ by from one to the next (half their mean square successive
+        difference: the steps' noise and the host's state from block to block, which a slow drift
+        barely reaches), blended with the noise model's block sigma as a prior of
+        ``noise.TAU_PRIOR_DF`` degrees of freedom, and never below that sigma (a drift that bends within
+        the window moves blocks off the line by more than they differ from one block to the next).  The
+        half-width is Student's t at the two-sided level
+        of ``watch_z`` normal sigmas (``check_watch_z`` where a check comes before any search: a lock
+        that claims a gain), on the blend's degrees of freedom, times the standard error of predicting
+        one new block from the line.  Each block is judged alone, not the run's mean: the
+        host's state holds for several blocks, so a mean of a few neighbours varies far more than
+        independent blocks would.  Nothing is watched until ``watch_baseline`` blocks are in."""
+        watched = [s.log_score for s in self.samples[self._watch_from:] if s.epoch == self.epoch and s.role == "locked"]
+        before = watched[:len(watched) - 1 - self._outside]
+        if len(before) < self.plan.watch_baseline:
+            return
+        window = np.asarray(before[-self.plan.watch_window:])
+        n = window.size
+        x = np.arange(n, dtype=float) - (n - 1) / 2.0
+        sxx = float(np.sum(x * x))
+        at = (n - 1) / 2.0 + 1 + self._outside  # this block, counted from the window's centre
+        centre = float(np.mean(window)) + float(np.sum(x * window)) / sxx * at
+        diffs = np.diff(np.asarray(before))
+        ss, nd = self._watch_ss
+        prior = noise.sigma_of(self.noise(), self.decisions[-1].knobs, self.block_steps) ** 2
+        df = noise.TAU_PRIOR_DF + nd + diffs.size
+        var = max(prior, (noise.TAU_PRIOR_DF * prior + (ss + float(np.sum(diffs * diffs))) / 2.0) / df)
+        last = self.decisions[-1]
+        checked = last.adopted and last.interval is not None and self.plan.check_z is not None
+        level = math.erf((self.plan.check_watch_z if checked else self.plan.watch_z) / math.sqrt(2.0))
+        half = noise.t_quantile(level, df) * math.sqrt(var * (1.0 + 1.0 / n + at * at / sxx))
+        # the check's blocks each start a new state of the host: its ratio varies as much as blocks do
+        # around their line, which successive differences miss where a state holds over several blocks
+        slope = float(np.sum(x * window)) / sxx
+        resid = window - float(np.mean(window)) - slope * x
+        self._watch_var = max(var, float(np.sum(resid * resid)) / (n - 2)) if n > 2 else var
         self._outside = self._outside + 1 if abs(sample.log_score - centre) > half else 0
-        if self._outside >= self.plan.watch_sustain:
+        if self._outside < self.plan.watch_sustain:
+            return
+        if checked:
+            self._begin_check()
+        else:
             self._reopen()
+
+    def _begin_check(self) -> None:
+        """Step time left the locked configuration's interval: before a search, ask whether the host moved
+        or the optimum did.  One block of the locked configuration between two of the default: paired,
+        their ratio cancels what the host does to both (:meth:`_end_check`)."""
+        locked = self.decisions[-1].knobs
+        self.phase = "check"
+        self._queue = [(self.default, "check", "check"), (locked, "check", "check"), (self.default, "check", "check")]
+
+    def _end_check(self) -> None:
+        """The check's verdict.  Its ratio (the locked block's log rate less the mean of the default's two
+        around it) is set against the gain the lock claimed (the centre of its interval, and its
+        spread read off the interval's width at the plan's confidence): the optimum moved when the
+        ratio falls below that gain by more than ``check_z`` sigmas of the two together (the ratio's
+        from one watched block's variance, as the watch last estimated it (the larger of its spread and
+        of the window's scatter about its line), times 1 + 1/2).  Then the
+        search re-opens; else the locked configuration still leads as it did, the host moved, and the
+        watch starts afresh from the next locked block.  A ratio above the claim re-opens nothing."""
+        last = self.decisions[-1]
+        blocks = self.samples[-3:]
+        mine = [b.log_score for b in blocks if b.knobs == last.knobs]
+        refs = [b.log_score for b in blocks if b.knobs == self.default]
+        ratio = mine[0] - sum(refs) / len(refs)
+        iv = last.interval
+        z90 = noise.t_quantile(self.plan.confidence, 1e6)
+        claimed, spread = math.log(iv.gain), (math.log(iv.high) - math.log(iv.low)) / (2.0 * z90)
+        sigma = math.sqrt(1.5 * self._watch_var + spread * spread)
+        moved = ratio < claimed - self.plan.check_z * sigma
+        self.checks.append(Check(blocks[0].index, math.exp(ratio), iv.gain, moved))
+        self._outside = 0
+        if moved:
+            self._reopen()
+        else:  # the line starts afresh after the check; what blocks differ by carries on
+            watched = [s.log_score for s in self.samples[self._watch_from:] if s.role == "locked" and s.epoch == self.epoch]
+            diffs = np.diff(np.asarray(watched[:len(watched) - self.plan.watch_sustain]))
+            self._watch_ss = (self._watch_ss[0] + float(np.sum(diffs * diffs)), self._watch_ss[1] + diffs.size)
+            self.phase = "locked"
+            self._watch_from = len(self.samples)
 
     def _reopen(self) -> None:
         earlier = [Observation(o.knobs, o.value, o.variance + self.plan.warm_start_noise ** 2)
@@ -507,7 +607,10 @@ class Driver:
         self.strategy.warm_start(earlier)
         self._told_at, self._remeasures = {}, 0
         self.stop_reason, self._explored, self._since_ref = "", 0, 0
-        self._stint, self._stint_goal = 0, self.plan.explore_more
+        # a search warm-started from earlier trials may stop after explore_more candidates; one that holds
+        # none (a loaded profile's first retune, its store without trials) explores as a first search does
+        first = self.plan.explore_first if self.plan.explore_first is not None else len(self.space.names) + 2
+        self._stint, self._stint_goal = 0, self.plan.explore_more if self.strategy.live else first
         self._epoch_start = (self.elapsed_s, self.steps)
         self.phase = "explore"
         self._queue = [(self.decisions[-1].knobs, "explore", "candidate")] \

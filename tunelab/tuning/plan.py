@@ -42,8 +42,14 @@ class Plan:
     retell: bool = True             # a candidate's bracketed ratio replaces its provisional one once the
                                     # reference after it is measured
     watch_sustain: int = 4          # locked blocks in a row outside the interval that re-open the search
-    watch_z: float = 3.0            # the watched interval: locked mean +- watch_z block sigmas
-    watch_baseline: int = 4         # a profile loaded, not tuned here: its first locked blocks set the interval
+    watch_z: float = 3.0            # the watched interval: the blocks' line +- t at the level of watch_z sigmas,
+    check_watch_z: float = 2.0      # ... or of check_watch_z where a check would follow (a lock that claims a gain)
+    watch_baseline: int = 4         # locked blocks measured before the watch begins
+    watch_window: int = 8           # the watched interval centres on the last this many locked blocks
+    check_z: float | None = 1.0     # a run outside the interval is checked first (locked vs default, paired):
+                                    # the search re-opens when the ratio falls this many sigmas below the
+                                    # lock's claimed gain (None: no check, re-open at once); in doubt it
+                                    # re-opens: a missed move costs for good, a needless search a few blocks
     warm_start_noise: float = 0.10  # extra sigma (log units) of earlier trials (a retune, a stored profile)
 
     def __post_init__(self) -> None:

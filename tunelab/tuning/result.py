@@ -37,6 +37,7 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
                          "default_recent": recent_default(epoch)},
         "drift": drift_seen(driver, decision.epoch),
         "decisions": [decision_dict(d) for d in driver.decisions],
+        "checks": [{"index": c.index, "ratio": c.ratio, "claimed": c.claimed, "moved": c.moved} for c in driver.checks],
         "samples": [_sample(s) for s in driver.samples],
     }
     if not decision.adopted and decision.best is not None and decision.interval is not None:
@@ -76,11 +77,20 @@ def locked_from(driver: Driver, decision: Decision) -> str | None:
     return "re-measurement" if "remeasure" in phases else "exploration" if "explore" in phases else None
 
 
+def search_run_id(run_id: str, epoch: int) -> str:
+    """The store's run id of a run's ``epoch``-th search: ``run_id`` for its first, ``run_id.rN`` for
+    the N-th a retune re-opened.  Each search's ratios are to its own reference blocks, measured at its
+    own time: the warm start (:func:`stored_observations`) and the report read a run id's trials as one
+    search, and pooled, a later search's references would pair with an earlier one's candidates."""
+    return run_id if epoch == 0 else f"{run_id}.r{epoch}"
+
+
 def record_sample(store: Any, profile_id: int, run_id: str, s: Any) -> None:
-    """A measured block as a trial of profile ``profile_id`` (the store's phases: a reference block is
-    the default's)."""
+    """A measured block as a trial of profile ``profile_id``, under its search's run id
+    (:func:`search_run_id`; the store's phases: a reference block is the default's)."""
     phase = "default" if s.role == "reference" else s.phase
-    store.record_trial(profile_id, s.knobs.as_dict(), s.score, s.spread, s.steps, s.seconds, run_id, phase)
+    store.record_trial(profile_id, s.knobs.as_dict(), s.score, s.spread, s.steps, s.seconds,
+                       search_run_id(run_id, s.epoch), phase)
 
 
 def outcome(decision: Decision) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import TunelabError
 from ..knobs import Knobs, knob_text, stored_knobs
 from .plan import Plan, Sample
-from .result import record_sample, summarise
+from .result import record_sample, search_run_id, summarise
 from .session import TuningSession
 
 
@@ -418,7 +418,7 @@ class _Recorder:
     def finish(self, result: dict) -> None:
         iv = result.get("gain_interval")
         args = (self.profile_id, result["best"]["knobs"], result["best"]["score"], result["default"]["score"],
-                _mean_spread(result), self.run_id)
+                _mean_spread(result), search_run_id(self.run_id, result["decisions"][-1]["epoch"]))
         steps, how = result["steps_to_lock"], result["outcome"]
         self._write(lambda: self.store.set_best(
             *args, gain_interval=(iv["gain"], iv["low"], iv["high"]) if iv else None, steps=steps, outcome=how))

@@ -4,8 +4,10 @@ With the ``retune`` setting (``TUNELAB_RETUNE=1``, or ``retune=True`` to ``tunel
 framework adapter loaded a stored profile hands every finished training step to :class:`ProfileWatch`
 (``Runtime.step_done``).  Rank 0 times the steps and feeds a tuning driver started *locked* on the
 loaded knobs (:meth:`.driver.Driver.watching`): its first blocks set the interval watched, and when
-step time leaves it for ``watch_sustain`` blocks in a row the search re-opens, warm-started from the
-profile's stored trials, with the default as the reference, then locks again and goes on watching.
+step time leaves it for ``watch_sustain`` blocks in a row, a check measures the loaded knobs between two
+blocks of the default.  Where their ratio still holds the gain the profile claims, the host moved and
+the watch goes on; else the search re-opens, warm-started from the profile's stored trials, with the
+default as the reference, then locks again and goes on watching.
 New knobs go to the coordinator on rank 0, which every rank applies at the same cycle, so the other
 ranks take no part and a step costs them nothing.
 
@@ -25,8 +27,9 @@ from typing import Any
 from ..knobs import Knobs
 from .driver import Driver
 from .plan import Decision, Plan, Sample
-from .result import evidence, outcome, record_sample
+from .result import evidence, outcome, record_sample, search_run_id
 from .space import SearchSpace
+from .stats import Interval
 from .strategies import Observation, Told, make_strategy
 
 WATCH_PLAN = Plan(retune=True)
@@ -37,7 +40,8 @@ class ProfileWatch:
                  plan: Plan | None = None, strategy: str = "tunelab", seed: int = 0,
                  clock: Callable[[], float] = time.perf_counter,
                  say: Callable[[str], None] = lambda line: print(line, flush=True),
-                 writer: StoreWriter | None = None, key: tuple[str, str] | None = None) -> None:
+                 writer: StoreWriter | None = None, key: tuple[str, str] | None = None,
+                 interval: Interval | None = None) -> None:
         self.coordinator, self.clock, self.say, self.writer = coordinator, clock, say, writer
         self.key = key  # the watched model's (signature, framework): Runtime.step_done passes only its steps
         self.steps = 0  # steps handed to the watch
@@ -50,9 +54,9 @@ class ProfileWatch:
             return made
 
         self.driver = Driver.watching(space, strategy_of, loaded, plan or WATCH_PLAN,
-                                      on_sample=writer.sample if writer is not None else None)
+                                      on_sample=writer.sample if writer is not None else None, interval=interval)
         self._last: float | None = None
-        self._epoch, self._locks = 0, 1
+        self._epoch, self._locks, self._checks = 0, 1, 0
 
     def step_done(self) -> None:
         """One training step finished (rank 0 only; the first call only starts the clock)."""
@@ -69,9 +73,19 @@ class ProfileWatch:
 
     def _report(self) -> None:
         d = self.driver
+        checked = ""
+        if len(d.checks) != self._checks:
+            self._checks = len(d.checks)
+            c = d.checks[-1]
+            if not c.moved:
+                self.say(f"tunelab: retune: step time moved, but the locked configuration still leads the default "
+                         f"({c.ratio:.3f}x, claimed {c.claimed:.3f}x): the host moved, not the optimum; watching on")
+            else:
+                checked = f" and a check measured it at {c.ratio:.3f}x the default, where {c.claimed:.3f}x was claimed"
         if d.epoch != self._epoch:
             self._epoch = d.epoch
-            self.say("tunelab: retune: step time left the loaded configuration's interval; re-opening the search")
+            self.say(f"tunelab: retune: step time left the locked configuration's interval{checked}; "
+                     "re-opening the search")
         if len(d.decisions) != self._locks:
             self._locks = len(d.decisions)
             last = d.decisions[-1]
@@ -105,7 +119,7 @@ class StoreWriter:
         spread = sum(s.spread for s in mine) / len(mine)
         iv = d.interval if d.adopted else None
         ok = self._write(lambda: self.store.set_best(
-            self.profile_id, d.knobs.as_dict(), score, default, spread, self.run_id,
+            self.profile_id, d.knobs.as_dict(), score, default, spread, search_run_id(self.run_id, d.epoch),
             gain_interval=(iv.gain, iv.low, iv.high) if iv is not None else None, steps=d.steps, outcome=outcome(d)))
         return f"; saved to profile {self.profile_id}" if ok else ""
 
