@@ -595,7 +595,8 @@ def test_a_defect_in_storing_a_run_is_raised_not_reported_as_a_store_failure():
     from tunelab.tuning.run import _Recorder
 
     result = {"gain_interval": None, "best": {"knobs": {}, "score": 2.0}, "default": {"score": 1.0},
-              "samples": [], "steps_to_lock": 4, "outcome": "converged"}
+              "samples": [], "steps_to_lock": 4, "outcome": "converged",
+              "decisions": [{"epoch": 0}]}
     with pytest.raises(AttributeError):
         _Recorder(object(), 1, "r", None, None).finish(result)
 
