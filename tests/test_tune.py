@@ -588,6 +588,33 @@ def test_a_workload_that_one_rank_cannot_build_fails_on_every_rank_at_once():
         assert fails["seconds"] < 30 and works["gathered"] == [0, 1, 2], res
 
 
+def test_tune_stores_a_retuned_best_under_the_run_id_of_the_search_that_set_it():
+    """``tune --retune``: the first search's trials carry the run's id, a re-opened one's ``<id>.rN``, and
+    the best names the search it came from (a later warm start reads each run id as one search)."""
+    from types import SimpleNamespace
+
+    from tunelab.knobs import Knobs
+    from tunelab.tuning.run import _Recorder
+
+    calls = []
+
+    class Store:
+        def record_trial(self, *a):
+            calls.append(("trial", a[6]))
+
+        def set_best(self, *a, **k):
+            calls.append(("best", a[5]))
+
+    recorder = _Recorder(Store(), 1, "run", None, None)
+    for epoch in (0, 0, 1, 2):
+        recorder.record(SimpleNamespace(role="candidate", phase="explore", knobs=Knobs(), score=1.0, spread=0.0,
+                                        steps=3, seconds=1.0, epoch=epoch))
+    recorder.finish({"gain_interval": None, "best": {"knobs": {}, "score": 2.0}, "default": {"score": 1.0},
+                     "samples": [], "steps_to_lock": 4, "outcome": "retuned: converged",
+                     "decisions": [{"epoch": 0}, {"epoch": 2}]})
+    assert calls == [("trial", "run"), ("trial", "run"), ("trial", "run.r1"), ("trial", "run.r2"), ("best", "run.r2")]
+
+
 def test_a_defect_in_storing_a_run_is_raised_not_reported_as_a_store_failure():
     """Only the store's own errors (and the file system's) turn into "not stored": a defect in the code
     that stores (here a store without set_best) is raised as it is."""
