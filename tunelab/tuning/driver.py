@@ -538,7 +538,8 @@ class Driver:
         x = np.arange(n, dtype=float) - (n - 1) / 2.0
         sxx = float(np.sum(x * x))
         at = (n - 1) / 2.0 + 1 + self._outside  # this block, counted from the window's centre
-        centre = float(np.mean(window)) + float(np.sum(x * window)) / sxx * at
+        slope = float(np.sum(x * window)) / sxx
+        centre = float(np.mean(window)) + slope * at
         diffs = np.diff(np.asarray(before))
         ss, nd = self._watch_ss
         prior = noise.sigma_of(self.noise(), self.decisions[-1].knobs, self.block_steps) ** 2
@@ -550,7 +551,6 @@ class Driver:
         half = noise.t_quantile(level, df) * math.sqrt(var * (1.0 + 1.0 / n + at * at / sxx))
         # the check's blocks each start a new state of the host: its ratio varies as much as blocks do
         # around their line, which successive differences miss where a state holds over several blocks
-        slope = float(np.sum(x * window)) / sxx
         resid = window - float(np.mean(window)) - slope * x
         self._watch_var = max(var, float(np.sum(resid * resid)) / (n - 2)) if n > 2 else var
         self._outside = self._outside + 1 if abs(sample.log_score - centre) > half else 0

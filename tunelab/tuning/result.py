@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection
 from typing import Any
@@ -37,7 +38,7 @@ def summarise(driver: Driver, final: list[float], workload: Any, space: Any, sec
                          "default_recent": recent_default(epoch)},
         "drift": drift_seen(driver, decision.epoch),
         "decisions": [decision_dict(d) for d in driver.decisions],
-        "checks": [{"index": c.index, "ratio": c.ratio, "claimed": c.claimed, "moved": c.moved} for c in driver.checks],
+        "checks": [dataclasses.asdict(c) for c in driver.checks],
         "samples": [_sample(s) for s in driver.samples],
     }
     if not decision.adopted and decision.best is not None and decision.interval is not None:
