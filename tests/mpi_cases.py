@@ -36,6 +36,15 @@ def float_inputs(count: int, dtype: np.dtype, world: int, seed: int) -> list[np.
     return [np.random.default_rng((seed, r)).standard_normal(count).astype(dtype) for r in range(world)]
 
 
+def top_half_inputs(count: int, world: int, seed: int) -> list[np.ndarray]:
+    """float16 inputs in [16384, 65408], one sign per element on every rank: their sums overflow
+    float16, their average does not.  Multiples of 128: every partial sum of them scaled by 1/2 or
+    1/4 is exact in float16, so no order of the adds can move a bit of the average."""
+    rng = np.random.default_rng((seed, count))  # the same stream on every rank
+    sign = np.where(rng.random(count) < 0.5, -1.0, 1.0)
+    return [(sign * 128 * rng.integers(128, 512, count)).astype(np.float16) for _ in range(world)]
+
+
 def reference(inputs: list[np.ndarray], op: str) -> np.ndarray:
     """numpy reference; sums are exact (float64 accumulation of small integers)."""
     dtype = inputs[0].dtype
@@ -235,6 +244,34 @@ def case_short_route_same_bits(comm: MPI.Comm, seed: int = 19) -> dict:
                     if len(set(comm.allgather(short.tobytes()))) != 1:
                         failures.append(f"{lay} {np.dtype(dtype).name} {op} n={count}: ranks hold different bits")
         engine.close()
+    return {"checks": checks, "failures": failures[:20]}
+
+
+def case_half_average_near_the_top(comm: MPI.Comm, seed: int = 29) -> dict:
+    """A float16 average whose sum overflows float16 but whose average does not
+    (:func:`top_half_inputs`): every route, layout and piece size gives the average numpy computes
+    from the float64 sum, bit for bit, never inf."""
+    n, failures, checks = comm.size, [], 0
+    for lay in layouts(n):
+        for segment, oneshot, doubling in ((4096, 0, 0), (1 << 22, 0, 1 << 20), (4096, 1 << 18, None)):
+            more = {} if doubling is None else {"doubling_max_bytes": doubling}
+            engine = Engine(comm, load_engine_config(segment_bytes=segment, oneshot_max_bytes=oneshot,
+                                                     **more, **lay))
+            for count in (1, 7, 3000):
+                inputs = top_half_inputs(count, n, seed)
+                ref = reference(inputs, "average")
+                for route in ("single", "batch"):
+                    mine = inputs[comm.rank].copy()
+                    if route == "single":
+                        out = engine.allreduce(mine, "average")
+                    else:  # fused with a float32 companion into one planned call
+                        out = engine.allreduce_batch([mine, np.ones(5, np.float32)], "average")[0]
+                    checks += 1
+                    bad = bit_mismatches(out, ref)
+                    if bad:
+                        failures.append(f"{lay} seg={segment} oneshot={oneshot} doubling={doubling} n={count} {route}: "
+                                        f"{bad} wrong, {int(np.isinf(out).sum())} inf")
+            engine.close()
     return {"checks": checks, "failures": failures[:20]}
 
 
@@ -982,6 +1019,13 @@ def case_device_path(comm: MPI.Comm, seed: int = 11, backend: str = "numba-cuda"
                 if bit_mismatches(host, reference(x, op)):
                     out["failures"].append(f"{lay} oneshot={oneshot} {dtype_name} {op} count={c}: "
                                            f"{bit_mismatches(host, reference(x, op))} wrong")
+        top = [top_half_inputs(c, comm.size, seed) for c in counts]  # sums past float16's range
+        got = engine.allreduce_batch([upload(x[comm.rank]) for x in top], "average")
+        for c, g, x in zip(counts, got, top):
+            out["checks"] += 1
+            wrong = bit_mismatches(download(g).view(np.float16), reference(x, "average"))
+            if wrong:
+                out["failures"].append(f"{lay} oneshot={oneshot} float16 average near 65504 count={c}: {wrong} wrong")
         if engine.topology.num_nodes > 1 and oneshot:
             out["direct"].append(engine.direct_device_mpi)
         # In place, through the coordinator, as a framework adapter submits gradients.

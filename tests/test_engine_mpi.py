@@ -48,6 +48,15 @@ def test_a_small_call_takes_a_short_route_to_the_same_bits(n):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
+def test_a_float16_average_does_not_overflow_where_only_its_sum_would(n):
+    """Two ranks averaging 40000 and 30000 get 35000, not inf: a float16 average is scaled before the
+    sum by the smallest power of two at least the rank count (exact), the rest after."""
+    for rank, res in enumerate(run_ok("half_average_near_the_top", n, limit_s=300)):
+        assert res["checks"] >= 36
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_the_ring_keeps_stream_order_when_reductions_run_late(n):
     """A CUDA-aware MPI reads device memory at once while reductions run on a stream; the ring syncs
     wherever MPI reads what a reduction wrote (tests/mpi_cases.py::case_ring_on_a_stream)."""

@@ -17,7 +17,8 @@
   pipeline pieces of ``segment_bytes``.  Rank r reduces shard r of a piece from all peers'
   segments (in rank order, so results never depend on how the bucket was cut); with several
   nodes (hierarchical) the shard then goes round the cross-node ring; every rank then copies all
-  shards out, applying the average's scale while it copies.
+  shards out, applying the average's scale while it copies (float16: part of it while packing,
+  :meth:`tunelab.engine.paths.Call.scales`).
 * :func:`flat_ring` (several nodes, hierarchical off): pack into a fusion buffer, ring allreduce
   over the world, unpack.
 
@@ -50,10 +51,14 @@ def as_bytes(rows: np.ndarray, itemsize: int) -> np.ndarray:
 
 
 def unpack(path: DataPath, rows: np.ndarray, dtype: np.dtype, factor: float) -> None:
+    """Copy every ``(src, dst, count)`` row, scaled by ``factor`` (packing uses it too)."""
     if factor == 1.0:
         path.copy(as_bytes(rows, dtype.itemsize))
     else:
         path.scale_copy(rows, dtype, factor)
+
+
+pack = unpack
 
 
 def alone(path: DataPath, layout: Layout) -> None:
@@ -73,14 +78,15 @@ def oneshot(path: DataPath, layout: Layout, call: Call, me: int, what: str) -> N
     else:
         parity = path.barrier.next_parity()
     addrs = path.slots.half_addrs(parity)
-    path.copy(as_bytes(layout.pack_rows(0, count, int(addrs[me])), isz))
+    before, after = call.scales(dtype)
+    pack(path, layout.pack_rows(0, count, int(addrs[me])), dtype, before)
     path.order(what)
-    if layout.single and call.factor == 1.0:  # straight into the output
+    if layout.single and after == 1.0:  # straight into the output
         path.reduce(layout.dst(0), addrs, count, dtype, call.op)
     else:
         tmp = path.scratch(count * isz)
         path.reduce(tmp, addrs, count, dtype, call.op)
-        unpack(path, layout.unpack_rows(0, count, tmp), dtype, call.factor)
+        unpack(path, layout.unpack_rows(0, count, tmp), dtype, after)
 
 
 def twoshot(path: DataPath, layout: Layout, call: Call, me: int, nloc: int, segment_bytes: int,
@@ -91,10 +97,11 @@ def twoshot(path: DataPath, layout: Layout, call: Call, me: int, nloc: int, segm
     arena = path.arena
     piece = max(1, min(segment_bytes // isz, layout.count))
     arena.ensure(piece * isz)
+    before, after = call.scales(dtype)
     for p0 in range(0, layout.count, piece):
         m = min(layout.count, p0 + piece) - p0
         addrs = arena.half_addrs(arena.parity)
-        path.copy(as_bytes(layout.pack_rows(p0, p0 + m, int(addrs[me])), isz))
+        pack(path, layout.pack_rows(p0, p0 + m, int(addrs[me])), dtype, before)
         path.order(what)
         lo, hi = m * me // nloc, m * (me + 1) // nloc
         if hi > lo:
@@ -104,14 +111,15 @@ def twoshot(path: DataPath, layout: Layout, call: Call, me: int, nloc: int, segm
         path.order(what)
         parts = [layout.unpack_rows(p0 + m * q // nloc, p0 + m * (q + 1) // nloc,
                                     int(addrs[q]) + (m * q // nloc) * isz) for q in range(nloc)]
-        unpack(path, np.concatenate(parts), dtype, call.factor)
+        unpack(path, np.concatenate(parts), dtype, after)
         arena.parity ^= 1
 
 
 def flat_ring(path: DataPath, layout: Layout, call: Call, ring: RingAllreduce, segment_bytes: int) -> None:
     """Pack, ring allreduce over every rank, unpack."""
-    isz, count = layout.itemsize, layout.count
+    isz, count, dtype = layout.itemsize, layout.count, layout.dtype
     buf = path.scratch(count * isz)
-    path.copy(as_bytes(layout.pack_rows(0, count, buf), isz))
-    path.cross_allreduce(buf, count, layout.dtype, call.op, ring, segment_bytes)
-    unpack(path, layout.unpack_rows(0, count, buf), layout.dtype, call.factor)
+    before, after = call.scales(dtype)
+    pack(path, layout.pack_rows(0, count, buf), dtype, before)
+    path.cross_allreduce(buf, count, dtype, call.op, ring, segment_bytes)
+    unpack(path, layout.unpack_rows(0, count, buf), dtype, after)

@@ -451,10 +451,13 @@ class Engine:
         else:  # several nodes: recursive doubling receives into the ring's scratch, not into slots
             views = ([], [])
         half = bool(half_kind(dtype))
-        factor = None
+        factor, before = None, None
         if average and error is None:  # halves scale in float32 (the kernel's way), others in their dtype
-            factor = 1.0 / self.topology.size if half else dtype.type(1.0 / self.topology.size)
-        small = _SmallCall(signature_hash(header, [row]), (header, [row]), views, kop, half, factor, error)
+            pre, post = Call(kop, 1.0 / self.topology.size).scales(dtype)  # float16: partly before the sum
+            before = None if pre == 1.0 else pre
+            factor = post if half else dtype.type(post)
+        small = _SmallCall(signature_hash(header, [row]), (header, [row]), views, kop, half, factor, before,
+                           error)
         if len(self._small) >= _PLAN_CACHE_SIZE:
             self._small.clear()
         self._small[(dtype, shape, op)] = small
@@ -474,6 +477,8 @@ class Engine:
         views = small.views[self.barrier.next_parity()]  # the parity is alike on every rank
         if small.error is None:
             np.copyto(views[self.topology.local_rank], a)
+            if small.before is not None:
+                self.kernels.scale(views[self.topology.local_rank], small.before)
         if not self.barrier.wait_agreeing(small.digest, self._call_name):
             what = self._call_name()
             everyone = self.topology.world.allgather(small.signature)
@@ -483,7 +488,7 @@ class Engine:
         out = np.empty(a.shape, a.dtype) if o is None else o
         if small.half:  # halves accumulate in float32 and round once: the kernel does that
             self.kernels.reduce(out.ctypes.data, [v.ctypes.data for v in views], a.size, a.dtype, small.op)
-            if small.factor is not None:
+            if small.factor is not None and small.factor != 1.0:
                 self.kernels.scale(out, float(small.factor))
             return out
         if len(views) == 1:
@@ -508,6 +513,8 @@ class Engine:
             raise type(small.error)(*small.error.args)
         out = np.empty(a.shape, a.dtype) if o is None else o
         np.copyto(out, a)
+        if small.before is not None:
+            self.kernels.scale(out, small.before)
         tmp = self._ring_world.host_area(a.nbytes).view(a.dtype).reshape(a.shape)
         if small.half:  # halves accumulate in float32 and round once: the kernel does that
             def combine(first: np.ndarray, second: np.ndarray) -> None:
@@ -519,7 +526,7 @@ class Engine:
             def combine(first: np.ndarray, second: np.ndarray) -> None:
                 reduce(first, second, out)
         self._ring_world.doubling(out, tmp, combine)
-        if small.factor is not None:
+        if small.factor is not None and small.factor != 1.0:
             if small.half:
                 self.kernels.scale(out, float(small.factor))
             else:
@@ -575,7 +582,8 @@ class _SmallCall:
     views: tuple[list[np.ndarray], list[np.ndarray]]  # every rank's slot as dtype[shape], per half (one node)
     op: ReduceOp
     half: bool
-    factor: Any  # the average's 1/N in the dtype, or None
+    factor: Any  # the average's scale after the sum (1/N in the dtype, or float16's part), or None
+    before: float | None  # float16's part of the average's scale before the sum, or None
     error: Exception | None  # raised after agreement (every rank alike) for unreducible calls
 
 

@@ -35,7 +35,25 @@ class Call:
     """What every bucket of one collective shares."""
 
     op: ReduceOp
-    factor: float  # 1/N for average (applied while unpacking), else 1.0
+    factor: float  # 1/N for average, else 1.0
+
+    def scales(self, dtype: np.dtype) -> tuple[float, float]:
+        """The factors applied while packing and while unpacking a bucket of ``dtype``: their product
+        is :attr:`factor`.  Averages scale after the sum, except in float16, whose sums overflow at
+        65504 although their average may not: there each input is first scaled by ``1/P``, ``P``
+        the smallest power of two at least the rank count (exact for every normal value), and the
+        sum by ``P/N``, so no partial sum exceeds the largest input.  For inputs whose sums are
+        exact, the bits are those of the sum scaled once; what is lost are the low bits of values
+        that ``1/P`` takes below float16's smallest normal, 6.1e-5 (NCCL scales every float
+        average before its sum, and torch DDP divides gradients before it sums them, alike)."""
+        if self.factor == 1.0 or dtype != _FLOAT16:
+            return 1.0, self.factor
+        n = round(1.0 / self.factor)
+        p = 1 << (n - 1).bit_length()
+        return 1.0 / p, p / n
+
+
+_FLOAT16 = np.dtype(np.float16)
 
 
 class DataPath(Protocol):
