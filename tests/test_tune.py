@@ -191,6 +191,9 @@ def test_a_job_with_the_retune_setting_retunes_and_saves_what_it_found(tmp_path)
     loaded = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
     assert {k: r0["best"][k] for k in loaded} != loaded  # the next job does not load the slow knobs
     assert r0["outcome"].startswith("retuned") and r0["run_id"].startswith("retune-") and r0["trials"] >= 3
+    # stored as samples/s, as the profile's tune run measured them (4 a step), not as steps/s
+    assert "(4 samples a step, as the profile's trials were measured)" in r0["log"], r0["log"]
+    assert all(4.0 <= x < 4.6 for x in r0["per_step"]), r0["per_step"]
     assert r1["log"] == ""  # only rank 0 watches and speaks
 
 
@@ -552,7 +555,7 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
 
     monkeypatch.setenv("TUNELAB_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(watch, "ProfileWatch", lambda coordinator, space, loaded, stored, writer=None, key=None,
-                        interval=None: space)
+                        interval=None, samples_per_step=1.0: space)
     key = SimpleNamespace()  # the store has no profile under it: nothing to warm-start from
     rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs()),
                          topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,

@@ -1106,3 +1106,25 @@ def test_stored_trials_that_varied_a_knob_now_pinned_are_left_out_of_a_warm_star
     kept = stored_observations(trials, 0.1, base, searched=["fusion_threshold_bytes", "cycle_time_ms"])
     assert [o.knobs.fusion_threshold_bytes for o in kept] == [8 * MiB]
     assert math.isclose(kept[0].value, math.log(11.0) - math.log(10.1))
+
+
+def test_a_retune_reads_a_steps_samples_from_the_profiles_own_trials():
+    """A job's retune times steps and knows no batch: the samples a step held are read back from the
+    profile's trials (score x seconds / steps, a geometric mean rate times a mean step time), so what it
+    stores is samples/s as tune stored them.  Retune runs' trials (stored as steps/s before) do not
+    count; no trial that tells gives None."""
+    from types import SimpleNamespace
+
+    from tunelab.tuning.result import samples_per_step
+
+    rng = np.random.default_rng(3)
+    trials = []
+    for i in range(12):  # 64 samples a step, blocks of 10 steps with 3 % noise
+        times = 0.1 * np.exp(rng.normal(0, 0.03, 10))
+        score = float(np.exp(np.mean(np.log(64 / times))))
+        trials.append(SimpleNamespace(run_id="run-a", score=score, seconds=float(times.sum()), steps=10))
+    trials.append(SimpleNamespace(run_id="retune-1a2b3c4d", score=10.0, seconds=1.0, steps=10))  # steps/s
+    trials.append(SimpleNamespace(run_id="run-b", score=0.0, seconds=1.0, steps=0))  # tells nothing
+    assert samples_per_step(trials) == 64.0
+    assert samples_per_step(trials[-2:]) is None
+    assert samples_per_step([]) is None

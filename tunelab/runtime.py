@@ -240,7 +240,7 @@ class Runtime:
         the signature the profile is stored under (the model's earlier one, where it was found so)."""
         from .profiles import ProfileStore
         from .tuning.plan import Plan
-        from .tuning.result import stored_observations
+        from .tuning.result import RETUNE_RUN_PREFIX, samples_per_step, stored_observations
         from .tuning.space import search_space
         from .tuning.stats import Interval
         from .tuning.watch import ProfileWatch, StoreWriter
@@ -253,20 +253,23 @@ class Runtime:
         try:
             store = ProfileStore(create=False)
             best = store.best(self.profile_key(stored_as, framework))
+            trials = store.trials(best.profile_id) if best else []
             # (only runs measured against this job's default: a re-opened search's ratios are to it)
-            stored = (stored_observations(store.trials(best.profile_id), Plan().warm_start_noise, space.base,
-                                          space.names)
-                      if best else [])
+            stored = stored_observations(trials, Plan().warm_start_noise, space.base, space.names)
         except Exception as exc:  # noqa: BLE001 - the job itself must not stop for it (on rank 0 alone)
             print(f"tunelab: warning: retune off: the profile's trials could not be read ({exc})", flush=True)
             return None
-        writer = StoreWriter(store, best.profile_id, f"retune-{uuid.uuid4().hex[:8]}") if best else None
-        print("tunelab: retune on: watching the loaded configuration's step time", flush=True)
+        writer = StoreWriter(store, best.profile_id, f"{RETUNE_RUN_PREFIX}{uuid.uuid4().hex[:8]}") if best else None
+        # the store keeps samples/s; a step's samples are read from the profile's own trials
+        per_step = samples_per_step(trials)
+        unit = (f"{per_step:g} samples a step, as the profile's trials were measured" if per_step is not None
+                else "its scores stored as steps/s: the profile's trials do not tell a step's samples")
+        print(f"tunelab: retune on: watching the loaded configuration's step time ({unit})", flush=True)
         # the gain the profile claims for its knobs, which a check holds them to before a search re-opens
         claimed = (Interval(best.gain, best.gain_low, best.gain_high, 0)
                    if best and best.gain_low is not None and best.gain_high is not None and best.gain > 0 else None)
         return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer, key=(signature, framework),
-                            interval=claimed)
+                            interval=claimed, samples_per_step=per_step or 1.0)
 
     def fingerprint(self) -> Fingerprint:
         """This job's hardware fingerprint: the host, the node layout and any emulated or lab link."""

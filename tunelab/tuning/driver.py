@@ -130,12 +130,12 @@ class Driver:
     def watching(cls, space: SearchSpace, make_strategy: Callable[[int], Told], loaded: Knobs, plan: Plan,
                  reason: str = "loaded from the profile store",
                  on_sample: Callable[[Sample], None] | None = None,
-                 interval: stats.Interval | None = None) -> Driver:
+                 interval: stats.Interval | None = None, samples_per_step: float = 1.0) -> Driver:
         """A driver that starts locked on ``loaded`` (a stored profile) and watches it (``plan.retune``):
         its first ``watch_baseline`` blocks (after the warm-up steps) set the interval watched.
         ``interval``: the gain over the default the profile claims for ``loaded``, which a check holds
         it to before a search re-opens (None: none is known, and the search re-opens unchecked)."""
-        driver = cls(space, make_strategy, dataclasses.replace(plan, retune=True), on_sample=on_sample)
+        driver = cls(space, make_strategy, dataclasses.replace(plan, retune=True), samples_per_step, on_sample)
         adopted = loaded != space.base
         driver.decisions.append(Decision(0, loaded, adopted, loaded, interval if adopted else None, reason,
                                          "loaded, not searched here", False, 0, 0, 0.0))

@@ -167,6 +167,24 @@ def stored_observations(trials: list[Any], extra_sigma: float, reference: Knobs 
     return out
 
 
+RETUNE_RUN_PREFIX = "retune-"
+
+
+def samples_per_step(trials: list[Any]) -> float | None:
+    """How many samples a step held in the runs that measured ``trials`` (a profile's), so a job's retune,
+    which times steps and knows no batch, stores samples/s as they do; None where no trial tells.
+    A trial's score is its block's geometric mean rate, so ``score * seconds / steps`` is the samples a
+    step times the block's arithmetic over geometric mean step time: at least 1, and within a fraction
+    of a percent of it for blocks of a few percent noise.  The smallest over the trials, rounded to a
+    whole number (a global batch is one).  Retune runs' own trials are left out: earlier versions
+    stored them in steps/s."""
+    told = [t.score * t.seconds / t.steps for t in trials
+            if not str(t.run_id).startswith(RETUNE_RUN_PREFIX) and t.steps > 0 and t.seconds > 0 and t.score > 0]
+    if not told:
+        return None
+    return float(max(1, round(min(told))))
+
+
 def within(knobs: Knobs, reference: Knobs, searched: Collection[str]) -> bool:
     """Whether ``knobs`` differs from ``reference`` only in the ``searched`` knobs."""
     return all(v == getattr(reference, k) for k, v in knobs.as_dict().items() if k not in searched)

@@ -41,7 +41,9 @@ class ProfileWatch:
                  clock: Callable[[], float] = time.perf_counter,
                  say: Callable[[str], None] = lambda line: print(line, flush=True),
                  writer: StoreWriter | None = None, key: tuple[str, str] | None = None,
-                 interval: Interval | None = None) -> None:
+                 interval: Interval | None = None, samples_per_step: float = 1.0) -> None:
+        """``samples_per_step``: the samples one training step holds over all ranks, which turns the
+        steps timed into the samples/s the store keeps (1: scores are steps/s)."""
         self.coordinator, self.clock, self.say, self.writer = coordinator, clock, say, writer
         self.key = key  # the watched model's (signature, framework): Runtime.step_done passes only its steps
         self.steps = 0  # steps handed to the watch
@@ -54,7 +56,8 @@ class ProfileWatch:
             return made
 
         self.driver = Driver.watching(space, strategy_of, loaded, plan or WATCH_PLAN,
-                                      on_sample=writer.sample if writer is not None else None, interval=interval)
+                                      on_sample=writer.sample if writer is not None else None, interval=interval,
+                                      samples_per_step=samples_per_step)
         self._last: float | None = None
         self._epoch, self._locks, self._checks = 0, 1, 0
 
