@@ -205,6 +205,13 @@ def model_file(tmp_path_factory):
     (lambda d: d.update(sources=5), "sources is not list"),
     (lambda d: d.update(rel_errors=[1, 2]), "rel_errors is not dict"),
     (lambda d: d["values"].update({"link:0gbps.beta": 1e-9}), "link 0gbps is not a speed > 0"),
+    # values past any fit: predictions of 1e298 s, inf in the tables and the crossover scan
+    (lambda d: d["values"].update(gamma=1e300), "parameter gamma is 1e+300, more than any fit gives"),
+    (lambda d: d["values"].update({"link.alpha": 1e300}), "parameter link.alpha is 1e+300, more than any fit"),
+    # the report plots the fitted points: a damaged one was a traceback after the tables
+    (lambda d: d.update(fit_points=[5]), "fit_points[0] is int, not an object"),
+    (lambda d: d["fit_points"][1].update(measured_s="x"), "fit_points[1] has no time > 0 for measured_s"),
+    (lambda d: d["fit_points"][0].pop("algorithm"), "fit_points[0] has no text algorithm"),
 ])
 def test_a_damaged_model_file_is_named_in_one_line(model_file, tmp_path, change, fragment):
     bad = damaged_copy(model_file, change, tmp_path)

@@ -167,8 +167,39 @@ class ScaleModel:
         if wrong:
             raise ModelInputError(f"{path}: damaged model file ({wrong[0]} is not {shapes[wrong[0]].__name__}); "
                                   "fit it again with `tunelab model fit`")
+        points = list(doc.get("fit_points", []))
+        for i, point in enumerate(points):
+            why = _point_defect(point)
+            if why:
+                raise ModelInputError(f"{path}: damaged model file (fit_points[{i}] {why}); "
+                                      "fit it again with `tunelab model fit`")
         return cls(values, int(doc.get("points", 0)), list(doc.get("sources", [])), dict(doc.get("rel_errors", {})),
-                   list(doc.get("fit_points", [])))
+                   points)
+
+
+# what a fitted point of a model file holds (the report plots them; the fit prints them)
+_POINT_TEXT = ("source", "algorithm", "link")
+_POINT_COUNTS = ("size", "hosts", "ranks_per_host", "segment_bytes")
+_POINT_TIMES = ("measured_s", "predicted_s")
+
+
+def _point_defect(point: Any) -> str:
+    """Why ``point`` is not a fitted point as :func:`relative_errors` writes one ("" if it is one)."""
+    if not isinstance(point, dict):
+        return f"is {type(point).__name__}, not an object"
+    for key in _POINT_TEXT:
+        if not isinstance(point.get(key), str):
+            return f"has no text {key}"
+    for key in _POINT_COUNTS:
+        v = point.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return f"has no whole number >= 1 for {key}"
+    for key in (*_POINT_TIMES, "rel_error"):
+        v = point.get(key)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or (key in _POINT_TIMES and v <= 0):
+            return f"has no {'time > 0' if key in _POINT_TIMES else 'finite number'} for {key}"
+    return ""
 
 
 def _parameters(path: Path, raw: dict) -> dict[str, float]:
@@ -181,12 +212,27 @@ def _parameters(path: Path, raw: dict) -> dict[str, float]:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
         if not ok:
             raise ModelInputError(f"{path}: damaged model file: parameter {key} is {value!r}, not a number >= 0")
+        most, what = _most(str(key))
+        if value > most:
+            raise ModelInputError(f"{path}: damaged model file: parameter {key} is {value!r}, more than any fit "
+                                  f"gives ({what} of at most {most:g}); fit it again with `tunelab model fit`")
         values[str(key)] = float(value)
     for key in values:
         link = key.removeprefix("link:").split(".")[0]
         if key.startswith("link:") and link.endswith("gbps") and _gbps(link) is None:
             raise ModelInputError(f"{path}: damaged model file: link {link} is not a speed > 0")
     return values
+
+
+def _most(key: str) -> tuple[float, str]:
+    """The largest value a parameter can take in a model file, and what it is: far beyond what any
+    machine measures (a second a message, a kilobyte a second), so only an edited or damaged file
+    exceeds it, and predictions stay finite up to 1024 ranks."""
+    if key.endswith("~over.beta"):
+        return 1e3, "a factor"
+    if key.endswith(".alpha"):
+        return 1.0, "seconds a message"
+    return 1e-3, "seconds a byte"
 
 
 def _gbps(link: str) -> float | None:

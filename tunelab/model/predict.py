@@ -132,8 +132,9 @@ def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
     knobs = knobs or Knobs()
     steps = round(math.log2(high / low) * points_per_octave)
     sizes = [low * 2 ** (s / points_per_octave) for s in range(steps + 1)]
-    diff = [math.log(model.time_s("flat", topo, int(s), knobs, route)
-                     / model.time_s("hierarchical", topo, int(s), knobs, route)) for s in sizes]
+    diff = [math.log(_finite(model.time_s("flat", topo, int(s), knobs, route), f"flat at {_fmt_bytes(s)}")
+                     / _finite(model.time_s("hierarchical", topo, int(s), knobs, route),
+                               f"hierarchical at {_fmt_bytes(s)}")) for s in sizes]
     found = []
     for (s0, d0), (s1, d1) in zip(zip(sizes, diff), zip(sizes[1:], diff[1:])):
         if (d0 < 0) != (d1 < 0) and d0 != d1:
@@ -174,9 +175,12 @@ def _finite(t: float, what: str) -> float:
     at all (inf, NaN, 0: parameters out of any measured range, a model file edited by hand)."""
     from .fit import ModelError
 
-    if not (math.isfinite(t) and t > 0):
+    if not (math.isfinite(t) and 0 < t < LONGEST_S):
         raise ModelError(f"the model predicts {t!r} s for {what}: its values are out of range (refit it)")
     return t
+
+
+LONGEST_S = 1e6  # no collective nor step takes days: a model that predicts it has values no fit makes
 
 
 def _fmt_bytes(n: float) -> str:
