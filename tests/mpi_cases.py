@@ -1311,6 +1311,45 @@ def case_device_setup_retry(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_device_setup_fails_on_one_rank(comm: MPI.Comm) -> dict:
+    """The device path's setup fails on the last rank alone (its stream cannot be made: injected), as a
+    rank's own device, driver or memory can: every rank raises at once, that rank its own error and the
+    others one that names it, rather than the others waiting in the setup's next exchange; the next
+    call sets the path up again on every rank and gives the sum."""
+    import time
+
+    from numba import cuda
+    from tunelab.kernels import get_backend
+
+    kernels = get_backend("numba-cuda")
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", timeout_s=60))
+    real, calls = kernels.new_stream, []
+
+    def flaky():
+        calls.append(1)
+        if comm.rank == comm.size - 1 and len(calls) == 1:
+            raise RuntimeError("no stream on this GPU (injected)")
+        return real()
+
+    kernels.new_stream = flaky
+    x = cuda.to_device(np.full(8, comm.rank + 1.0, np.float32))
+    out: dict = {"failures": []}
+    start = time.monotonic()
+    try:
+        engine.allreduce(x, op="sum")
+        out["first"] = "no error"
+    except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
+        out["first"] = f"{type(exc).__name__}: {exc}"
+    out["first_s"] = time.monotonic() - start
+    kernels.new_stream = real
+    got = [engine.allreduce(x, op="sum").copy_to_host() for _ in range(2)]
+    want = np.full(8, comm.size * (comm.size + 1) / 2, np.float32)
+    out["failures"] = [f"call {i}: {bit_mismatches(g, want)} wrong" for i, g in enumerate(got)
+                       if bit_mismatches(g, want)]
+    engine.close()
+    return out
+
+
 def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
     """Join with device tensors (simulator): every rank submits two device gradients once; then the
     last rank joins while the others run two more rounds of the same names, and joins after them.  The

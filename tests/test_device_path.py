@@ -174,6 +174,21 @@ def test_a_failed_device_setup_is_set_up_again_by_the_next_call():
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_device_setup_that_fails_on_one_rank_fails_on_every_rank_at_once(n):
+    """The setup's exchanges carry each rank's outcome and are timed: the others no longer wait for good
+    in the next exchange while the failed rank has raised (tests/mpi_cases.py::case_device_setup_fails_on_one_rank)."""
+    results = _lazy_results("device_setup_fails_on_one_rank", n)
+    assert results[-1]["first"] == "RuntimeError: no stream on this GPU (injected)", results[-1]
+    for rank, res in enumerate(results[:-1]):
+        assert res["first"].startswith("TunelabError: the device path's setup failed on rank "), res
+        assert f"rank {n - 1} (RuntimeError: no stream on this GPU (injected))" in res["first"], res
+    for rank, res in enumerate(results):
+        assert res["first_s"] < 30, res  # at once, not after the 60 s timeout
+        assert res["failures"] == [], f"rank {rank}: {res['failures']}"
+
+
+@pytest.mark.mpi
 def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     """A rank that joined contributes zeros to the others' allreduces; with device tensors those zeros
     must be device memory, or the call is refused as a rank mismatch, and are made once per tensor

@@ -31,10 +31,14 @@ class DeviceArena:
     writes it (the last launches of a call read peers' segments, and nothing waits for them on the
     host before the next call)."""
 
-    def __init__(self, local: MPI.Comm, backend: str, drain: Callable[[], None] | None = None) -> None:
+    def __init__(self, local: MPI.Comm, backend: str, drain: Callable[[], None] | None = None,
+                 timeout_s: float | None = None, rank: int | None = None) -> None:
+        """``timeout_s``: how long its exchanges wait for the node's other ranks before a
+        CollectiveTimeoutError (naming ``rank``, this rank's in the world); None waits for good."""
         self.local = local
         self.backend = backend
         self._drain = drain
+        self._timeout_s, self._rank = timeout_s, local.rank if rank is None else rank
         self.half_bytes = 0
         self.parity = 0
         self._ipc: _Ipc = _SimulatedIpc(local) if simulated() else (
@@ -46,7 +50,7 @@ class DeviceArena:
         if half_bytes <= self.half_bytes:
             return
         self.free()
-        self._addrs = self._ipc.map(self.local, 2 * half_bytes)
+        self._addrs = self._ipc.map(self.local, 2 * half_bytes, self._gather)
         self.half_bytes = half_bytes
         self.parity = 0
 
@@ -63,25 +67,40 @@ class DeviceArena:
         for peer, addr in enumerate(self._addrs):
             if peer != me:
                 self._ipc.close(addr)
-        self.local.Barrier()  # no peer maps this rank's segment any more, nor has a launch queued on it
+        # no peer maps this rank's segment any more, nor has a launch queued on it
+        if self._timeout_s is None:
+            self.local.Barrier()
+        else:
+            from .consensus import wait_or_timeout
+
+            wait_or_timeout(self.local.Ibarrier(), self._timeout_s, "freeing the device staging", self._rank)
         self._ipc.release()
         self._addrs = []
         self.half_bytes = 0
 
+    def _gather(self, value: Any) -> list[Any]:
+        """``value`` of every rank of the node, waited for within the timeout where one is set."""
+        if self._timeout_s is None:
+            return self.local.allgather(value)
+        from .consensus import allgather_object
+
+        return allgather_object(self.local, value, self._timeout_s, "the device staging's setup", self._rank)
+
 
 class _Ipc:
-    def map(self, local: MPI.Comm, nbytes: int) -> list[int]:
-        """Allocate this rank's segment and map every peer's: addresses in local-rank order.  Collective,
-        failures included: when the allocation (e.g. out of device memory: the framework's caching
+    def map(self, local: MPI.Comm, nbytes: int, gather: Callable[[Any], list[Any]] | None = None) -> list[int]:
+        """Allocate this rank's segment and map every peer's: addresses in local-rank order (``gather``:
+        the node's exchange, ``local.allgather`` when not given).  Collective, failures included: when the allocation (e.g. out of device memory: the framework's caching
         allocator may hold most of the GPU) or a mapping fails on any rank, every rank frees what it
         got and raises, naming the ranks (a rank that raised alone would leave its peers waiting here
         for good), and a later, smaller ``map`` starts afresh."""
+        gather = gather or local.allgather
         mine, handle, failed = 0, None, None
         try:
             mine, handle = self.allocate(nbytes)
         except Exception as exc:  # noqa: BLE001 (raised on every rank below)
             failed = f"{type(exc).__name__}: {exc}"
-        got = local.allgather((handle, failed))
+        got = gather((handle, failed))
         addrs: list[int] = []
         if all(f is None for _, f in got):
             try:
@@ -89,7 +108,7 @@ class _Ipc:
                     addrs.append(mine if peer == local.rank else self.open(h))
             except Exception as exc:  # noqa: BLE001
                 failed = f"{type(exc).__name__}: {exc}"
-            got = local.allgather((None, failed))
+            got = gather((None, failed))
         bad = [(r, f) for r, (_, f) in enumerate(got) if f is not None]
         if not bad:
             return addrs
@@ -184,7 +203,7 @@ class _SimulatedIpc(_Ipc):
 
         self._arena = SharedArena(local)
 
-    def map(self, local: MPI.Comm, nbytes: int) -> list[int]:
+    def map(self, local: MPI.Comm, nbytes: int, gather: Callable[[Any], list[Any]] | None = None) -> list[int]:
         self._arena.ensure(-(-nbytes // 2))  # the arena's two halves make one segment here
         return [int(a) for a in self._arena.half_addrs(0)]
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -110,8 +111,10 @@ class IpcEventOrdering:
 
     name = "ipc-events"
 
-    def __init__(self, path: DevicePath, local: Any) -> None:
+    def __init__(self, path: DevicePath, local: Any, gather: Callable[[Any], list[Any]] | None = None) -> None:
+        """``gather``: the node's timed exchange (``local.allgather`` when not given)."""
         self._path = path
+        gather = gather or local.allgather
         kernels = path.kernels
         if not simulated() and kernels.name != "cupy":
             raise TunelabError(f"{ENV_ORDERING}=ipc-events needs the cupy kernel back end (numba-cuda has "
@@ -126,11 +129,25 @@ class IpcEventOrdering:
         import cupy
 
         rt = cupy.cuda.runtime
-        self._mine = kernels.new_event(interprocess=True)
-        handles = local.allgather(bytes(rt.ipcGetEventHandle(self._mine.ptr)))
-        self._opened = [int(rt.ipcOpenEventHandle(h)) for q, h in enumerate(handles) if q != local.rank]
+        def handle() -> bytes:
+            self._mine = kernels.new_event(interprocess=True)
+            return bytes(rt.ipcGetEventHandle(self._mine.ptr))
+
+        handles = _joint(gather, handle, "an interprocess event")
+        self._opened = []
         self._peers = []
         self._runtime = rt
+
+        def open_peers() -> None:
+            for q, h in enumerate(handles):
+                if q != local.rank:
+                    self._opened.append(int(rt.ipcOpenEventHandle(h)))
+
+        try:
+            _joint(gather, open_peers, "opening the peers' interprocess events")
+        except BaseException:
+            self.free()
+            raise
 
     def order(self, what: str) -> None:
         kernels, stream = self._path.kernels, self._path.stream
@@ -170,18 +187,38 @@ def _leader_mode(device_ids: list[str], topology: Topology) -> bool:
     return possible and mode == "leader"
 
 
-def _vote(local: Any, decide: Any, *args: Any) -> list[Any]:
-    """Every rank's verdict of ``decide(*args)``; a setting one rank rejects fails on every rank alike
-    (a rank raising alone would leave its peers waiting in the exchange)."""
+def _vote(gather: Callable[[Any], list[Any]], decide: Any, *args: Any) -> list[Any]:
+    """Every rank's verdict of ``decide(*args)`` (``gather``: the node's timed exchange); a setting one
+    rank rejects fails on every rank alike (a rank raising alone would leave its peers waiting in the
+    exchange)."""
     try:
         verdict, error = decide(*args), ""
     except ValueError as exc:
         verdict, error = None, str(exc)
-    votes = local.allgather((verdict, error))
+    votes = gather((verdict, error))
     errors = [e for _, e in votes if e]
     if errors:
         raise TunelabError(errors[0])
     return [v for v, _ in votes]
+
+
+def _joint(gather: Callable[[Any], list[Any]], make: Callable[[], Any], what: str) -> list[Any]:
+    """Every rank's ``make()``, where making it may fail on one rank alone (a device, a driver, memory):
+    the outcome is exchanged, so such a failure raises on every rank at once (its own error where it
+    happened, one naming the ranks elsewhere) instead of leaving the others in the next exchange.
+    ``gather`` is timed, so a rank that died or stalled is a CollectiveTimeoutError, not a hang."""
+    mine, failed = None, None
+    try:
+        mine = make()
+    except Exception as exc:  # noqa: BLE001 - raised below, on every rank
+        failed = exc
+    got = gather((mine, None if failed is None else f"{type(failed).__name__}: {failed}"))
+    bad = [(r, f) for r, (_, f) in enumerate(got) if f is not None]
+    if failed is not None:
+        raise failed
+    if bad:
+        raise TunelabError(f"{what} failed on " + "; ".join(f"rank {r} ({f})" for r, f in bad))
+    return [v for v, _ in got]
 
 
 def choose_ordering(configured: str, device_ids: list[str], backend: str) -> str:
@@ -205,25 +242,37 @@ class DevicePath:
 
     def __init__(self, topology: Topology, config: EngineConfig, barrier: NodeBarrier,
                  index: int | None = None) -> None:
-        from mpi4py import MPI
+        from .consensus import allgather_object
 
-        kernels = get_backend(device_backend_name(config.backend))
-        if kernels.name == "cpu":
-            raise TunelabError("device tensors need a GPU kernel back end (cupy or numba-cuda) and a "
-                               "CUDA device; none is available")
-        self.kernels = kernels
+        me, timeout_s = topology.world.rank, config.timeout_s
+
+        def gather(comm: Any, what: str) -> Callable[[Any], list[Any]]:
+            # every exchange of the setup is timed: a peer that died or stalled is an error, not a hang
+            return lambda value: allgather_object(comm, value, timeout_s, f"the device path's setup ({what})", me)
+
         self.index = index  # the device of the tensors: the stream, events and staging live there
-        if index is not None:
-            kernels.use_device(index)
         self.barrier = barrier
+
+        def local_part() -> tuple[bool, str]:
+            kernels = get_backend(device_backend_name(config.backend))
+            if kernels.name == "cpu":
+                raise TunelabError("device tensors need a GPU kernel back end (cupy or numba-cuda) and a "
+                                   "CUDA device; none is available")
+            self.kernels = kernels
+            if index is not None:
+                kernels.use_device(index)
+            self.stream = kernels.new_stream()
+            return topology.num_nodes > 1 and cuda_aware_mpi(), kernels.device_id()
+
+        made = _joint(gather(topology.world, "a stream on every rank's GPU"), local_part, "the device path's setup")
+        kernels = self.kernels
         # Several nodes and a CUDA-aware MPI: the rings hand device memory to MPI directly.  Every
-        # rank must choose alike (one allreduce), or they would run different protocols.
-        direct = topology.num_nodes > 1 and cuda_aware_mpi()
-        self.direct = bool(topology.world.allreduce(int(direct), op=MPI.MIN))
-        self.stream = kernels.new_stream()
+        # rank must choose alike, or they would run different protocols.
+        self.direct = all(direct for direct, _ in made)
+        node = gather(topology.local, "the node's GPUs")
         self.tables = TableCache(kernels, self.stream)
-        self.arena = DeviceArena(topology.local, kernels.name, self.synchronize)
-        self.slots = DeviceArena(topology.local, kernels.name, self.synchronize)
+        self.arena = DeviceArena(topology.local, kernels.name, self.synchronize, timeout_s, me)
+        self.slots = DeviceArena(topology.local, kernels.name, self.synchronize, timeout_s, me)
         self.staging = PinnedStaging()
         self._buffers: dict[str, tuple[Any, int]] = {}
         self._ready, self._done = kernels.new_event(), kernels.new_event()
@@ -236,17 +285,18 @@ class DevicePath:
         self._free_marks: list[Any] = []
         self._mark_count = 0  # marks recorded so far (numbers them in recording order)
         self._marks_lock = threading.Lock()
-        device_ids = topology.local.allgather(kernels.device_id())
-        leader = _vote(topology.local, _leader_mode, device_ids, topology)
+        device_ids = node(made[me][1])
+        leader = _vote(node, _leader_mode, device_ids, topology)
         self.shared: SharedGpu | None = None
         if all(leader):  # ranks sharing one GPU: the node's first rank does the device work
             self.shared = SharedGpu(self, topology.local)
         configured = os.environ.get(ENV_ORDERING, "auto").strip() or "auto"
         if self.shared is not None and configured == "auto":
             configured = "stream-sync"  # for calls the leader cannot take: waiting on a shared GPU's events is slow
-        verdicts = _vote(topology.local, choose_ordering, configured, device_ids, kernels.name)
+        verdicts = _vote(node, choose_ordering, configured, device_ids, kernels.name)
         name = verdicts[0] if len(set(verdicts)) == 1 else "stream-sync"  # all ranks alike
-        self.ordering = IpcEventOrdering(self, topology.local) if name == "ipc-events" else StreamSyncOrdering(self)
+        self.ordering = (IpcEventOrdering(self, topology.local, node) if name == "ipc-events"
+                         else StreamSyncOrdering(self))
 
     def mark_ready(self, buf: Any) -> Any:
         """``buf`` with an event recorded now on its producer's stream (the calling thread's current
