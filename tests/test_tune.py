@@ -637,3 +637,29 @@ def test_a_defect_in_storing_a_run_is_raised_not_reported_as_a_store_failure():
     recorder = _Recorder(Full(), 1, "r", None, None)
     recorder.finish(result)
     assert recorder.failed == "disk full"
+
+
+def test_a_loaded_profile_is_held_to_its_claimed_gain_only_where_the_job_runs_its_knobs(monkeypatch, tmp_path):
+    """The retune watch checks the loaded knobs against the gain their profile claims before it re-opens
+    a search; a job that pins a knob the profile tuned runs other knobs than those measured, so the
+    claim is not theirs: that watch goes unchecked (it re-opens on the wider interval)."""
+    from types import SimpleNamespace
+
+    from tunelab import runtime
+    from tunelab.knobs import Knobs
+    from tunelab.profile_records import Best
+    from tunelab.tuning import watch
+
+    claims = []
+    monkeypatch.setattr(watch, "ProfileWatch", lambda *a, interval=None, **k: claims.append(interval))
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path / "home"))
+    stored = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 3.0, "segment_bytes": 1 << 16}
+    best = Best(1, stored, 125.0, 100.0, 1.25, 0.01, "tune-run", "2026-11-28T00:00:00+00:00", 1.1, 1.4)
+    monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: best)
+    monkeypatch.setattr("tunelab.profiles.ProfileStore.trials", lambda self, pid: [])
+    for pinned, loaded in (((), Knobs(**stored)), (("cycle_time_ms",), Knobs(**{**stored, "cycle_time_ms": 7.0}))):
+        rt = SimpleNamespace(engine=SimpleNamespace(knobs=loaded), config=SimpleNamespace(pinned=pinned, knobs=Knobs()),
+                             topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
+                             profile_key=lambda signature, framework: None)
+        runtime.Runtime._watch_profile(rt, loaded, "sig", "torch", "sig")
+    assert [(c.gain, c.low, c.high) if c else None for c in claims] == [(1.25, 1.1, 1.4), None]

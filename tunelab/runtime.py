@@ -238,6 +238,7 @@ class Runtime:
         """The watch of a loaded profile (rank 0), or None where it cannot start (a store that cannot be
         read again, a damaged trial): said in one line, and the job trains on without it.  ``stored_as``:
         the signature the profile is stored under (the model's earlier one, where it was found so)."""
+        from .knobs import stored_knobs
         from .profiles import ProfileStore
         from .tuning.plan import Plan
         from .tuning.result import RETUNE_RUN_PREFIX, samples_per_step, stored_observations
@@ -265,9 +266,14 @@ class Runtime:
         unit = (f"{per_step:g} samples a step, as the profile's trials were measured" if per_step is not None
                 else "its scores stored as steps/s: the profile's trials do not tell a step's samples")
         print(f"tunelab: retune on: watching the loaded configuration's step time ({unit})", flush=True)
-        # the gain the profile claims for its knobs, which a check holds them to before a search re-opens
+        # the gain the profile claims for its knobs, which a check holds them to before a search re-opens;
+        # none where the job runs other knobs than those measured (pinned here, not there): the claim is
+        # not theirs, and the watch re-opens unchecked
+        measured = stored_knobs(best.knobs).as_dict() if best else {}
+        same = all(getattr(loaded, k) == v for k, v in measured.items() if k in best.knobs)
         claimed = (Interval(best.gain, best.gain_low, best.gain_high, 0)
-                   if best and best.gain_low is not None and best.gain_high is not None and best.gain > 0 else None)
+                   if best and same and best.gain_low is not None and best.gain_high is not None and best.gain > 0
+                   else None)
         return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer, key=(signature, framework),
                             interval=claimed, samples_per_step=per_step or 1.0)
 
