@@ -1350,6 +1350,61 @@ def case_device_setup_fails_on_one_rank(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_device_without_ipc(comm: MPI.Comm, seed: int = 31) -> dict:
+    """A node whose GPUs cannot map each other's memory (MIG instances, no peer access; injected: the
+    last local rank cannot open a peer's handle): every rank learns it at the device path's setup,
+    every node then stages device buckets through host memory, rank 0 says so once, and results are
+    numpy's, bit for bit, through the engine, the coordinator and a live knob change."""
+    import warnings
+
+    from numba import cuda
+
+    from tunelab.engine import device_ipc
+    from tunelab.engine.coordinator import Coordinator
+
+    real_open = device_ipc._SimulatedIpc.open
+
+    def open_(self, handle):
+        if self._rank == self._arena.local.size - 1:
+            raise OSError("peer access is not supported between these devices (injected)")
+        return real_open(self, handle)
+
+    device_ipc._SimulatedIpc.open = open_
+    out: dict = {"failures": [], "checks": 0, "staged": [], "warned": []}
+    chosen = [lay for lay in layouts(comm.size) if (lay["ranks_per_node"] or comm.size) >= 2]
+    for lay, oneshot in [(lay, oneshot) for lay in chosen for oneshot in (0, 1 << 18)]:
+        engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096,
+                                                 oneshot_max_bytes=oneshot, **lay))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for dtype_name, op in (("float32", "sum"), ("float16", "average"), ("bfloat16", "average"),
+                                   ("int32", "max")):
+                dtype = dtype_from_name(dtype_name)
+                inputs = [exact_inputs(c, dtype, comm.size, seed + c) for c in (1, 7, 300, 2500)]
+                got = engine.allreduce_batch([cuda.to_device(x[comm.rank].view(np.uint16) if dtype_name == "bfloat16"
+                                                             else x[comm.rank]) for x in inputs], op)
+                for c, g, x in zip((1, 7, 300, 2500), got, inputs):
+                    out["checks"] += 1
+                    wrong = bit_mismatches(g.copy_to_host().view(dtype), reference(x, op))
+                    if wrong:
+                        out["failures"].append(f"{lay} oneshot={oneshot} {dtype_name} {op} count={c}: {wrong} wrong")
+        out["warned"].append([str(w.message) for w in caught if "staged through host memory" in str(w.message)])
+        out["staged"].append(engine._device.host_staged)
+        # a live knob change and the coordinator's in-place submits, as a training step makes them
+        engine.set_knobs(oneshot_max_bytes=1 << 19)
+        coord = Coordinator(engine)
+        x = exact_inputs(513, np.dtype(np.float32), comm.size, seed)
+        dev = cuda.to_device(x[comm.rank])
+        coord.submit("grad.w", dev, "average", out=dev).wait(timeout=120)
+        out["checks"] += 1
+        if bit_mismatches(dev.copy_to_host(), reference(x, "average")):
+            out["failures"].append(f"{lay} oneshot={oneshot} coordinator: wrong")
+        coord.shutdown()
+        engine.close()
+    device_ipc._SimulatedIpc.open = real_open
+    return out
+
+
 def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
     """Join with device tensors (simulator): every rank submits two device gradients once; then the
     last rank joins while the others run two more rounds of the same names, and joins after them.  The

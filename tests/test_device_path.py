@@ -189,6 +189,20 @@ def test_a_device_setup_that_fails_on_one_rank_fails_on_every_rank_at_once(n):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_without_cuda_ipc_device_buckets_are_staged_through_host_memory(n):
+    """No CUDA IPC between a node's GPUs (tests/mpi_cases.py::case_device_without_ipc): the device path
+    no longer fails every call; it stages through the host, said once, and stays exact."""
+    results = _lazy_results("device_without_ipc", n)
+    for rank, res in enumerate(results):
+        assert res["checks"] >= 17 * len(res["staged"]), res
+        assert all(s and "cannot map each other's memory through CUDA IPC" in s and "peer access is not "
+                   "supported between these devices (injected)" in s for s in res["staged"]), res["staged"]
+        said = "tunelab: {}: device tensors are staged through host memory (slower: every bucket crosses the bus twice)"
+        assert res["warned"] == [[said.format(s)] if rank == 0 else [] for s in res["staged"]], res["warned"]
+
+
+@pytest.mark.mpi
 def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     """A rank that joined contributes zeros to the others' allreduces; with device tensors those zeros
     must be device memory, or the call is refused as a rank mismatch, and are made once per tensor

@@ -15,12 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import TunelabError
 from .device import simulated
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 _ALIGN = 256
+
+
+class IpcUnavailable(TunelabError):
+    """Every rank of the node allocated its staging, but some could not map a peer's (MIG instances,
+    GPUs without peer access, a driver that refuses CUDA IPC): the device path stages through host
+    memory instead."""
 
 
 class DeviceArena:
@@ -102,7 +109,8 @@ class _Ipc:
             failed = f"{type(exc).__name__}: {exc}"
         got = gather((handle, failed))
         addrs: list[int] = []
-        if all(f is None for _, f in got):
+        mapping = all(f is None for _, f in got)  # every segment allocated: now the peers' are mapped
+        if mapping:
             try:
                 for peer, (h, _) in enumerate(got):
                     addrs.append(mine if peer == local.rank else self.open(h))
@@ -119,9 +127,11 @@ class _Ipc:
             self.release()
         from ..errors import TunelabError
 
-        raise TunelabError(f"device staging of {nbytes} bytes per rank could not be set up: "
-                           + "; ".join(f"local rank {r}: {f}" for r, f in bad)
-                           + " (less device memory for staging: a smaller fusion threshold or segment_bytes)")
+        said = "; ".join(f"local rank {r}: {f}" for r, f in bad)
+        if mapping:  # allocated everywhere, but a peer's memory cannot be mapped: no CUDA IPC between them
+            raise IpcUnavailable(f"the node's GPUs cannot map each other's memory through CUDA IPC ({said})")
+        raise TunelabError(f"device staging of {nbytes} bytes per rank could not be set up: {said}"
+                           " (less device memory for staging: a smaller fusion threshold or segment_bytes)")
 
     def allocate(self, nbytes: int) -> tuple[int, Any]:
         """Allocate this rank's segment: (its address, a handle peers can open)."""
@@ -196,16 +206,22 @@ class _NumbaIpc(_Ipc):
 
 
 class _SimulatedIpc(_Ipc):
-    """Under the simulator device memory is host memory: one shared-memory segment per rank."""
+    """Under the simulator device memory is host memory: one shared-memory segment per rank, every
+    rank's mapped already (an MPI shared window); a "handle" is the peer's local rank, and opening it
+    looks its segment up, through the same collective protocol as a GPU's handles."""
 
     def __init__(self, local: MPI.Comm) -> None:
         from .shm import SharedArena
 
         self._arena = SharedArena(local)
+        self._rank = local.rank
 
-    def map(self, local: MPI.Comm, nbytes: int, gather: Callable[[Any], list[Any]] | None = None) -> list[int]:
-        self._arena.ensure(-(-nbytes // 2))  # the arena's two halves make one segment here
-        return [int(a) for a in self._arena.half_addrs(0)]
+    def allocate(self, nbytes: int) -> tuple[int, Any]:
+        self._arena.ensure(-(-nbytes // 2))  # (collective) the arena's two halves make one segment here
+        return int(self._arena.half_addrs(0)[self._rank]), self._rank
+
+    def open(self, handle: Any) -> int:
+        return int(self._arena.half_addrs(0)[handle])
 
     def close(self, addr: int) -> None:
         pass

@@ -274,6 +274,8 @@ class DevicePath:
         self.arena = DeviceArena(topology.local, kernels.name, self.synchronize, timeout_s, me)
         self.slots = DeviceArena(topology.local, kernels.name, self.synchronize, timeout_s, me)
         self.staging = PinnedStaging()
+        self.host_stage = PinnedStaging()  # a bucket staged through host memory (no CUDA IPC)
+        self.host_staged: str | None = None  # why buckets are staged through host memory, or None
         self._buffers: dict[str, tuple[Any, int]] = {}
         self._ready, self._done = kernels.new_event(), kernels.new_event()
         self._ready_more: list[Any] = []  # for unmarked inputs of more producers' streams than one
@@ -455,10 +457,26 @@ class DevicePath:
         ring(host, op, segment_bytes)
         self.copy(np.array([[host.ctypes.data, addr, nbytes]], dtype=np.int64))
 
+    # ---- staging through host memory ---------------------------------------------------------------
+    def stage_through_host(self, reason: str) -> None:
+        """Take every bucket through host memory from now on (:meth:`Engine._staged`): ``reason``, why
+        device memory cannot be shared (no CUDA IPC between some node's GPUs; every rank of the job
+        calls this alike).  Device staging mapped already is given back (collective over the node)."""
+        self.host_staged = reason
+        self.slots.free()
+        self.arena.free()
+
+    def host_buffer(self, nbytes: int, dtype: np.dtype) -> np.ndarray:
+        """Page-locked host memory for a bucket staged through the host (its kernels' copies reach it
+        through unified addressing, as the cross-node staging's do)."""
+        if nbytes > self.host_stage.array.size:
+            self.synchronize()  # a queued copy may still read the buffer being replaced
+        return self.host_stage.view(nbytes, dtype)
+
     # ---- lifetime ------------------------------------------------------------------------------
     def ensure_slots(self, oneshot_max_bytes: int) -> None:
-        """Size the one-shot staging (collective over the node)."""
-        if oneshot_max_bytes > self.slots.half_bytes:
+        """Size the one-shot staging (collective over the node; nothing while staging through the host)."""
+        if self.host_staged is None and oneshot_max_bytes > self.slots.half_bytes:
             if self.index is not None:  # (the coordinator's thread applies live knobs: its current GPU is 0)
                 self.kernels.use_device(self.index)
             self.slots.ensure(max(oneshot_max_bytes, 1))
@@ -475,6 +493,7 @@ class DevicePath:
         self._buffers.clear()
         # what else holds device or page-locked memory: the uploaded tables, the events, the host staging
         self.tables.clear()
+        self.host_stage.free()
         self._free_marks.clear()
         self._ready_more.clear()
         self._producers.clear()

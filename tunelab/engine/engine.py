@@ -280,7 +280,11 @@ class Engine:
                 members = [idx[j] for j in bucket.indices]
                 srcs = [arrays[i] if device or arrays[i].flags.c_contiguous else np.ascontiguousarray(arrays[i])
                         for i in members]
-                self._run(Layout(srcs, [outs_[i] for i in members]), call, path, what)
+                layout = Layout(srcs, [outs_[i] for i in members])
+                if device and path.host_staged is not None:
+                    self._staged(layout, call, path, what)
+                else:
+                    self._run(layout, call, path, what)
             if device:
                 path.end([outs_[i] for i in idx])  # results ordered before their consumers
         return [o.owner if d else o for o, d in zip(outs_, on_device)]
@@ -381,19 +385,49 @@ class Engine:
 
     def _device_path(self, owner: Any) -> Any:
         if self._device is None:
+            from .consensus import allgather_object
+            from .device_ipc import IpcUnavailable
             from .device_path import DevicePath
 
             path = DevicePath(self.topology, self.config, self.barrier, device_index(owner))
             try:
-                path.ensure_slots(self._knobs.oneshot_max_bytes)
+                staged = None
+                try:  # (slots of one byte at least: they map the peers' memory, which tells whether CUDA IPC works)
+                    path.ensure_slots(max(1, self._knobs.oneshot_max_bytes))
+                except IpcUnavailable as exc:  # (every rank of the node: the mapping's outcome is voted)
+                    staged = str(exc)
+                # no CUDA IPC on some node: every node stages through host memory, so every rank runs
+                # the same algorithms on the same pieces
+                told = allgather_object(self.topology.world, staged, self.config.timeout_s,
+                                        "the device path's setup (CUDA IPC)", self.topology.world.rank)
+                reason = next((r for r in told if r), None)
+                if reason is not None:
+                    path.stage_through_host(reason)
             except BaseException:
-                # (every rank of the node raises: the setup is collective) kept, a path without its
-                # staging would fail every later call; freed, the next call sets it up again
+                # (every rank raises: the setup is collective) kept, a path without its staging would
+                # fail every later call; freed, the next call sets it up again
                 with contextlib.suppress(Exception):
                     path.free()
                 raise
+            if path.host_staged is not None and self.topology.world.rank == 0:
+                warnings.warn(f"tunelab: {path.host_staged}: device tensors are staged through host memory "
+                              "(slower: every bucket crosses the bus twice)", RuntimeWarning, stacklevel=3)
             self._device = path
         return self._device
+
+    def _staged(self, layout: Layout, call: Call, path: Any, what: str) -> None:
+        """A device bucket through host memory, where the node's GPUs cannot map each other's: its
+        tensors are packed into page-locked host memory on the engine's stream, the host algorithms
+        reduce it there (the average's scale included), and the results are unpacked on the stream,
+        ordered before the call's consumers as every device call's are."""
+        if layout.count == 0:
+            return
+        isz, count = layout.itemsize, layout.count
+        host = path.host_buffer(count * isz, layout.dtype)
+        path.copy(algorithms.as_bytes(layout.pack_rows(0, count, int(host.ctypes.data)), isz))
+        path.synchronize()  # the packed bytes are on the host before the host algorithms read them
+        self._run(Layout([host], [host]), call, self._host, what)
+        path.copy(algorithms.as_bytes(layout.unpack_rows(0, count, int(host.ctypes.data)), isz))
 
     def _plan(self, arrays: list[np.ndarray], groups: list[int | None], rows: list) -> list[Bucket]:
         k = self._knobs
