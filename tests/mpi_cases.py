@@ -1405,6 +1405,57 @@ def case_device_without_ipc(comm: MPI.Comm, seed: int = 31) -> dict:
     return out
 
 
+def case_device_events_not_shared(comm: MPI.Comm, seed: int = 37) -> dict:
+    """The ordering chosen by default (interprocess events) cannot be set up on one rank (its event:
+    injected on the last rank): every rank learns it in the same exchange and orders by stream syncs
+    instead, the node's first rank says so once, and results are numpy's.  Asked for explicitly
+    (``TUNELAB_DEVICE_ORDERING=ipc-events``), the same failure is an error on every rank."""
+    import os
+    import warnings
+
+    from numba import cuda
+    from tunelab.kernels import get_backend
+
+    from tunelab.engine import device_path
+
+    kernels = get_backend("numba-cuda")
+    real_new_event, real_init = kernels.new_event, device_path.IpcEventOrdering.__init__
+    making = []
+
+    def new_event(*a, **k):
+        if making and comm.rank == comm.size - 1:
+            raise RuntimeError("no interprocess event on this GPU (injected)")
+        return real_new_event(*a, **k)
+
+    def init(self, *a, **k):
+        making.append(1)
+        try:
+            real_init(self, *a, **k)
+        finally:
+            making.clear()
+
+    kernels.new_event, device_path.IpcEventOrdering.__init__ = new_event, init
+    out: dict = {"failures": [], "checks": 0}
+    for ordering in ("auto", "ipc-events"):
+        os.environ["TUNELAB_DEVICE_ORDERING"] = ordering
+        engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096))
+        x = exact_inputs(3000, np.dtype(np.float32), comm.size, seed)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                got = engine.allreduce(cuda.to_device(x[comm.rank]), "sum").copy_to_host()
+                out["checks"] += 1
+                if bit_mismatches(got, reference(x, "sum")):
+                    out["failures"].append(f"{ordering}: wrong")
+                out[ordering] = engine._device.ordering.name
+            except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
+                out[ordering] = f"{type(exc).__name__}: {exc}"
+        out[ordering + "_warned"] = [str(w.message) for w in caught if "interprocess CUDA events" in str(w.message)]
+        engine.close()
+    kernels.new_event, device_path.IpcEventOrdering.__init__ = real_new_event, real_init
+    return out
+
+
 def case_device_join(comm: MPI.Comm, seed: int = 29) -> dict:
     """Join with device tensors (simulator): every rank submits two device gradients once; then the
     last rank joins while the others run two more rounds of the same names, and joins after them.  The

@@ -203,6 +203,21 @@ def test_without_cuda_ipc_device_buckets_are_staged_through_host_memory(n):
 
 
 @pytest.mark.mpi
+def test_interprocess_events_that_cannot_be_shared_fall_back_to_stream_syncs_unless_asked_for():
+    """tests/mpi_cases.py::case_device_events_not_shared, under the simulator (whose default ordering is
+    the interprocess events' protocol, with stand-in events)."""
+    run = run_case("device_events_not_shared", 3, 300, env={"NUMBA_ENABLE_CUDASIM": "1"})
+    assert run.returncode == 0 and all(r is not None for r in run.results), run.stderr[-3000:]
+    for rank, res in enumerate(run.results):
+        assert res["failures"] == [] and res["checks"] == 1, res
+        assert res["auto"] == "stream-sync", res
+        assert len(res["auto_warned"]) == (1 if rank == 0 else 0), res
+        assert "no interprocess event on this GPU (injected)" in res["ipc-events"], res
+        if rank < 2:
+            assert res["ipc-events"].startswith("TunelabError: an interprocess event failed on rank 2"), res
+
+
+@pytest.mark.mpi
 def test_a_joined_rank_contributes_device_zeros_to_device_allreduces():
     """A rank that joined contributes zeros to the others' allreduces; with device tensors those zeros
     must be device memory, or the call is refused as a rank mismatch, and are made once per tensor

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import TunelabError
+from ..errors import CollectiveTimeoutError, TunelabError
 from ..kernels import ReduceOp, get_backend
 from ..kernels.base import DeviceTable
 from . import device as _device
@@ -119,12 +120,16 @@ class IpcEventOrdering:
         if not simulated() and kernels.name != "cupy":
             raise TunelabError(f"{ENV_ORDERING}=ipc-events needs the cupy kernel back end (numba-cuda has "
                                "no interprocess events); use stream-sync")
+        self._opened: list[int] = []
         if simulated():
             # Process-local stand-ins: the simulator runs kernels synchronously, so they order
-            # nothing more than the barrier does, and the protocol's counts stay testable.
-            self._mine = kernels.new_event()
-            self._peers = [kernels.new_event() for _ in range(local.size - 1)]
-            self._opened: list[int] = []
+            # nothing more than the barrier does, and the protocol's counts stay testable.  (Made
+            # through the same exchange as a GPU's handles, failures included.)
+            def stand_ins() -> None:
+                self._mine = kernels.new_event()
+                self._peers = [kernels.new_event() for _ in range(local.size - 1)]
+
+            _joint(gather, stand_ins, "an interprocess event")
             return
         import cupy
 
@@ -134,7 +139,6 @@ class IpcEventOrdering:
             return bytes(rt.ipcGetEventHandle(self._mine.ptr))
 
         handles = _joint(gather, handle, "an interprocess event")
-        self._opened = []
         self._peers = []
         self._runtime = rt
 
@@ -297,8 +301,19 @@ class DevicePath:
             configured = "stream-sync"  # for calls the leader cannot take: waiting on a shared GPU's events is slow
         verdicts = _vote(node, choose_ordering, configured, device_ids, kernels.name)
         name = verdicts[0] if len(set(verdicts)) == 1 else "stream-sync"  # all ranks alike
-        self.ordering = (IpcEventOrdering(self, topology.local, node) if name == "ipc-events"
-                         else StreamSyncOrdering(self))
+        self.ordering: IpcEventOrdering | StreamSyncOrdering = StreamSyncOrdering(self)
+        if name == "ipc-events":
+            try:
+                self.ordering = IpcEventOrdering(self, topology.local, node)
+            except CollectiveTimeoutError:
+                raise
+            except Exception as exc:  # (on every rank of the node: the events' outcome is exchanged)
+                if configured != "auto":
+                    raise
+                if topology.local.rank == 0:  # chosen, not asked for: the ranks order by stream syncs instead
+                    warnings.warn(f"tunelab: interprocess CUDA events cannot be shared on this node ({exc}): "
+                                  "ranks order their device work by waiting for their own streams (stream-sync)",
+                                  RuntimeWarning, stacklevel=4)
 
     def mark_ready(self, buf: Any) -> Any:
         """``buf`` with an event recorded now on its producer's stream (the calling thread's current
