@@ -724,15 +724,19 @@ def test_a_lab_latency_outside_what_runs_take_is_refused(latency):
 
 
 def test_a_model_whose_values_give_no_time_is_refused_not_printed(model_file, tmp_path):
-    """A parameter far out of range (a hand-edited model) makes times infinite: refused, not a table of
-    inf with a crossover made up from them."""
-    def huge(d):
-        d["values"].update({k: 1e308 for k in d["values"] if k.endswith(".gamma") or k == "gamma"})
+    """A parameter far out of range (a hand-edited model) made times infinite: it is refused where the
+    file is read; and one within what a file may hold (a millisecond a byte) that still predicts days
+    for an allreduce is refused where it is predicted, not a table of such times with a crossover made
+    up from them."""
+    for value, size, fragment in ((1e308, "64MiB", "parameter gamma is 1e+308, more than any fit gives"),
+                                  (1e-3, "1GiB", "its values are out of range")):
+        def huge(d, value=value):
+            d["values"].update({k: value for k in d["values"] if k.endswith(".gamma") or k == "gamma"})
 
-    bad = damaged_copy(model_file, huge, tmp_path)
-    proc = tunelab("model", "predict", "--model-file", str(bad), "--hosts", "1", "--ranks-per-host", "2",
-                   "--no-report", "--sizes", "64MiB")
-    one_line_error(proc, 2, "its values are out of range")
+        bad = damaged_copy(model_file, huge, tmp_path)
+        proc = tunelab("model", "predict", "--model-file", str(bad), "--hosts", "1", "--ranks-per-host", "2",
+                       "--no-report", "--sizes", size)
+        one_line_error(proc, 2, fragment)
 
 
 LAB_RUNS = Path(__file__).resolve().parents[1] / "tunelab" / "model" / "runs" / "2026-11-27"
