@@ -1401,6 +1401,22 @@ def case_device_without_ipc(comm: MPI.Comm, seed: int = 31) -> dict:
             out["failures"].append(f"{lay} oneshot={oneshot} coordinator: wrong")
         coord.shutdown()
         engine.close()
+    # ranks that share one GPU: the leader would map its peers' tensors through CUDA IPC as well, so
+    # staging through the host leaves that protocol too (shareable memory, and every call staged)
+    import os
+
+    from tunelab.engine.device_share import sim_device_array
+
+    os.environ["TUNELAB_SHARED_GPU"] = "leader"
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", segment_bytes=4096))
+    x = exact_inputs(700, np.dtype(np.float32), comm.size, seed + 1)
+    got = engine.allreduce(sim_device_array(x[comm.rank]), "sum")
+    out["checks"] += 1
+    if bit_mismatches(got.copy_to_host(), reference(x, "sum")):
+        out["failures"].append("shared GPU: wrong")
+    out["shared_left"] = engine._device.shared is None and engine._device.host_staged is not None
+    engine.close()
+    del os.environ["TUNELAB_SHARED_GPU"]
     device_ipc._SimulatedIpc.open = real_open
     return out
 
@@ -1631,7 +1647,7 @@ def case_staging_setup_fails(comm: MPI.Comm) -> dict:
     segment (out of device memory), then while one rank cannot map a peer's: every rank must raise,
     naming the rank, none may wait for the others for good, each frees what it got, and the next setup
     works.  The CUDA calls are stand-ins (no GPU); the collective protocol around them is the code's."""
-    from tunelab.engine.device_ipc import _Ipc
+    from tunelab.engine.device_ipc import ExportRefused, _Ipc
 
     me = comm.rank
     log: list[str] = []
@@ -1642,6 +1658,8 @@ def case_staging_setup_fails(comm: MPI.Comm) -> dict:
         def allocate(self, nbytes):
             if FakeIpc.fail == "allocate" and me == comm.size - 1:
                 raise MemoryError(f"out of memory allocating {nbytes} bytes (injected)")
+            if FakeIpc.fail == "export" and me == comm.size - 1:  # allocated, given back, not exportable
+                raise ExportRefused("cudaErrorNotSupported: operation not supported (injected)")
             log.append("allocate")
             return 0x1000 * (me + 1), me
 
@@ -1658,7 +1676,7 @@ def case_staging_setup_fails(comm: MPI.Comm) -> dict:
             log.append("release")
 
     ipc, out = FakeIpc(), {}
-    for fail in ("allocate", "open", ""):
+    for fail in ("allocate", "export", "open", ""):
         FakeIpc.fail = fail
         log.clear()
         try:

@@ -198,6 +198,7 @@ def test_without_cuda_ipc_device_buckets_are_staged_through_host_memory(n):
         assert res["checks"] >= 17 * len(res["staged"]), res
         assert all(s and "cannot map each other's memory through CUDA IPC" in s and "peer access is not "
                    "supported between these devices (injected)" in s for s in res["staged"]), res["staged"]
+        assert res["shared_left"] is True, res
         said = "tunelab: {}: device tensors are staged through host memory (slower: every bucket crosses the bus twice)"
         assert res["warned"] == [[said.format(s)] if rank == 0 else [] for s in res["staged"]], res["warned"]
 
@@ -214,7 +215,7 @@ def test_interprocess_events_that_cannot_be_shared_fall_back_to_stream_syncs_unl
         assert len(res["auto_warned"]) == (1 if rank == 0 else 0), res
         assert "no interprocess event on this GPU (injected)" in res["ipc-events"], res
         if rank < 2:
-            assert res["ipc-events"].startswith("TunelabError: an interprocess event failed on rank 2"), res
+            assert res["ipc-events"].startswith("TunelabError: an interprocess event failed on local rank 2"), res
 
 
 @pytest.mark.mpi
@@ -345,8 +346,14 @@ def test_a_staging_segment_that_one_rank_cannot_set_up_fails_on_every_rank():
     (tests/mpi_cases.py::case_staging_setup_fails)."""
     results = run_ok("staging_setup_fails", 3, limit_s=60)
     for r, res in enumerate(results):
+        assert res["allocate"]["error"].startswith("TunelabError: device staging of 4096 bytes"), res["allocate"]
         assert "local rank 2: MemoryError: out of memory allocating 4096 bytes" in res["allocate"]["error"]
         assert res["allocate"]["log"] == ([] if r == 2 else ["allocate", "release"])
+        # allocated but refused export: no CUDA IPC on this node (the device path then stages through the host)
+        assert res["export"]["error"].startswith("IpcUnavailable: the node's GPUs cannot map each other's memory")
+        assert "local rank 2: cudaErrorNotSupported: operation not supported (injected)" in res["export"]["error"]
+        assert res["export"]["log"] == ([] if r == 2 else ["allocate", "release"])
+        assert res["open"]["error"].startswith("IpcUnavailable: "), res["open"]
         assert "local rank 0: OSError: cannot open the handle" in res["open"]["error"]
         opened = [f"open {q}" for q in range(3) if q != r]
         want = ["allocate", "open 1", "close 1", "release"] if r == 0 else ["allocate", *opened, *[f"close {q}" for q in range(3) if q != r], "release"]

@@ -646,7 +646,7 @@ def test_a_loaded_profile_is_held_to_its_claimed_gain_only_where_the_job_runs_it
     from types import SimpleNamespace
 
     from tunelab import runtime
-    from tunelab.knobs import Knobs
+    from tunelab.knobs import Knobs, stored_knobs
     from tunelab.profile_records import Best
     from tunelab.tuning import watch
 
@@ -657,9 +657,11 @@ def test_a_loaded_profile_is_held_to_its_claimed_gain_only_where_the_job_runs_it
     best = Best(1, stored, 125.0, 100.0, 1.25, 0.01, "tune-run", "2026-11-28T00:00:00+00:00", 1.1, 1.4)
     monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: best)
     monkeypatch.setattr("tunelab.profiles.ProfileStore.trials", lambda self, pid: [])
-    for pinned, loaded in (((), Knobs(**stored)), (("cycle_time_ms",), Knobs(**{**stored, "cycle_time_ms": 7.0}))):
+    same = stored_knobs(stored)  # (knobs the stored best does not name: those it ran with)
+    for pinned, loaded in (((), same), (("cycle_time_ms",), same.replace(cycle_time_ms=7.0)),
+                           (("doubling_max_bytes",), same.replace(doubling_max_bytes=same.doubling_max_bytes + 4096))):
         rt = SimpleNamespace(engine=SimpleNamespace(knobs=loaded), config=SimpleNamespace(pinned=pinned, knobs=Knobs()),
                              topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                              profile_key=lambda signature, framework: None)
         runtime.Runtime._watch_profile(rt, loaded, "sig", "torch", "sig")
-    assert [(c.gain, c.low, c.high) if c else None for c in claims] == [(1.25, 1.1, 1.4), None]
+    assert [(c.gain, c.low, c.high) if c else None for c in claims] == [(1.25, 1.1, 1.4), None, None]

@@ -262,15 +262,17 @@ class Runtime:
             return None
         writer = StoreWriter(store, best.profile_id, f"{RETUNE_RUN_PREFIX}{uuid.uuid4().hex[:8]}") if best else None
         # the store keeps samples/s; a step's samples are read from the profile's own trials
-        per_step = samples_per_step(trials)
+        try:
+            per_step = samples_per_step(trials)
+        except (ArithmeticError, ValueError):  # (stored numbers whose product overflows: none then)
+            per_step = None
         unit = (f"{per_step:g} samples a step, as the profile's trials were measured" if per_step is not None
                 else "its scores stored as steps/s: the profile's trials do not tell a step's samples")
         print(f"tunelab: retune on: watching the loaded configuration's step time ({unit})", flush=True)
         # the gain the profile claims for its knobs, which a check holds them to before a search re-opens;
         # none where the job runs other knobs than those measured (pinned here, not there): the claim is
         # not theirs, and the watch re-opens unchecked
-        measured = stored_knobs(best.knobs).as_dict() if best else {}
-        same = all(getattr(loaded, k) == v for k, v in measured.items() if k in best.knobs)
+        same = best is not None and stored_knobs(best.knobs) == loaded
         claimed = (Interval(best.gain, best.gain_low, best.gain_high, 0)
                    if best and same and best.gain_low is not None and best.gain_high is not None and best.gain > 0
                    else None)

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 _ALIGN = 256
 
 
+class ExportRefused(Exception):
+    """A segment was allocated, but the driver refused to export it (and it was given back)."""
+
+
 class IpcUnavailable(TunelabError):
     """Every rank of the node allocated its staging, but some could not map a peer's (MIG instances,
     GPUs without peer access, a driver that refuses CUDA IPC): the device path stages through host
@@ -102,22 +106,27 @@ class _Ipc:
         got and raises, naming the ranks (a rank that raised alone would leave its peers waiting here
         for good), and a later, smaller ``map`` starts afresh."""
         gather = gather or local.allgather
-        mine, handle, failed = 0, None, None
+        mine, handle, failed, refused = 0, None, None, False
         try:
             mine, handle = self.allocate(nbytes)
+        except ExportRefused as exc:  # allocated (and given back), but not exportable: no CUDA IPC here
+            failed, refused = str(exc), True
         except Exception as exc:  # noqa: BLE001 (raised on every rank below)
             failed = f"{type(exc).__name__}: {exc}"
-        got = gather((handle, failed))
+        got = gather((handle, failed, refused))
         addrs: list[int] = []
-        mapping = all(f is None for _, f in got)  # every segment allocated: now the peers' are mapped
+        mapping = all(f is None for _, f, _ in got)  # every segment allocated: now the peers' are mapped
+        # no CUDA IPC: a segment allocated but refused export, and none failed for want of memory
+        no_ipc = not mapping and all(r for _, f, r in got if f is not None)
         if mapping:
             try:
-                for peer, (h, _) in enumerate(got):
+                for peer, (h, _, _) in enumerate(got):
                     addrs.append(mine if peer == local.rank else self.open(h))
             except Exception as exc:  # noqa: BLE001
                 failed = f"{type(exc).__name__}: {exc}"
-            got = gather((None, failed))
-        bad = [(r, f) for r, (_, f) in enumerate(got) if f is not None]
+            got = gather((None, failed, False))
+            no_ipc = True  # (where something failed: mapping a peer's memory did)
+        bad = [(r, f) for r, (_, f, _) in enumerate(got) if f is not None]
         if not bad:
             return addrs
         for peer, addr in enumerate(addrs):  # the peers' segments this rank mapped before the failure
@@ -128,13 +137,15 @@ class _Ipc:
         from ..errors import TunelabError
 
         said = "; ".join(f"local rank {r}: {f}" for r, f in bad)
-        if mapping:  # allocated everywhere, but a peer's memory cannot be mapped: no CUDA IPC between them
+        if no_ipc:  # allocated, but a segment cannot be exported or a peer's mapped: no CUDA IPC between them
             raise IpcUnavailable(f"the node's GPUs cannot map each other's memory through CUDA IPC ({said})")
         raise TunelabError(f"device staging of {nbytes} bytes per rank could not be set up: {said}"
                            " (less device memory for staging: a smaller fusion threshold or segment_bytes)")
 
     def allocate(self, nbytes: int) -> tuple[int, Any]:
-        """Allocate this rank's segment: (its address, a handle peers can open)."""
+        """Allocate this rank's segment: (its address, a handle peers can open).  Where the memory was
+        allocated but the driver refuses to export it, the allocation is given back and
+        :class:`ExportRefused` raised."""
         raise NotImplementedError
 
     def open(self, handle: Any) -> int:
@@ -158,7 +169,11 @@ class _CupyIpc(_Ipc):
 
     def allocate(self, nbytes: int) -> tuple[int, Any]:
         self._mine = self._rt.malloc(nbytes)
-        return self._mine, bytes(self._rt.ipcGetMemHandle(self._mine))
+        try:
+            return self._mine, bytes(self._rt.ipcGetMemHandle(self._mine))
+        except Exception as exc:
+            self.release()  # (not leaked: map() releases only a segment whose handle it got)
+            raise ExportRefused(f"{type(exc).__name__}: {exc}") from exc
 
     def open(self, handle: Any) -> int:
         return int(self._rt.ipcOpenMemHandle(handle))
@@ -182,7 +197,11 @@ class _NumbaIpc(_Ipc):
 
     def allocate(self, nbytes: int) -> tuple[int, Any]:
         self._mine = self._cuda.device_array(nbytes, dtype=np.uint8)
-        return int(self._mine.device_ctypes_pointer.value), self._mine.get_ipc_handle()
+        try:
+            return int(self._mine.device_ctypes_pointer.value), self._mine.get_ipc_handle()
+        except Exception as exc:
+            self.release()
+            raise ExportRefused(f"{type(exc).__name__}: {exc}") from exc
 
     def open(self, handle: Any) -> int:
         ipc = getattr(handle, "_ipc_handle", None)  # (the driver's handle; not under the simulator)

@@ -206,7 +206,8 @@ def _vote(gather: Callable[[Any], list[Any]], decide: Any, *args: Any) -> list[A
     return [v for v, _ in votes]
 
 
-def _joint(gather: Callable[[Any], list[Any]], make: Callable[[], Any], what: str) -> list[Any]:
+def _joint(gather: Callable[[Any], list[Any]], make: Callable[[], Any], what: str,
+           ranks: str = "local rank") -> list[Any]:
     """Every rank's ``make()``, where making it may fail on one rank alone (a device, a driver, memory):
     the outcome is exchanged, so such a failure raises on every rank at once (its own error where it
     happened, one naming the ranks elsewhere) instead of leaving the others in the next exchange.
@@ -221,7 +222,7 @@ def _joint(gather: Callable[[Any], list[Any]], make: Callable[[], Any], what: st
     if failed is not None:
         raise failed
     if bad:
-        raise TunelabError(f"{what} failed on " + "; ".join(f"rank {r} ({f})" for r, f in bad))
+        raise TunelabError(f"{what} failed on " + "; ".join(f"{ranks} {r} ({f})" for r, f in bad))
     return [v for v, _ in got]
 
 
@@ -268,7 +269,8 @@ class DevicePath:
             self.stream = kernels.new_stream()
             return topology.num_nodes > 1 and cuda_aware_mpi(), kernels.device_id()
 
-        made = _joint(gather(topology.world, "a stream on every rank's GPU"), local_part, "the device path's setup")
+        made = _joint(gather(topology.world, "a stream on every rank's GPU"), local_part, "the device path's setup",
+                      "rank")
         kernels = self.kernels
         # Several nodes and a CUDA-aware MPI: the rings hand device memory to MPI directly.  Every
         # rank must choose alike, or they would run different protocols.
@@ -480,6 +482,9 @@ class DevicePath:
         self.host_staged = reason
         self.slots.free()
         self.arena.free()
+        if self.shared is not None:  # the shared-GPU leader maps its peers' tensors through CUDA IPC too
+            self.shared.free()
+            self.shared = None
 
     def host_buffer(self, nbytes: int, dtype: np.dtype) -> np.ndarray:
         """Page-locked host memory for a bucket staged through the host (its kernels' copies reach it

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..config import EngineConfig, load_engine_config
 from ..dtypes import FLOAT_CODES, dtype_code
-from ..errors import RankMismatchError, TopologyError
+from ..errors import RankMismatchError, TopologyError, TunelabError
 from ..kernels import ReduceOp, get_backend
 from ..kernels.base import half_kind
 from ..knobs import Knobs
@@ -391,16 +391,26 @@ class Engine:
 
             path = DevicePath(self.topology, self.config, self.barrier, device_index(owner))
             try:
-                staged = None
+                staged, failed = None, None
                 try:  # (slots of one byte at least: they map the peers' memory, which tells whether CUDA IPC works)
                     path.ensure_slots(max(1, self._knobs.oneshot_max_bytes))
                 except IpcUnavailable as exc:  # (every rank of the node: the mapping's outcome is voted)
                     staged = str(exc)
+                except Exception as exc:  # noqa: BLE001 - raised below, every node told at once
+                    failed = exc
                 # no CUDA IPC on some node: every node stages through host memory, so every rank runs
-                # the same algorithms on the same pieces
-                told = allgather_object(self.topology.world, staged, self.config.timeout_s,
-                                        "the device path's setup (CUDA IPC)", self.topology.world.rank)
-                reason = next((r for r in told if r), None)
+                # the same algorithms on the same pieces; a node that failed otherwise fails every node
+                told = allgather_object(self.topology.world,
+                                        (staged, None if failed is None else f"{type(failed).__name__}: {failed}"),
+                                        self.config.timeout_s, "the device path's setup (its staging)",
+                                        self.topology.world.rank)
+                if failed is not None:
+                    raise failed
+                bad = [(r, f) for r, (_, f) in enumerate(told) if f is not None]
+                if bad:
+                    raise TunelabError("the device path's staging could not be set up on "
+                                       + "; ".join(f"rank {r} ({f})" for r, f in bad[:4]))
+                reason = next((r for r, _ in told if r), None)
                 if reason is not None:
                     path.stage_through_host(reason)
             except BaseException:
