@@ -193,7 +193,9 @@ def test_a_job_with_the_retune_setting_retunes_and_saves_what_it_found(tmp_path)
     assert r0["outcome"].startswith("retuned") and r0["run_id"].startswith("retune-") and r0["trials"] >= 3
     # stored as samples/s, as the profile's tune run measured them (4 a step), not as steps/s
     assert "(4 samples a step, as the profile's trials were measured)" in r0["log"], r0["log"]
-    assert all(4.0 <= x < 4.6 for x in r0["per_step"]), r0["per_step"]
+    # (a block's geometric mean rate times its mean step time: 4 at least, more the more its steps differ)
+    per_step = sorted(r0["per_step"])
+    assert per_step[0] > 3.99 and 4.0 <= per_step[len(per_step) // 2] < 4.6, per_step
     assert r1["log"] == ""  # only rank 0 watches and speaks
 
 
@@ -664,4 +666,5 @@ def test_a_loaded_profile_is_held_to_its_claimed_gain_only_where_the_job_runs_it
                              topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                              profile_key=lambda signature, framework: None)
         runtime.Runtime._watch_profile(rt, loaded, "sig", "torch", "sig")
-    assert [(c.gain, c.low, c.high) if c else None for c in claims] == [(1.25, 1.1, 1.4), None, None]
+    # (a knob the profile does not name runs alike in the check's default and loaded blocks: claim kept)
+    assert [(c.gain, c.low, c.high) if c else None for c in claims] == [(1.25, 1.1, 1.4), None, (1.25, 1.1, 1.4)]
