@@ -1279,6 +1279,13 @@ def case_device_back_to_back(comm: MPI.Comm, calls: int = 6) -> dict:
     return {"failures": failures, "deferred": deferred}
 
 
+def _two_more_sums(comm: MPI.Comm, engine: Engine, x) -> list[str]:
+    """After a failed first call: two more sums of ``x`` (every rank's ``rank + 1``), checked."""
+    got = [engine.allreduce(x, op="sum").copy_to_host() for _ in range(2)]
+    want = np.full(8, comm.size * (comm.size + 1) / 2, np.float32)
+    return [f"call {i}: {bit_mismatches(g, want)} wrong" for i, g in enumerate(got) if bit_mismatches(g, want)]
+
+
 def case_device_setup_retry(comm: MPI.Comm) -> dict:
     """The device path's first setup fails on every rank (its one-shot staging: out of device memory,
     injected); the call raises, and the next call sets the path up again and gives the sum over ranks."""
@@ -1303,10 +1310,7 @@ def case_device_setup_retry(comm: MPI.Comm) -> dict:
         out["first"] = "no error"
     except MemoryError as exc:
         out["first"] = str(exc)
-    got = [engine.allreduce(x, op="sum").copy_to_host() for _ in range(2)]
-    want = np.full(8, comm.size * (comm.size + 1) / 2, np.float32)
-    out["failures"] = [f"call {i}: {bit_mismatches(g, want)} wrong" for i, g in enumerate(got)
-                       if bit_mismatches(g, want)]
+    out["failures"] = _two_more_sums(comm, engine, x)
     engine.close()
     return out
 
@@ -1342,10 +1346,7 @@ def case_device_setup_fails_on_one_rank(comm: MPI.Comm) -> dict:
         out["first"] = f"{type(exc).__name__}: {exc}"
     out["first_s"] = time.monotonic() - start
     kernels.new_stream = real
-    got = [engine.allreduce(x, op="sum").copy_to_host() for _ in range(2)]
-    want = np.full(8, comm.size * (comm.size + 1) / 2, np.float32)
-    out["failures"] = [f"call {i}: {bit_mismatches(g, want)} wrong" for i, g in enumerate(got)
-                       if bit_mismatches(g, want)]
+    out["failures"] = _two_more_sums(comm, engine, x)
     engine.close()
     return out
 
