@@ -262,18 +262,14 @@ class Runtime:
             return None
         writer = StoreWriter(store, best.profile_id, f"{RETUNE_RUN_PREFIX}{uuid.uuid4().hex[:8]}") if best else None
         # the store keeps samples/s; a step's samples are read from the profile's own trials
-        try:
-            per_step = samples_per_step(trials)
-        except (ArithmeticError, ValueError):  # (stored numbers whose product overflows: none then)
-            per_step = None
+        per_step = samples_per_step(trials)
         unit = (f"{per_step:g} samples a step, as the profile's trials were measured" if per_step is not None
                 else "its scores stored as steps/s: the profile's trials do not tell a step's samples")
         print(f"tunelab: retune on: watching the loaded configuration's step time ({unit})", flush=True)
         # the gain the profile claims for its knobs, which a check holds them to before a search re-opens;
-        # none where the job runs other knobs than those measured (pinned here, not there): the claim is
-        # not theirs, and the watch re-opens unchecked
-        # (the knobs the profile names: one it does not name, newer than the profile, runs alike in the
-        # default's blocks and the loaded knobs', so the check still compares what the claim compared)
+        # none where the job runs other values of the knobs it names (pinned here, not there): the watch
+        # then re-opens unchecked.  (A knob it does not name runs alike in the check's default and loaded
+        # blocks, so the check still compares what the claim compared.)
         measured = stored_knobs(best.knobs).as_dict() if best else {}
         same = all(getattr(loaded, k) == v for k, v in measured.items() if k in best.knobs)
         claimed = (Interval(best.gain, best.gain_low, best.gain_high, 0)

@@ -42,14 +42,14 @@ class DeviceArena:
     writes it (the last launches of a call read peers' segments, and nothing waits for them on the
     host before the next call)."""
 
-    def __init__(self, local: MPI.Comm, backend: str, drain: Callable[[], None] | None = None,
-                 timeout_s: float | None = None, rank: int | None = None) -> None:
+    def __init__(self, local: MPI.Comm, backend: str, drain: Callable[[], None] | None, timeout_s: float,
+                 rank: int) -> None:
         """``timeout_s``: how long its exchanges wait for the node's other ranks before a
-        CollectiveTimeoutError (naming ``rank``, this rank's in the world); None waits for good."""
+        CollectiveTimeoutError (naming ``rank``, this rank's in the world)."""
         self.local = local
         self.backend = backend
         self._drain = drain
-        self._timeout_s, self._rank = timeout_s, local.rank if rank is None else rank
+        self._timeout_s, self._rank = timeout_s, rank
         self.half_bytes = 0
         self.parity = 0
         self._ipc: _Ipc = _SimulatedIpc(local) if simulated() else (
@@ -78,21 +78,16 @@ class DeviceArena:
         for peer, addr in enumerate(self._addrs):
             if peer != me:
                 self._ipc.close(addr)
-        # no peer maps this rank's segment any more, nor has a launch queued on it
-        if self._timeout_s is None:
-            self.local.Barrier()
-        else:
-            from .consensus import wait_or_timeout
+        from .consensus import wait_or_timeout
 
-            wait_or_timeout(self.local.Ibarrier(), self._timeout_s, "freeing the device staging", self._rank)
+        # no peer maps this rank's segment any more, nor has a launch queued on it
+        wait_or_timeout(self.local.Ibarrier(), self._timeout_s, "freeing the device staging", self._rank)
         self._ipc.release()
         self._addrs = []
         self.half_bytes = 0
 
     def _gather(self, value: Any) -> list[Any]:
-        """``value`` of every rank of the node, waited for within the timeout where one is set."""
-        if self._timeout_s is None:
-            return self.local.allgather(value)
+        """``value`` of every rank of the node, waited for within the timeout."""
         from .consensus import allgather_object
 
         return allgather_object(self.local, value, self._timeout_s, "the device staging's setup", self._rank)
@@ -101,10 +96,12 @@ class DeviceArena:
 class _Ipc:
     def map(self, local: MPI.Comm, nbytes: int, gather: Callable[[Any], list[Any]] | None = None) -> list[int]:
         """Allocate this rank's segment and map every peer's: addresses in local-rank order (``gather``:
-        the node's exchange, ``local.allgather`` when not given).  Collective, failures included: when the allocation (e.g. out of device memory: the framework's caching
-        allocator may hold most of the GPU) or a mapping fails on any rank, every rank frees what it
-        got and raises, naming the ranks (a rank that raised alone would leave its peers waiting here
-        for good), and a later, smaller ``map`` starts afresh."""
+        the node's exchange, ``local.allgather`` when not given).  Collective, failures included: when
+        the allocation (e.g. out of device memory: the framework's caching allocator may hold most of
+        the GPU) or a mapping fails on any rank, every rank frees what it got and raises, naming the
+        ranks (a rank that raised alone would leave its peers waiting here for good), and a later,
+        smaller ``map`` starts afresh.  A segment allocated everywhere that some rank could not export
+        or map is :class:`IpcUnavailable`."""
         gather = gather or local.allgather
         mine, handle, failed, refused = 0, None, None, False
         try:
@@ -134,8 +131,6 @@ class _Ipc:
                 self.close(addr)
         if handle is not None:
             self.release()
-        from ..errors import TunelabError
-
         said = "; ".join(f"local rank {r}: {f}" for r, f in bad)
         if no_ipc:  # allocated, but a segment cannot be exported or a peer's mapped: no CUDA IPC between them
             raise IpcUnavailable(f"the node's GPUs cannot map each other's memory through CUDA IPC ({said})")

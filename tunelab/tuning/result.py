@@ -180,6 +180,7 @@ def samples_per_step(trials: list[Any]) -> float | None:
     stored them in steps/s."""
     told = [t.score * t.seconds / t.steps for t in trials
             if not str(t.run_id).startswith(RETUNE_RUN_PREFIX) and t.steps > 0 and t.seconds > 0 and t.score > 0]
+    told = [x for x in told if math.isfinite(x)]  # (finite numbers whose product overflows tell nothing)
     if not told:
         return None
     return float(max(1, round(min(told))))
