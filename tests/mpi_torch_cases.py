@@ -817,6 +817,156 @@ def case_torch_api_edges(comm) -> dict:
     return out
 
 
+def _averaged_grads(comm, model: torch.nn.Module, step: int) -> list[torch.Tensor | None]:
+    """The average over ranks of each trainable parameter's gradient of this rank's loss at ``step``,
+    computed by autograd on a copy of ``model`` (None for a frozen one); with 2 ranks the average is exact."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for q in twin.parameters():
+        q.grad = None
+    _step_loss(twin, step).backward()
+    everyone = comm.allgather([None if q.grad is None else q.grad.clone() for q in twin.parameters()])
+    return [None if g[0] is None else sum(e[i] for e in everyone) / len(everyone)
+            for i, g in enumerate(zip(*everyone))]
+
+
+def _grads_are(model: torch.nn.Module, want: list[torch.Tensor | None]) -> bool:
+    return all((w is None and p.grad is None) or (w is not None and p.grad is not None and torch.equal(p.grad, w))
+               for p, w in zip(model.parameters(), want))
+
+
+def case_torch_parameters_that_change(comm) -> dict:
+    """What a fine-tuning script does to the parameters after wrapping, against autograd's gradients
+    averaged over ranks: a layer frozen (left alone, as plain torch leaves a parameter without a
+    gradient: momentum and weight decay do not move it), a layer unfrozen (reduced from then on); an
+    encoder's and a decoder's optimizer, no names given, stepping after one backward; a sparse gather
+    that fails; and the constructor's refusals.  (A 50 ms cycle: a second submit of a name in flight is
+    refused, so two optimizers that sent the same names would fail every time.)"""
+    torch.set_num_threads(1)
+    tl.init(comm, cycle_time_ms=50.0)
+    out: dict = {"errors": {}, "ok": {}}
+    same = functools.partial(_same_weights, comm)
+
+    # a layer frozen after wrapping, with momentum and weight decay in play
+    model = tiny_model()
+    opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01),
+                                  load_profile=False)
+    _step_loss(model, 0).backward()
+    opt.step()
+    frozen = list(model[0].parameters())
+    for p in frozen:
+        p.requires_grad_(False)
+    before = [p.detach().clone() for p in frozen]
+    opt.zero_grad()
+    want = _averaged_grads(comm, model, 1)
+    _step_loss(model, 1).backward()
+    opt.synchronize()
+    out["ok"]["frozen_grads"] = _grads_are(model, want)
+    opt.step()
+    out["ok"]["frozen_unmoved"] = all(torch.equal(p, b) for p, b in zip(frozen, before))
+    out["ok"]["frozen_same"] = same(model)
+
+    # a layer frozen when the optimizer is made and unfrozen later (named: its name is used)
+    model = tiny_model()
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                  load_profile=False)
+    _step_loss(model, 0).backward()
+    opt.step()
+    for p in model[0].parameters():
+        p.requires_grad_(True)
+    for step in (1, 2):  # the step it is unfrozen in (no hook yet), and the next (hooked)
+        opt.zero_grad()
+        want = _averaged_grads(comm, model, step)
+        _step_loss(model, step).backward()
+        opt.synchronize()
+        out["ok"][f"unfrozen_grads_{step}"] = _grads_are(model, want)
+        opt.step()
+    out["ok"]["unfrozen_same"] = same(model)
+
+    # an encoder's and a decoder's optimizer over one model, neither given names
+    model = tiny_model()
+    enc, dec = model[:3], model[3:]
+    opt_enc = tl.DistributedOptimizer(torch.optim.SGD(enc.parameters(), lr=0.1), load_profile=False)
+    opt_dec = tl.DistributedOptimizer(torch.optim.SGD(dec.parameters(), lr=0.1), load_profile=False)
+    try:
+        for step in range(2):
+            opt_enc.zero_grad()
+            opt_dec.zero_grad()
+            want = _averaged_grads(comm, model, step)
+            _step_loss(model, step).backward()
+            opt_enc.synchronize()
+            opt_dec.synchronize()
+            out["ok"][f"two_optimizers_grads_{step}"] = _grads_are(model, want)
+            opt_enc.step()
+            opt_dec.step()
+        out["errors"]["two_optimizers"] = ""
+    except RuntimeError as exc:
+        out["errors"]["two_optimizers"] = str(exc)
+    out["ok"]["two_optimizers_same"] = same(model)
+    del opt_enc, opt_dec
+
+    # a sparse gather that fails on every rank: step() raises, and the optimizer takes the next step
+    import tunelab.torch.optimizer as tl_optimizer
+
+    torch.manual_seed(3)
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    opt = tl.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), load_profile=False)
+    real = tl_optimizer.allgather
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("injected gather failure")
+
+    tl_optimizer.allgather = failing
+    try:
+        emb(torch.tensor([tl.rank(), 4])).sum().backward()
+        try:
+            opt.step()
+            out["errors"]["sparse_gather"] = ""
+        except RuntimeError as exc:
+            out["errors"]["sparse_gather"] = str(exc)
+    finally:
+        tl_optimizer.allgather = real
+    try:
+        opt.zero_grad()
+        out["errors"]["zero_grad_after_failed_gather"] = ""
+    except RuntimeError as exc:
+        out["errors"]["zero_grad_after_failed_gather"] = str(exc)
+    emb(torch.tensor([tl.rank() + 5])).sum().backward()
+    opt.synchronize()
+    want = torch.zeros(10, 4)
+    for q in range(tl.size()):
+        want[q + 5] += 1.0 / tl.size()
+    out["ok"]["sparse_after_failure"] = torch.equal(opt.param_groups[0]["params"][0].grad.to_dense(), want)
+    opt.step()
+
+    # the constructor's refusals, and names as a dict
+    model = tiny_model()
+    for key, kwargs in (("names_not_pairs", {"named_parameters": model.parameters()}),
+                        ("names_of_strings", {"named_parameters": ["0.weight", "0.bias"]})):
+        try:
+            tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), load_profile=False, **kwargs)
+            out["errors"][key] = ""
+        except TypeError as exc:
+            out["errors"][key] = str(exc)
+    opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), load_profile=False,
+                                  named_parameters=dict(model.named_parameters()))
+    try:
+        tl.DistributedOptimizer(opt, load_profile=False)
+        out["errors"]["wrapped_twice"] = ""
+    except TypeError as exc:
+        out["errors"]["wrapped_twice"] = str(exc)
+    want = _averaged_grads(comm, model, 0)
+    _step_loss(model, 0).backward()
+    opt.synchronize()
+    out["ok"]["names_as_dict"] = _grads_are(model, want)
+    opt.step()
+    tl.shutdown()
+    return out
+
+
 from mpi_torch_parity_cases import (  # noqa: F401  (dispatched by mpi_cases.py)
     case_torch_optimizer_lifecycle,
     case_torch_optimizer_options,

@@ -190,6 +190,22 @@ def test_optimizer_recovers_from_what_training_scripts_meet():
         assert all(res["same_after"].values()) and len(res["same_after"]) == 6, (rank, res["same_after"])
 
 
+def test_parameters_frozen_or_unfrozen_after_wrapping_and_two_optimizers_reduce_as_plain_torch_would():
+    """Against autograd's gradients averaged over ranks (tests/mpi_torch_cases.py::
+    case_torch_parameters_that_change): a layer frozen after wrapping is left alone (momentum and weight
+    decay do not move it), one unfrozen after is reduced from that step on, an encoder's and a decoder's
+    optimizer without names both reduce, a failed sparse gather leaves the optimizer usable, and the
+    constructor refuses what it cannot use with a line that says what it wants."""
+    for rank, res in enumerate(run_ok("torch_parameters_that_change", 2, limit_s=200)):
+        err = res["errors"]
+        assert err["two_optimizers"] == "" and err["zero_grad_after_failed_gather"] == "", (rank, err)
+        assert err["sparse_gather"] == "injected gather failure", (rank, err)
+        for key in ("names_not_pairs", "names_of_strings"):
+            assert err[key].startswith("named_parameters must be (name, parameter) pairs"), (rank, key, err)
+        assert err["wrapped_twice"].startswith("this optimizer is a DistributedOptimizer already"), (rank, err)
+        assert all(res["ok"].values()) and len(res["ok"]) == 11, (rank, res["ok"])
+
+
 def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
     """Each refusal, and a submit that raised (its gradient, or its group's, goes out again at step()),
     leaves an optimizer whose next steps give every rank the same weights."""

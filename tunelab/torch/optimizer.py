@@ -18,8 +18,9 @@ does, by allgathering their indices and values; ``num_groups`` is ``groups`` as 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,10 +47,21 @@ class _DistributedMixin:
         self._tl_predivide, self._tl_sparse_as_dense, self._tl_skip = float(predivide), sparse_as_dense, False
         self._tl_sparse: list[torch.nn.Parameter] = []
         params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        self._tl_names = _parameter_names(params, named_parameters)
+        self._tl_given_names = _given_names(named_parameters)
+        self._tl_names = _parameter_names(params, self._tl_given_names)
+        # Every name this optimizer sends starts with this: "grad." for the first DistributedOptimizer a
+        # process makes, "grad.opt<k>." for the k-th (an encoder's and a decoder's optimizer stepping after
+        # one backward would otherwise both send "grad.param.0", and the engine would pair the two).  Every
+        # rank makes its optimizers in the same order, so every rank counts the same k.
+        made = next(_MADE)
+        self._tl_prefix = "grad." if made == 1 else f"grad.opt{made}."
         self._tl_groups = _parameter_groups(params, groups)
         self._tl_group_of = {p: gi for gi, members in enumerate(self._tl_groups) for p in members}
         self._tl_params = params
+        # the parameters frozen now, which synchronize() checks for a later unfreezing (only these: the
+        # check runs every step)
+        trainable = set(params)
+        self._tl_untracked = [p for g in self.param_groups for p in g["params"] if p not in trainable]
         self._tl_signature = parameters_signature(params)  # the model's, for profiles and the retune watch
         self._tl_compression = compression
         # gradients sent as they are (no compression, no factor on the way): the hook's direct path
@@ -63,7 +75,7 @@ class _DistributedMixin:
         # :meth:`_tl_sends_nothing`: an optimizer may outlive a shutdown and an init of another size.)
         self._tl_skip_alone = True
         # One record per parameter, looked up once per hook (a tensor's hash runs in Python)
-        self._tl_slots = {p: _Slot(f"grad.{self._tl_names[p]}", self._tl_group_of.get(p)) for p in params}
+        self._tl_slots = {p: _Slot(self._tl_prefix + self._tl_names[p], self._tl_group_of.get(p)) for p in params}
         self._tl_waiting: dict[int, set[torch.nn.Parameter]] = {gi: set() for gi in range(len(self._tl_groups))}
         self._tl_synchronized = False
         self._tl_superseded = False
@@ -89,11 +101,21 @@ class _DistributedMixin:
         ``param.<i>`` by their place among the optimizer's parameters unless ``named_parameters``
         named them: every rank must add the same groups)."""
         super(self.__class__, self).add_param_group(param_group)
-        new = [p for p in self.param_groups[-1]["params"] if p.requires_grad and p not in self._tl_slots]
+        added = self.param_groups[-1]["params"]
+        self._tl_untracked.extend(p for p in added if not p.requires_grad and p not in self._tl_slots)
+        self._tl_adopt([p for p in added if p.requires_grad and p not in self._tl_slots])
+
+    def _tl_adopt(self, new: list[torch.nn.Parameter]) -> None:
+        """Reduce the gradients of ``new`` parameters too (a group added, a layer unfrozen): named as
+        ``named_parameters`` named them, else ``param.<i>`` by the order they join in."""
+        if not new:
+            return
+        adopted = set(new)
+        self._tl_untracked = [p for p in self._tl_untracked if p not in adopted]
         for p in new:
-            self._tl_names.setdefault(p, f"param.{len(self._tl_params)}")
+            self._tl_names.setdefault(p, (self._tl_given_names or {}).get(p, f"param.{len(self._tl_params)}"))
             self._tl_params.append(p)
-            self._tl_slots[p] = _Slot(f"grad.{self._tl_names[p]}", None)
+            self._tl_slots[p] = _Slot(self._tl_prefix + self._tl_names[p], None)
         _take_over(self, new)
         self._tl_hook_all(new)
 
@@ -179,10 +201,10 @@ class _DistributedMixin:
         members = self._tl_groups[gi]
         if len(waiting) < len(members):
             return
-        dense = [q for q in members if not q.grad.is_sparse]
+        dense = [q for q in members if not self._tl_slots[q].frozen and not q.grad.is_sparse]
         if dense:
             try:
-                handle = grouped_allreduce_async([q.grad for q in dense], name=f"grad.group{gi}",
+                handle = grouped_allreduce_async([q.grad for q in dense], name=f"{self._tl_prefix}group{gi}",
                                                  op=op, compression=self._tl_compression, inplace=True)
             except BaseException:
                 for q in dense:  # not sent: synchronize() submits them again (sparse ones stay set aside)
@@ -197,18 +219,30 @@ class _DistributedMixin:
         """Wait for every gradient's allreduce.  Parameters that got no gradient this step are reduced
         as zeros, and those that got fewer than ``backward_passes_per_step`` passes (a layer some
         micro-batches skip, an epoch's last partial accumulation) as what they accumulated, as Horovod
-        does: every rank reduces the same tensors.  A reduction that fails raises here once every other
-        one is waited for, and leaves the optimizer ready for the next step.  Called again before
-        another backward pass, it does nothing (the gradients are reduced already)."""
+        does: every rank reduces the same tensors.  Parameters frozen since the optimizer was made
+        (``requires_grad`` False) are left out, with no gradient made up (the optimizer skips them, as
+        without tunelab), and those unfrozen since are reduced from this step on: every rank must freeze
+        and unfreeze the same ones.  A reduction that fails raises here once every other one is waited
+        for, and leaves the optimizer ready for the next step.  Called again before another backward
+        pass, it does nothing (the gradients are reduced already)."""
         self._tl_check_current()
         if self._tl_synchronized:
             return
+        if any(p.requires_grad for p in self._tl_untracked):
+            self._tl_adopt([p for p in self._tl_untracked if p.requires_grad])
         slots = self._tl_slots
         try:
             for p in self._tl_params:
-                if not slots[p].submitted:
-                    slots[p].count = self._tl_passes
-                    self._tl_submit(p, slots[p])
+                slot = slots[p]
+                if slot.submitted:
+                    continue
+                if not p.requires_grad:
+                    slot.submitted = slot.frozen = True
+                    if slot.group is not None:  # its group goes out without it
+                        self._tl_group_member(p, slot.group, Sum if self._tl_predivide != 1.0 else self._tl_op)
+                    continue
+                slot.count = self._tl_passes
+                self._tl_submit(p, slot)
         except BaseException:
             # what did go out is waited for (a failure of its own resets the step); the submit's error is
             # the one raised, and step() or synchronize() submits what it could not send again
@@ -216,18 +250,20 @@ class _DistributedMixin:
                 self._tl_drain()
             raise
         self._tl_drain()
-        if self._tl_predivide != 1.0 and not self._tl_sends_nothing():
-            post = self._tl_predivide / _rt.current().topology.size
-            sparse = {id(q) for q in self._tl_sparse}
-            for p in self._tl_params:
-                if id(p) not in sparse:
-                    p.grad.mul_(post)
-        # in parameter order: the hooks fire in the order backward reaches the parameters, which a
-        # data-dependent forward may change from rank to rank (each gather would pair with another's)
-        order = {id(q): i for i, q in enumerate(self._tl_params)}
-        for p in sorted(self._tl_sparse, key=lambda q: order[id(q)]):
-            p.grad = self._tl_sparse_reduce(p)
-        self._tl_reset()
+        try:
+            if self._tl_predivide != 1.0 and not self._tl_sends_nothing():
+                post = self._tl_predivide / _rt.current().topology.size
+                sparse = {id(q) for q in self._tl_sparse}
+                for p in self._tl_params:
+                    if id(p) not in sparse and not slots[p].frozen:
+                        p.grad.mul_(post)
+            # in parameter order: the hooks fire in the order backward reaches the parameters, which a
+            # data-dependent forward may change from rank to rank (each gather would pair with another's)
+            order = {id(q): i for i, q in enumerate(self._tl_params)}
+            for p in sorted(self._tl_sparse, key=lambda q: order[id(q)]):
+                p.grad = self._tl_sparse_reduce(p)
+        finally:  # (a gather that failed leaves the optimizer ready for the next step, as a failed reduction does)
+            self._tl_reset()
         self._tl_synchronized = True
 
     def _tl_drain(self) -> None:
@@ -248,14 +284,14 @@ class _DistributedMixin:
         """Every parameter back to no backward pass counted, nothing sent."""
         self._tl_sparse.clear()
         for slot in self._tl_slots.values():
-            slot.count, slot.submitted, slot.scaled, slot.handle = 0, False, False, None
+            slot.count, slot.submitted, slot.scaled, slot.frozen, slot.handle = 0, False, False, False, None
         for waiting in self._tl_waiting.values():
             waiting.clear()
 
     def _tl_sparse_reduce(self, p: torch.nn.Parameter) -> torch.Tensor:
         """Horovod's sparse allreduce: every rank's (index, value) pairs, gathered; duplicates add up."""
         g = p.grad.coalesce()
-        name = f"grad.{self._tl_names[p]}"
+        name = self._tl_slots[p].name
         indices = allgather(g.indices().t().contiguous(), name=f"{name}.indices").t()
         values = allgather(g.values().contiguous(), name=f"{name}.values")
         if self._tl_op == Average:
@@ -300,6 +336,7 @@ class _DistributedMixin:
 # same parameters takes them over, so re-running ``opt = DistributedOptimizer(...)`` does not leave two
 # reducing every gradient.
 _OWNERS: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+_MADE = itertools.count(1)  # DistributedOptimizers made in this process (their names' prefix)
 
 
 def _owner(p: torch.nn.Parameter) -> Any:
@@ -340,26 +377,46 @@ _DistributedMixin.step.hooked = True
 
 class _Slot:
     """A parameter's state between two synchronizations: its allreduce's name and group, the backward
-    passes counted, whether its gradient was scaled and went out (submitted, or set aside as sparse),
-    its handle."""
+    passes counted, whether its gradient was scaled and went out (submitted, or set aside as sparse, or
+    left out as frozen), its handle."""
 
-    __slots__ = ("count", "group", "handle", "name", "scaled", "submitted")
+    __slots__ = ("count", "frozen", "group", "handle", "name", "scaled", "submitted")
 
     def __init__(self, name: str, group: int | None) -> None:
         self.name, self.group = name, group
-        self.count, self.submitted, self.scaled = 0, False, False
+        self.count, self.submitted, self.scaled, self.frozen = 0, False, False, False
         self.handle: Handle | None = None
 
 
-def _parameter_names(params: list[torch.nn.Parameter],
-                     named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None) -> dict:
+def _given_names(named_parameters: Any) -> dict | None:
+    """``named_parameters`` (pairs of a name and a parameter, as ``model.named_parameters()`` gives them,
+    or a mapping of names to parameters) as a mapping of parameters to names; None for None."""
     if named_parameters is None:
-        return {p: f"param.{i}" for i, p in enumerate(params)}
+        return None
+    if isinstance(named_parameters, Mapping):
+        named_parameters = named_parameters.items()
+    usage = ("named_parameters must be (name, parameter) pairs, as model.named_parameters() gives them, "
+             "or a dict of names to parameters")
+    if isinstance(named_parameters, torch.Tensor | str) or not isinstance(named_parameters, Iterable):
+        raise TypeError(f"{usage}; got {type(named_parameters).__name__}")
     named = list(named_parameters)
+    for item in named:
+        if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)):
+            raise TypeError(f"{usage}; got an item of type {type(item).__name__}"
+                            + (f" ({type(item[0]).__name__}, {type(item[1]).__name__})"
+                               if isinstance(item, tuple | list) and len(item) == 2 else ""))
     names = [n for n, _ in named]
     if len(set(names)) != len(names):
         raise ValueError("named_parameters contains duplicate names")
-    by_param = {p: n for n, p in named}
+    return {p: n for n, p in named}
+
+
+def _parameter_names(params: list[torch.nn.Parameter], by_param: dict | None) -> dict:
+    """Each of ``params``' name: the one given (``by_param``, which must name every one), else
+    ``param.<i>`` by its place."""
+    if by_param is None:
+        return {p: f"param.{i}" for i, p in enumerate(params)}
     missing = [i for i, p in enumerate(params) if p not in by_param]
     if missing:
         raise ValueError(f"{len(missing)} optimizer parameters are not in named_parameters "
@@ -458,6 +515,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     With ``load_profile`` (collective), the best knobs stored by ``tunelab tune`` for this hardware,
     model (its parameters' shapes) and world size are applied, logged in one line on rank 0;
     knobs set explicitly or through ``TUNELAB_*`` variables win."""
+    if hasattr(type(optimizer), "_tl_setup"):
+        raise TypeError("this optimizer is a DistributedOptimizer already: wrap the plain optimizer, once")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
     base = optimizer.__class__
     body = {k: v for k, v in _DistributedMixin.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(base.__name__, (base,), body)
