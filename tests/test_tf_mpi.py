@@ -248,3 +248,51 @@ def test_a_model_saved_with_the_distributed_optimizer_loads_with_its_optimizer_s
                           timeout=300, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "loaded SGD 4 True" in proc.stdout, proc.stdout
+
+
+def test_a_resumed_accumulating_optimizer_and_what_the_keras_wrapper_cannot_use(tmp_path):
+    """A model trained with backward_passes_per_step=2 (summed) and saved: ``load_model`` refuses to guess
+    how its passes added up, and told, trains on as plain Keras with the rate doubled (its accumulated
+    gradients averaged) does all three epochs; an optimizer wrapped twice, one that is not Keras 3's,
+    and the LR callbacks over a schedule are refused with a line that says what is wanted."""
+    script = tmp_path / "resume.py"
+    script.write_text(
+        "import sys, numpy as np, keras\nimport tunelab.tensorflow as hvd\nhvd.init()\n"
+        "rng = np.random.default_rng(0)\n"
+        "x, y = rng.normal(size=(32, 3)).astype(np.float32), rng.normal(size=(32, 2)).astype(np.float32)\n"
+        "def model():\n"
+        "    keras.utils.set_random_seed(1)\n"
+        "    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation='tanh'), keras.layers.Dense(2)])\n"
+        "m = model()\n"
+        "m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), backward_passes_per_step=2,"
+        " load_profile=False), loss='mse', jit_compile=False)\n"
+        "m.fit(x, y, epochs=2, batch_size=4, shuffle=False, verbose=0)\nm.save(sys.argv[1])\n"
+        "try:\n    hvd.load_model(sys.argv[1], load_profile=False)\n    print('unasked: loaded')\n"
+        "except ValueError as exc:\n    print('unasked:', exc)\n"
+        "m2 = hvd.load_model(sys.argv[1], backward_passes_per_step=2, load_profile=False)\n"
+        "m2.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)\n"
+        "ref = model()\n"
+        "ref.compile(optimizer=keras.optimizers.SGD(0.2, momentum=0.9, gradient_accumulation_steps=2), loss='mse',"
+        " jit_compile=False)\n"
+        "ref.fit(x, y, epochs=3, batch_size=4, shuffle=False, verbose=0)\n"
+        "print('resumed diff', max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(m2.weights, ref.weights)))\n"
+        "for name, make in (('twice', lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)))),\n"
+        "                   ('foreign', lambda: hvd.DistributedOptimizer(object()))):\n"
+        "    try:\n        make()\n        print(name + ': accepted')\n"
+        "    except TypeError as exc:\n        print(name + ':', exc)\n"
+        "s = model()\n"
+        "s.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay("
+        "0.1, 10, 0.5)), load_profile=False), loss='mse', jit_compile=False)\n"
+        "try:\n"
+        "    s.fit(x, y, epochs=1, batch_size=4, verbose=0, callbacks=[hvd.callbacks.LearningRateWarmupCallback(0.1, 1)])\n"
+        "    print('schedule: accepted')\n"
+        "except ValueError as exc:\n    print('schedule:', exc)\n")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck.keras")], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(": ", 1) if ": " in line else line.rsplit(" ", 1) for line in proc.stdout.splitlines())
+    assert "the saved optimizer accumulates 2 passes" in lines["unasked"], proc.stdout
+    assert float(lines["resumed diff"]) < 1e-6, proc.stdout
+    assert lines["twice"].startswith("this optimizer is a DistributedOptimizer already"), proc.stdout
+    assert lines["foreign"].startswith("DistributedOptimizer wraps a Keras 3 optimizer"), proc.stdout
+    assert lines["schedule"].startswith("LearningRateWarmupCallback sets the optimizer's learning rate"), proc.stdout

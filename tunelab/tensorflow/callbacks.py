@@ -91,6 +91,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = 0
 
     def on_train_begin(self, logs: Any = None) -> None:
+        rate = getattr(self.model.optimizer, "learning_rate", None)
+        if not hasattr(rate, "assign"):  # (a LearningRateSchedule's rate is a value computed each step)
+            raise ValueError(f"{type(self).__name__} sets the optimizer's learning rate, and this optimizer's is "
+                             "a schedule: give it a constant rate (the callback schedules it) or drop the callback")
         if not self.staircase and not self.steps_per_epoch:
             steps = (self.params or {}).get("steps")
             if not steps:

@@ -130,6 +130,12 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     import keras
 
+    if getattr(type(optimizer), "_tunelab_distributed", False):
+        raise TypeError("this optimizer is a DistributedOptimizer already: wrap the plain optimizer, once")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        # (a tf_keras / Keras 2 optimizer never calls the ``apply`` this wraps: its gradients would go unreduced)
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers), got "
+                        f"{type(optimizer).__module__}.{type(optimizer).__name__}")
     scaler = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if not scaler and keras.mixed_precision.dtype_policy().name == "mixed_float16":
         raise ValueError("under the mixed_float16 policy pass DistributedOptimizer(keras.optimizers."
@@ -178,7 +184,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     if passes > 1:
         # (a loss scaler's inner optimizer accumulates; its own config takes no such setting)
         accumulating = config["inner_optimizer"]["config"] if scaler else config
-        if accumulating.get("gradient_accumulation_steps"):
+        if accumulating.get("gradient_accumulation_steps") not in (None, passes):  # (equal: a saved one's, resumed)
             raise ValueError("pass backward_passes_per_step or the optimizer's gradient_accumulation_steps, not both")
         accumulating["gradient_accumulation_steps"] = passes
     if name is not None:
@@ -193,6 +199,10 @@ def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None, c
     slots, such as momentum).  ``custom_optimizers``: optimizer classes of your own that the file
     names (as ``custom_objects``); ``distributed``: the other arguments of :func:`DistributedOptimizer`.
 
+    A model whose optimizer accumulates passes (``backward_passes_per_step`` k, which Keras saves as its
+    ``gradient_accumulation_steps``) is refused unless ``backward_passes_per_step=k`` is passed again (with
+    ``average_aggregated_gradients`` as it was trained): the file does not say whether they were summed.
+
     Nothing here is collective, so one rank may load (Horovod's examples resume on rank 0 and
     broadcast with ``BroadcastGlobalVariablesCallback``): the tuned profile is looked up at the first
     step, where every rank comes."""
@@ -204,6 +214,18 @@ def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None, c
     loaded = getattr(model, "optimizer", None)
     if loaded is None or getattr(type(loaded), "_tunelab_distributed", False):
         return model
+    config = loaded.get_config()
+    saved = (config["inner_optimizer"]["config"] if isinstance(loaded, keras.optimizers.LossScaleOptimizer)
+             else config).get("gradient_accumulation_steps") or 1
+    if saved > 1 and "backward_passes_per_step" not in distributed:
+        # saved by a DistributedOptimizer of k passes (summed, unless average_aggregated_gradients) or by
+        # Keras' own accumulation (averaged): the file does not say which, and a guess changes every update k-fold
+        raise ValueError(f"{filepath}: the saved optimizer accumulates {saved} passes (gradient_accumulation_steps"
+                         f"={saved}): pass backward_passes_per_step={saved} to train on as it was (and "
+                         "average_aggregated_gradients=True if it averaged them)")
+    if distributed.get("backward_passes_per_step", saved) != saved:
+        raise ValueError(f"{filepath}: the saved optimizer accumulates {saved} passes, not "
+                         f"backward_passes_per_step={distributed['backward_passes_per_step']}")
     wrapped = DistributedOptimizer(loaded, compression=compression, **distributed)
     if loaded.built:
         variables = list(model.trainable_variables)
