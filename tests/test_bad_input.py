@@ -242,7 +242,9 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
 
 
 @pytest.mark.parametrize("change,fragment", [
-    (lambda d: d["rows"][0].update(time_us=float("inf")), "its time a positive number"),
+    (lambda d: d["rows"][0].update(time_us=float("inf")), "its time 1 ns .. 1e6 s"),
+    (lambda d: d["rows"][0].update(time_us=1e-300), "its time 1 ns .. 1e6 s"),  # (the fit's solver met inf)
+    (lambda d: d["hardware"].update(nodes=10 ** 12, ranks_per_node=2), "nodes must be 1 .. world_size"),  # (a list of 1e12 hosts)
     (lambda d: d["rows"][0].update(size=1e300), "a row's size must be 1 B .. 1 PiB"),
     (lambda d: d["hardware"].update(ranks_per_machine="x"), "hardware facts unusable"),
     (lambda d: d["hardware"].update(nodes=-1), "hardware facts unusable"),
@@ -576,12 +578,26 @@ def test_a_damaged_landscape_is_a_usage_error(tmp_path, change, fragment):
     ("--bench", "report-allreduce.json", lambda d: d.update(hardware=["not", "an", "object"])),
     ("--tune", "report-tune.json", lambda d: d.update(locked_final=[1, 2])),
     ("--tune", "report-tune.json", lambda d: d["samples"][0].update(spread="x")),
-    ("--tune", "report-tune.json", lambda d: d["default"].update(score=1e309)),
 ])
 def test_a_malformed_report_input_is_named_in_one_line(tmp_path, kind, source, change):
     bad = damaged_copy(DATA / source, change, tmp_path)
     out = tmp_path / "report.html"
     one_line_error(tunelab("report", kind, str(bad), "--out", str(out)), 2, f"{kind} {bad}: malformed input")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind,source,change,fragment", [
+    # (1e309 is read back as inf: a report of "inf", or numpy's warning lines before a ValueError)
+    ("--tune", "report-tune.json", lambda d: d["default"].update(score=1e309), "the default of this tune result"),
+    ("--tune", "report-tune.json", lambda d: d["samples"][0].update(score=1e309), "sample 1 of this tune result"),
+    ("--tune", "report-tune.json", lambda d: d["best"].update(score=1e309), "the best of this tune result"),
+    ("--bench", "report-allreduce.json", lambda d: [r.update(size=0) for r in d["rows"]],  # (a log axis)
+     "size must be > 0 bytes, got 0"),
+])
+def test_a_report_input_with_a_number_it_cannot_draw_is_named_in_one_line(tmp_path, kind, source, change, fragment):
+    bad = damaged_copy(DATA / source, change, tmp_path)
+    out = tmp_path / "report.html"
+    one_line_error(tunelab("report", kind, str(bad), "--out", str(out)), 2, fragment)
     assert not out.exists()
 
 
@@ -783,3 +799,100 @@ def test_json_onto_a_device_still_gives_the_report(tmp_path, target):
     if target == "/dev/stdout":  # (the JSON went where it was asked, whole)
         start = proc.stdout.index("{\n")
         assert json.loads(proc.stdout[start:proc.stdout.index("\n}\n", start) + 2]) == json.loads(copy.read_text())
+
+
+# ---- a second audit (2026-11-29): what files hold, past their fields' types ----------------------------
+def _deep(folder):
+    path = folder / "deep.json"
+    path.write_text("[" * 200000 + "]" * 200000)
+    return path
+
+
+@pytest.mark.parametrize("args", [
+    ("report", "--bench", "{deep}", "--out", "{tmp}/r.html"),
+    ("report", "--tune", "{deep}", "--out", "{tmp}/r.html"),
+    ("model", "fit", "{deep}", "--out", "{tmp}/m.json"),
+    ("model", "predict", "--model-file", "{deep}", "--hosts", "1", "--ranks-per-host", "2", "--no-report"),
+    ("bench", "tuner", "--landscape", "{deep}", "--seeds", "1", "--no-report"),
+    ("profiles", "import", "{deep}"),
+])
+def test_json_nested_too_deeply_is_one_line_not_a_recursion_traceback(tmp_path, args):
+    deep = _deep(tmp_path)
+    argv = [a.format(deep=deep, tmp=tmp_path) for a in args]
+    proc = tunelab(*argv, env={"TUNELAB_HOME": str(tmp_path / "home")})
+    one_line_error(proc, 2, "nested too deeply")
+
+
+@pytest.mark.parametrize("flag", ["--sizes", "--check-sizes"])
+def test_a_size_of_hundreds_of_digits_is_a_usage_error(model_file, flag):
+    extra = ["--check", str(DATA / "report-allreduce.json")] if flag == "--check-sizes" else []
+    proc = tunelab("model", "predict", "--model-file", str(model_file), "--hosts", "1", "--ranks-per-host", "2",
+                   "--no-report", *extra, flag, "9" * 400)
+    one_line_error(proc, 2, "is too large (at most 4 EiB)")
+
+
+def _store_with_a_profile(tmp_path):
+    home = tmp_path / "home"
+    proc = tunelab("profiles", "import", str(DATA / "report-profile-export.json"), env={"TUNELAB_HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    return home
+
+
+def test_an_export_that_import_would_refuse_is_refused_naming_the_profile(tmp_path):
+    """A trial dated in the future (a host whose clock was wrong) passes through the store; `profiles
+    import` refuses such a file, so the export names the profile rather than write a backup that cannot
+    be restored."""
+    import sqlite3
+
+    home = _store_with_a_profile(tmp_path)
+    with sqlite3.connect(home / "profiles.sqlite") as conn:
+        conn.execute("UPDATE trials SET created = '2099-06-01T00:00:00.000+00:00' WHERE rowid = "
+                      "(SELECT MIN(rowid) FROM trials)")
+    out = tmp_path / "backup.json"
+    proc = tunelab("profiles", "export", "--out", str(out), env={"TUNELAB_HOME": str(home)})
+    assert proc.returncode != 0 and not out.exists(), (proc.returncode, proc.stdout)
+    line = proc.stderr.strip().splitlines()
+    assert len(line) == 1 and "profile 1 cannot be exported" in line[0] and "lies in the future" in line[0], line
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d["profiles"][0]["hardware_facts"].update(memory_bytes=10 ** 400), "holds a number past 2**63"),
+    (lambda d: d["profiles"][0]["best"].update(default_score=1e-320), "with a finite ratio"),
+    (lambda d: d["profiles"][0].update(world_size="two"), "world_size is missing or not an integer"),
+])
+def test_an_import_the_store_could_not_read_back_is_refused(tmp_path, change, fragment):
+    bad = damaged_copy(DATA / "report-profile-export.json", change, tmp_path)
+    home = tmp_path / "home"
+    one_line_error(tunelab("profiles", "import", str(bad), env={"TUNELAB_HOME": str(home)}), 2, fragment)
+    assert not (home / "profiles.sqlite").exists()
+
+
+def test_reading_commands_leave_an_empty_sqlite_file_as_it_is(tmp_path):
+    import sqlite3
+
+    home = tmp_path / "home"
+    home.mkdir()
+    db = home / "profiles.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA user_version = 7")
+    conn.close()
+    before = db.read_bytes()
+    proc = tunelab("profiles", "list", env={"TUNELAB_HOME": str(home)})
+    assert proc.returncode == 0 and "no profiles" in proc.stdout, (proc.stdout, proc.stderr)
+    assert db.read_bytes() == before and sorted(p.name for p in home.iterdir()) == ["profiles.sqlite"]
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda d: d.update(world_size=10 ** 12), "world_size must be 1 .. 1048576 ranks"),  # (a hang, building ranks)
+    (lambda d: d.update(dtype="S0"), "dtype 'S0' is not one of float32, float16, bfloat16"),
+])
+def test_a_step_check_landscape_with_impossible_facts_is_refused(tmp_path, change, fragment):
+    runs = Path(__file__).resolve().parents[1] / "tunelab" / "model" / "runs" / "2026-11-27"
+    model = tmp_path / "lab-model.json"
+    proc = tunelab("model", "fit", str(runs / "sweep-H2-K2-G1.json"), "--out", str(model))
+    assert proc.returncode == 0, proc.stderr
+    bad = damaged_copy(LANDSCAPES / "replay-vgg16-2nodes-10gbps.json", change, tmp_path)
+    proc = tunelab("model", "predict", "--model-file", str(model), "--hosts", "2", "--ranks-per-host", "2",
+                   "--link-gbps", "10", "--no-report", "--scenario", "replay-vgg16-2nodes", "--check-steps", str(bad),
+                   timeout=60)
+    one_line_error(proc, 2, fragment)

@@ -10,12 +10,29 @@ to a temporary file and raises a one-line error that says where it went.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .errors import TunelabError
+
+
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads``, with JSON nested too deeply to parse (which ``json`` raises as RecursionError)
+    raised as the ValueError every other malformed document gives."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
+
+
+def read_json(path: Path | str) -> Any:
+    """The JSON document in the file at ``path`` (UTF-8, a byte-order mark allowed): OSError where it
+    cannot be read, ValueError where it is not UTF-8, not JSON or nested too deeply."""
+    return json_loads(Path(path).read_text(encoding="utf-8-sig"))
 
 
 def unwritable(path: Path) -> str | None:

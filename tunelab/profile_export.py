@@ -82,8 +82,11 @@ def validate_export(data: object) -> list[dict]:
                 raise InvalidExport(f"profiles[{i}].best: gain_low and gain_high go together, 0 < gain_low <= gain_high")
             if b.get("gain") is not None and not (low is not None and low <= b["gain"] <= high):
                 raise InvalidExport(f"profiles[{i}].best.gain must lie within gain_low .. gain_high (> 0)")
-            if p["best"]["default_score"] <= 0:
-                raise InvalidExport(f"profiles[{i}].best.default_score must be > 0")
+            score, default = b["score"], b["default_score"]
+            if not (score > 0 and default > 0 and math.isfinite(score / default) and score / default > 0):
+                # (as the store reads a best back: a ratio of two positive numbers, itself finite and > 0)
+                raise InvalidExport(f"profiles[{i}].best: score and default_score must be > 0, with a finite "
+                                    f"ratio (got {score!r} and {default!r})")
     _check_text(data, "the file")
     return profiles
 
@@ -141,13 +144,29 @@ def _check_knobs(knobs: dict, where: str) -> None:
     knobs.update({name: read[name] for name in knobs})
 
 
+def _huge_number(value: object) -> bool:
+    """Whether a number anywhere in ``value`` (lists and objects walked) is an integer or a float of
+    magnitude 2**63 or more: the store keeps it, but nothing that reads a size or a count can."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack += list(v.values())
+        elif isinstance(v, list):
+            stack += v
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= 2 ** 63:
+            return True
+    return False
+
+
 def _check_fields(obj: object, fields: dict, where: str) -> None:
     if not isinstance(obj, dict):
         raise InvalidExport(f"{where} must be an object")
     for name, (kinds, kind_name) in fields.items():
         value = obj.get(name)
         if isinstance(value, bool) or not isinstance(value, kinds):
-            raise InvalidExport(f"{where}.{name} is missing or not a {kind_name}")
+            article = "an" if kind_name[0] in "aeiou" else "a"
+            raise InvalidExport(f"{where}.{name} is missing or not {article} {kind_name}")
         if isinstance(value, (int, float)) and not (math.isfinite(value) and 0 <= value < 2 ** 63):
             raise InvalidExport(f"{where}.{name} must be a finite number >= 0 (and below 2**63)")
         if isinstance(value, dict):
@@ -155,3 +174,5 @@ def _check_fields(obj: object, fields: dict, where: str) -> None:
                 json.dumps(value, allow_nan=False)
             except ValueError:
                 raise InvalidExport(f"{where}.{name} holds a number JSON cannot (NaN or infinity)") from None
+            if _huge_number(value):
+                raise InvalidExport(f"{where}.{name} holds a number past 2**63 (the store's and the tables' range)")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import StoreError
+from .files import json_loads
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def best_from_row(row: sqlite3.Row, path: Path) -> Best:
 def stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:
     """A JSON object read from the store, or StoreError naming what is damaged (the file is left as is)."""
     try:
-        value = json.loads(text)  # type: ignore[arg-type]
+        value = json_loads(text)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         value = None
     if not isinstance(value, dict):

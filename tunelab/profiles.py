@@ -9,6 +9,7 @@ foreign, or written by a newer tunelab) is refused with ``StoreError`` and never
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -234,8 +235,18 @@ class ProfileStore:
             if missing:
                 raise StoreError(f"no profile with id {missing[0]} in {self.path}")
             summaries = [by_id[i] for i in dict.fromkeys(profile_ids)]
-        return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-                "profiles": [self._export_one(s) for s in summaries]}
+        out = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
+               "profiles": [self._export_one(s) for s in summaries]}
+        for s, p in zip(summaries, out["profiles"]):
+            # a backup that `profiles import` would refuse is no backup: each profile is read as import
+            # reads it (a trial dated in the future by a host's wrong clock, a field edited in the file)
+            try:
+                validate_export({**out, "profiles": [copy.deepcopy(p)]})
+            except InvalidExport as exc:
+                where = str(exc).replace("profiles[0].", "").replace("profiles[0]", "the profile")
+                raise StoreError(f"profile {s.id} cannot be exported as `profiles import` would read it back: "
+                                 f"{where} (the others can be, by id)") from None
+        return out
 
     def import_(self, data: dict) -> list[int]:
         """Merge an export into this store; returns the ids of the profiles it names."""
@@ -297,6 +308,9 @@ class ProfileStore:
                     self._upgrade(conn)
                 else:  # a job or command that only reads needs no write access to an older store
                     self._older = True
+            if version is None and not create:  # an empty SQLite file: read as no store, and left as it is
+                self._absent = True
+                return
             if version is None:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("BEGIN IMMEDIATE")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -47,6 +48,9 @@ def parse_size(text: str | int) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"invalid size {text!r} (expected e.g. 4096, 1KiB, 64MiB, 1GiB)")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value < 1 << 62:  # (inf too, from a number of hundreds of digits)
+        shown = text if len(text) <= 40 else f"{text[:20]}...{text[-8:]}"
+        raise ValueError(f"size {shown!r} is too large (at most 4 EiB)")
     if value != int(value):
         raise ValueError(f"size {text!r} is not a whole number of bytes")
     return int(value)
@@ -55,6 +59,11 @@ def parse_size(text: str | int) -> int:
 def human_size(nbytes: float) -> str:
     """A size as people read it, to three significant digits ("97.5 MiB", "1 KiB", "600 B"); not exact
     (use :func:`format_size` where the text is read back)."""
+    try:
+        if not math.isfinite(float(nbytes)):
+            return f"{nbytes} B"
+    except OverflowError:  # (an integer past float's range)
+        return f"{nbytes} B"
     for suffix, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
         if nbytes >= mult or suffix == "B":
             value = nbytes / mult

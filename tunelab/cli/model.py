@@ -18,6 +18,8 @@ from ..knobs import knob_text
 from ..model.data import MAX_RANKS  # (past a million ranks: minutes of work, and meaningless)
 from ..units import format_size, human_size
 from .finish import add_output_flags, finish
+
+_LANDSCAPE_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # a landscape's gradients: bytes an element
 from .types import (
     Parser,
     input_file,
@@ -337,17 +339,15 @@ def _step_rows(model: Any, files: list[Path], scenario: str, work: Any, link: st
     pooled per grid point and the fastest visit kept (as the fit keeps the fastest repeat).  Read and
     computed before any table is printed: a damaged file is refused first.  The gradients are the
     landscape's dtype (a half-precision replay moves half the bytes)."""
-    import json
 
-    import numpy as np
-
+    from ..files import read_json
     from ..model.step import Workload
     from ..model.validate import merge_landscapes, step_check
 
     docs = []
     for path in files:
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+            doc = read_json(path)
         except OSError as exc:
             raise UsageError(f"{path}: cannot read a landscape ({exc.strerror or exc})") from None
         except ValueError as exc:
@@ -364,10 +364,10 @@ def _step_rows(model: Any, files: list[Path], scenario: str, work: Any, link: st
     dtypes = {str(d.get("dtype") or "float32") for d in docs}
     if len(dtypes) > 1:
         raise UsageError(f"--check-steps: landscapes of different dtypes ({', '.join(sorted(dtypes))}); check them apart")
-    try:
-        element = np.dtype(dtypes.pop()).itemsize
-    except TypeError as exc:
-        raise UsageError(f"--check-steps: the landscape's dtype is not one ({exc})") from None
+    dtype = dtypes.pop()
+    if dtype not in _LANDSCAPE_DTYPES:  # (what `bench landscape --dtype` records)
+        raise UsageError(f"--check-steps: the landscape's dtype {dtype[:40]!r} is not one of {', '.join(_LANDSCAPE_DTYPES)}")
+    element = _LANDSCAPE_DTYPES[dtype]
     if element != 4:  # (the scenario's workload as the landscape recorded it)
         work = Workload.from_scenario(scenario, element)
     source = ",".join(Path(p).stem for p in files)

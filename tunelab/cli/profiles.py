@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from ..errors import TunelabError, UsageError
-from ..files import write_text
+from ..files import read_json, write_text
 from ..knobs import Knobs, knob_text
 from ..units import counted
 from .types import input_file, output_file, profile_id
@@ -166,14 +166,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..profile_export import InvalidExport, validate_export
 
     try:
-        data = json.loads(args.file.read_text(encoding="utf-8-sig"))
+        data = read_json(args.file)
     except OSError as exc:
         raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise UsageError(f"{args.file} is not a tunelab profiles export (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    except RecursionError:
+    except ValueError:  # (nested too deeply to read)
         raise UsageError(f"{args.file} is not a tunelab profiles export (nested too deeply)") from None
     try:
         validate_export(data)  # (before the store is made: a file refused leaves no empty store behind)

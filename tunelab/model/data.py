@@ -18,13 +18,12 @@ the machine's oversubscription is ``world_size / cpu_cores`` unless the hardware
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..files import read_json
 from ..knobs import Knobs
 from ..units import check_link
 from .costs import Topology, link_name
@@ -98,10 +97,10 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
                 from None
         if r.get("wrong"):
             continue  # wrong results are not timings of an allreduce
-        if not (0 < size <= MAX_SIZE and 0 < t < math.inf):
+        if not (0 < size <= MAX_SIZE and MIN_TIME_S <= t <= MAX_TIME_S):
             shown = f"{size:.4g}" if size <= MAX_SIZE else f"more than {MAX_SIZE:.4g}"
-            raise ModelInputError(f"{path}: a row's size must be 1 B .. 1 PiB and its time a positive number, "
-                                  f"got {shown} B in {t} s")
+            raise ModelInputError(f"{path}: a row's size must be 1 B .. 1 PiB and its time 1 ns .. 1e6 s, "
+                                  f"got {shown} B in {t:.4g} s")
         out.append(Observation(algo, size, t, topo, knobs, Path(path).stem, str(path)))
     return out
 
@@ -136,7 +135,7 @@ def combine_repeats(obs: list[Observation], how: str = "min") -> list[Observatio
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        doc = read_json(path)
     except FileNotFoundError:
         raise ModelInputError(f"{path}: no such file") from None
     except OSError as exc:
@@ -148,6 +147,7 @@ def _read(path: Path) -> dict[str, Any]:
     return doc
 
 
+MIN_TIME_S, MAX_TIME_S = 1e-9, 1e6  # a row's time: no allreduce takes less than a nanosecond, nor days
 MAX_RANKS = 1 << 20  # a larger claim is a damaged file (a layout's cost grows with its ranks)
 
 
@@ -173,6 +173,8 @@ def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tup
                               "hosts")
     if isinstance(per_node, list):
         nodes = len(per_node)  # (the list names every host; a file without nodes is read by it)
+    elif nodes > world:  # (a node holds at least one rank; and a list of 1e12 nodes is never built)
+        raise ValueError(f"nodes must be 1 .. world_size ({world}), got {nodes}")
     sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
     cores = int(hw.get("cpu_cores") or 0)
     # a file from before recursive doubling existed recorded no doubling_max_bytes: it ran rings

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..files import write_text
+from ..files import read_json, write_text
 from ..knobs import Knobs
 from .costs import (
     BASELINES,
@@ -145,7 +145,7 @@ class ScaleModel:
     @classmethod
     def load(cls, path: Path) -> ScaleModel:
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+            doc = read_json(path)
         except FileNotFoundError:
             raise ModelInputError(f"{path}: no such model file") from None
         except (OSError, ValueError) as exc:

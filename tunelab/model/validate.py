@@ -174,6 +174,7 @@ def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link
     from ..errors import UsageError
     from ..knobs import Knobs
     from .costs import Topology
+    from .data import MAX_RANKS
     from .step import simulate_step
 
     try:
@@ -183,6 +184,8 @@ def step_check(model: ScaleModel, landscape: dict[str, Any], workload: Any, link
                   for p in landscape["points"]]
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise UsageError(f"not a bench landscape file with step times ({type(exc).__name__}: {exc})") from None
+    if not 1 <= world <= MAX_RANKS:
+        raise UsageError(f"landscape: world_size must be 1 .. {MAX_RANKS} ranks, got {world}")
     if not 1 <= nodes <= world:
         raise UsageError(f"landscape: nodes must be 1 .. world_size ({world}), got {nodes}")
     bad = next((t for _, visits in points for v in visits for t in v if not (math.isfinite(t) and t > 0)), None)

@@ -318,6 +318,8 @@ def _damage(kind: str, data: dict[str, Any]) -> str:
         if bad:
             must = "must be a number" if len(bad) == 1 else "must be numbers"
             return f"row {i + 1} ({row[name]}): {', '.join(bad)} {must}, got {', '.join(repr(row.get(f)) for f in bad)}"
+        if "size" in numbers and not row["size"] > 0:  # (plotted on a log axis)
+            return f"row {i + 1} ({row[name]}): size must be > 0 bytes, got {row['size']!r}"
     return ""
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..files import write_text
+from ..files import read_json, write_text
 
 
 def default_out(name: str = "report") -> Path:
@@ -22,7 +21,7 @@ def default_out(name: str = "report") -> Path:
 def _load(path: Path) -> dict[str, Any]:
     """A --bench/--tune input; what is wrong with it is a usage error (exit 2)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        data = read_json(path)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:

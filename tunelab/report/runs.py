@@ -92,7 +92,7 @@ def _check_entries(label: str, data: dict[str, Any]) -> None:
     for what, entry in [*entries, ("the default", data["default"]), ("the best", data["best"])]:
         try:
             Knobs(**entry["knobs"])
-            ok = float(entry["score"]) >= 0 and (what.startswith("the ") or (
+            ok = math.isfinite(float(entry["score"])) and float(entry["score"]) >= 0 and (what.startswith("the ") or (
                 isinstance(entry["phase"], str) and int(entry["index"]) == entry["index"] >= 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{label}: {what} of this tune result is damaged ({type(exc).__name__}: "

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import TunelabError
+from ..files import read_json
 from ..knobs import Knobs
 from .driver import Driver
 from .space import SearchSpace
@@ -142,7 +142,7 @@ class Landscape:
     @classmethod
     def load(cls, path: Path) -> Landscape:
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+            doc = read_json(path)
         except OSError as exc:
             raise TunelabError(f"cannot read landscape {path}: {exc.strerror or exc}") from None
         except ValueError as exc:  # not UTF-8, or not JSON
