@@ -204,6 +204,10 @@ def model_file(tmp_path_factory):
     (lambda d: d.update(points="x"), "points is not int"),
     (lambda d: d.update(sources=5), "sources is not list"),
     (lambda d: d.update(rel_errors=[1, 2]), "rel_errors is not dict"),
+    (lambda d: d.update(points=-5), "points is not a count of 0 .. 1e9"),
+    (lambda d: d.update(points=10 ** 400), "points is not a count of 0 .. 1e9"),  # (printed as 401 digits)
+    (lambda d: d.update(sources=[1, None]), "sources are not all file names"),
+    (lambda d: d.update(rel_errors={"median": "abc"}), "rel_errors are not all numbers >= 0"),
     (lambda d: d["values"].update({"link:0gbps.beta": 1e-9}), "link 0gbps is not a speed > 0"),
     # values past any fit: predictions of 1e298 s, inf in the tables and the crossover scan
     (lambda d: d["values"].update(gamma=1e300), "parameter gamma is 1e+300, more than any fit gives"),

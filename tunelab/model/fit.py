@@ -167,6 +167,14 @@ class ScaleModel:
         if wrong:
             raise ModelInputError(f"{path}: damaged model file ({wrong[0]} is not {shapes[wrong[0]].__name__}); "
                                   "fit it again with `tunelab model fit`")
+        # what the fit printed of itself: a count of points, the files' names, its errors as numbers
+        why = ("points is not a count of 0 .. 1e9" if not 0 <= doc.get("points", 0) <= 10 ** 9 else
+               "sources are not all file names" if not all(isinstance(s, str) for s in doc.get("sources", [])) else
+               "rel_errors are not all numbers >= 0" if not all(
+                   isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                   for v in doc.get("rel_errors", {}).values()) else "")
+        if why:
+            raise ModelInputError(f"{path}: damaged model file ({why}); fit it again with `tunelab model fit`")
         points = list(doc.get("fit_points", []))
         for i, point in enumerate(points):
             why = _point_defect(point)
