@@ -726,6 +726,10 @@ def test_a_store_location_that_is_a_file_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     proc = tunelab("profiles", "list", env={"TUNELAB_HOME": str(tmp_path / "file")})
     one_line_error(proc, 2, "is TUNELAB_HOME set to a file?")
+    # a folder under the file: import makes the missing folders, and met "Not a directory" (exit 1)
+    proc = tunelab("profiles", "import", str(DATA / "report-profile-export.json"),
+                   env={"TUNELAB_HOME": str(tmp_path / "file" / "sub" / "deeper")})
+    one_line_error(proc, 2, f"{tmp_path / 'file'} is a file, not a directory")
 
 
 def test_a_scenario_lab_with_a_bad_per_host_count_names_that_field(tmp_path):

@@ -283,8 +283,11 @@ class ProfileStore:
         """Check an existing file read-only before anything writes to it; create the schema if new
         (``create``), else leave a missing store missing."""
         try:
-            if self.path.parent.exists() and not self.path.parent.is_dir():
-                raise StoreLocationError(f"cannot use profile store {self.path}: {self.path.parent} is a file, "
+            folder = self.path.parent  # (or the nearest folder on its way that exists: the rest is made)
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            if folder.exists() and not folder.is_dir():
+                raise StoreLocationError(f"cannot use profile store {self.path}: {folder} is a file, "
                                          "not a directory (is TUNELAB_HOME set to a file?)")
             if not create and not (self.path.exists() and self.path.stat().st_size > 0):
                 self._absent = True
