@@ -773,6 +773,15 @@ def case_coordinator_shared_memory_and_requests(comm: MPI.Comm) -> dict:
     out["swapped"] = [np.unique(h.wait(20)).tolist() for h in handles]
     out["want"] = [total, 100 * total]
     comm.Barrier()
+    # one tensor whose output overlaps its input out of place: refused where it is submitted (the
+    # two-shot would write results over input it has still to read)
+    buf = np.full(count + 1000, rank + 1.0, np.float32)
+    try:
+        coord.submit("shifted", buf[:count], out=buf[1000:]).wait(20)
+        out["shifted"] = ""
+    except ValueError as exc:
+        out["shifted"] = str(exc)
+    comm.Barrier()
     y = np.full(count, rank + 1.0, np.float32)  # in place with one op, out of place with another
     handles = [coord.submit_one("ops.sum", y, "sum"), coord.submit("ops.max", y, op="max")]
     out["two_ops"] = [np.unique(h.wait(20)).tolist() for h in handles]

@@ -130,6 +130,7 @@ def test_submits_that_share_memory_knob_requests_groups_and_scalars(n):
         assert res["want"] == [total, 100 * total]
         assert res["twice"] == [[total], [total]] and res["in_and_out"] == [[total], [total]], (rank, res)
         assert res["swapped"] == [[total], [100 * total]], (rank, res)  # each handle: its own sum
+        assert "overlaps its input without being in its place" in res["shifted"], (rank, res["shifted"])
         # the max reads what the tensor held, not the sum another op's call wrote in place first
         assert res["two_ops"] == [[total], [float(n)], [float(n)], [total]], (rank, res)
         assert res["knobs"] == [5.0, 1 << 20], (rank, res)

@@ -213,7 +213,7 @@ class Coordinator:
         for r in reqs:  # here, not in the coordinator's thread, where it would fail every later call
             check_reducible(r.array.dtype, r.op == "average")
         host = [r for r in reqs if r.out_view is None]
-        if outs is not None and len(host) > 1:  # (the group's own members; reduced as one call)
+        if outs is not None and host:  # (one tensor too: an output partly over its input; a group's members together)
             refuse_overlaps([r.array for r in host], [r.handle.out for r in host])
         self._enqueue(reqs)
         return [r.handle for r in reqs]
