@@ -569,6 +569,25 @@ def case_coordinator_timeline(comm: MPI.Comm, path: str = "") -> dict:
     return {"changes": [[c, k.fusion_threshold_bytes] for c, k in coord.knob_changes]}
 
 
+def case_runtime_unwritable_timeline(comm: MPI.Comm, folder: str) -> dict:
+    """A timeline rank 0 alone cannot write (a folder that is no folder): init() fails on every rank at
+    once, naming it, and an init() after it, without the timeline, sums."""
+    from tunelab import runtime
+
+    out: dict = {}
+    bad = f"{folder}/a-file/timeline.json"
+    try:
+        runtime.init(comm, timeline=bad, timeout_s=20)
+        out["error"] = ""
+    except Exception as exc:  # noqa: BLE001 (the error is the finding)
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    rt = runtime.init(comm, timeout_s=20)
+    got = rt.coordinator.submit("after", np.full(5, comm.rank + 1.0, np.float32)).wait(20)
+    out["after"] = np.unique(got).tolist()
+    runtime.shutdown()
+    return out
+
+
 def case_coordinator_fuses_a_cycle(comm: MPI.Comm, cycle_ms: float = 40.0, bursts: int = 3,
                                    tensors: int = 8, gap_s: float = 0.002) -> dict:
     """Bursts of tensors submitted ``gap_s`` apart, with the submitting thread asleep in between (as a

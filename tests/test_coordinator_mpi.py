@@ -137,3 +137,15 @@ def test_submits_that_share_memory_knob_requests_groups_and_scalars(n):
         assert res["group_first"] == [str([float(n)] * 4)] * 2, (rank, res)
         assert res["group_changed"] == ["RankMismatchError"] * 2, (rank, res)
         assert res["scalar"] == [[], total] and res["second_shutdown"] == "ok", (rank, res)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_timeline_rank_0_cannot_write_fails_init_on_every_rank_and_the_next_init_works(tmp_path, n):
+    """Rank 0 alone opens the timeline: a path it cannot write left the other ranks waiting in the
+    runtime's next collective for good (the job ended only when the launcher's timeout did)."""
+    (tmp_path / "a-file").write_text("not a folder")
+    results = run_ok("runtime_unwritable_timeline", n, limit_s=90, folder=str(tmp_path))
+    for rank, res in enumerate(results):
+        assert res["error"].startswith("TunelabError: " + ("" if rank == 0 else "rank 0: ")
+                                       + f"cannot write the timeline {tmp_path}/a-file/timeline.json"), (rank, res)
+        assert res["after"] == [n * (n + 1) / 2], (rank, res)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import EngineConfig, load_engine_config
-from .errors import RankMismatchError, TunelabError
+from .errors import CollectiveTimeoutError, RankMismatchError, TunelabError
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -46,7 +46,12 @@ class Runtime:
                                "use an MPI built with thread support)")
         self.config = config or load_engine_config()
         self.engine: Engine = Engine(comm or MPI.COMM_WORLD, self.config)
-        self.coordinator: Coordinator = Coordinator(self.engine, self.config.timeline)
+        try:
+            self.coordinator: Coordinator = Coordinator(self.engine, self.config.timeline)
+        except TunelabError as exc:
+            if not isinstance(exc, CollectiveTimeoutError):  # (a rank missing would leave the close waiting)
+                self.engine.close()  # every rank fails here alike: the coordinator's setup agreed on its outcome
+            raise
         self.sync_comm = self.engine.topology.world.Dup()
         self._names = itertools.count()
         self._profiles_loaded: dict[tuple[str, str], str] = {}

@@ -137,7 +137,19 @@ class Coordinator:
         self._word, self._band = MPI.UINT64_T, MPI.BAND
         self.rank, self.size = self.comm.rank, self.comm.size
         self.stall_timeout_s = stall_timeout_s or engine.config.timeout_s
-        self.timeline = Timeline.for_rank(timeline_path, self.rank)
+        # the timeline is opened on rank 0 alone (or per rank): a path that cannot be written must fail
+        # every rank here, not leave the others in the runtime's next collective
+        try:
+            self.timeline, failed = Timeline.for_rank(timeline_path, self.rank), ""
+        except OSError as exc:
+            self.timeline, failed = None, f"cannot write the timeline {exc.filename or timeline_path}: {exc.strerror or exc}"
+        said = allgather_object(self.comm, failed, engine.config.timeout_s, "the timeline's opening", self.rank)
+        bad = next(((r, s) for r, s in enumerate(said) if s), None)
+        if bad is not None:
+            if self.timeline is not None:
+                self.timeline.close()
+            self.comm.Free()
+            raise TunelabError(bad[1] if bad[0] == self.rank else f"rank {bad[0]}: {bad[1]}")
         self.cycles = 0
         self.knob_changes: list[tuple[int, Knobs]] = []  # (cycle, knobs) as applied, same on every rank
         self._lock = threading.Lock()
