@@ -229,6 +229,13 @@ def test_host_tensors_cross_to_the_engine_and_back_without_copies(dtype, shape):
     assert np.array_equal(back.numpy().astype(np.float64), t.numpy().astype(np.float64))
 
 
+def _run_script(script, tmp_path) -> subprocess.CompletedProcess:
+    """``script`` run by this Python with a checkpoint path (``ck.keras`` in ``tmp_path``) as its argument,
+    and a profile store of its own."""
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "ck.keras")], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+
+
 def test_a_model_saved_with_the_distributed_optimizer_loads_with_its_optimizer_state(tmp_path):
     """Keras records an optimizer by its class's module and name; the wrapper's were tunelab's, where no
     such class is, and a checkpoint of a model compiled with it could not be loaded.  It saves as the
@@ -244,8 +251,7 @@ def test_a_model_saved_with_the_distributed_optimizer_loads_with_its_optimizer_s
         "m2 = keras.models.load_model(sys.argv[1])\n"
         "print('loaded', type(m2.optimizer).__name__, int(m2.optimizer.iterations.numpy()),"
         " bool(np.allclose(m.predict(x, verbose=0), m2.predict(x, verbose=0))))\n")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck.keras")], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    proc = _run_script(script, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "loaded SGD 4 True" in proc.stdout, proc.stdout
 
@@ -287,8 +293,7 @@ def test_a_resumed_accumulating_optimizer_and_what_the_keras_wrapper_cannot_use(
         "    s.fit(x, y, epochs=1, batch_size=4, verbose=0, callbacks=[hvd.callbacks.LearningRateWarmupCallback(0.1, 1)])\n"
         "    print('schedule: accepted')\n"
         "except ValueError as exc:\n    print('schedule:', exc)\n")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck.keras")], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    proc = _run_script(script, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = dict(line.split(": ", 1) if ": " in line else line.rsplit(" ", 1) for line in proc.stdout.splitlines())
     assert "the saved optimizer accumulates 2 passes" in lines["unasked"], proc.stdout
