@@ -156,7 +156,7 @@ class _DistributedMixin:
         again by synchronize())."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        op = Sum if self._tl_predivide != 1.0 else self._tl_op
+        op = self._tl_sent_op()
         if self._tl_sends_nothing():
             if p.grad.is_sparse and self._tl_sparse_as_dense:
                 p.grad = p.grad.to_dense()  # (what the optimizer is given does not depend on the world size)
@@ -188,6 +188,10 @@ class _DistributedMixin:
             return
         slot.submitted = True  # (its group goes out with its last member)
         self._tl_group_member(p, slot.group, op)
+
+    def _tl_sent_op(self) -> str:
+        """The op gradients go out with: a sum where a predivide factor scales them (averaged after)."""
+        return Sum if self._tl_predivide != 1.0 else self._tl_op
 
     def _tl_sends_nothing(self) -> bool:
         """Whether this job has one rank in all, so a gradient is its own allreduce and goes nowhere
@@ -239,7 +243,7 @@ class _DistributedMixin:
                 if not p.requires_grad:
                     slot.submitted = slot.frozen = True
                     if slot.group is not None:  # its group goes out without it
-                        self._tl_group_member(p, slot.group, Sum if self._tl_predivide != 1.0 else self._tl_op)
+                        self._tl_group_member(p, slot.group, self._tl_sent_op())
                     continue
                 slot.count = self._tl_passes
                 self._tl_submit(p, slot)
