@@ -462,6 +462,123 @@ def case_skipped_call(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     return result | {"abort": True}  # the stuck collective cannot be finished: end the job
 
 
+def case_late_engine(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
+    """The last rank makes its engine only after the others' timeout: they fail at once, with a timeout
+    naming the engine's setup, instead of waiting for it for ever; it fails as well, when it comes (the
+    others have gone), and every rank's next engine sums."""
+    t0 = time.monotonic()
+    if comm.rank == comm.size - 1:
+        time.sleep(timeout_s + 2)
+    try:
+        Engine(comm, load_engine_config(timeout_s=timeout_s))
+        message = "no error"
+    except CollectiveTimeoutError as exc:
+        message = str(exc)
+    elapsed = time.monotonic() - t0
+    comm.Barrier()
+    with Engine(comm, load_engine_config(timeout_s=timeout_s)) as engine:
+        total = engine.allreduce(np.full(3, comm.rank + 1.0)).tolist()
+    return {"message": message, "elapsed_s": elapsed, "total": total}
+
+
+def case_error_on_one_rank_before_the_staging_grows(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
+    """Rank 1's copy-out of a call's first bucket fails on that rank alone (a kernel's error): the others
+    go on to the second bucket, whose staging is larger.  Growing it is collective over the node: they
+    must fail with a timeout, not wait in the allocation for ever.  After its error each rank's engine
+    refuses further calls, saying why (its node barrier and windows may be out of step with the peers');
+    a new engine sums.  Then a knob change whose one-shot staging cannot be allocated (after the old
+    window was freed) stops the engine too, where a small call would have used the freed slots."""
+    from tunelab.engine import shm
+
+    out: dict = {}
+    config = load_engine_config(timeout_s=timeout_s, oneshot_max_bytes=0, fusion_threshold_bytes=4096,
+                                segment_bytes=1 << 20)
+    engine = Engine(comm, config)
+    first, second = np.ones(256, np.float32), np.ones(1 << 16, np.float32)  # 1 KiB, then 256 KiB: two buckets
+    engine.allreduce_batch([np.ones(8, np.float32)])  # (a first call: the staging is made at 256 bytes)
+    if comm.rank == 1:
+        copy, calls = engine._host.copy, []
+
+        def failing_copy(rows):  # (the bucket's pack, then its copy-out)
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected: the copy-out failed on rank 1")
+            copy(rows)
+
+        engine._host.copy = failing_copy
+    t0 = time.monotonic()
+    try:
+        engine.allreduce_batch([first, second])
+        out["call"] = "no error"
+    except Exception as exc:  # noqa: BLE001 (the error's type and text are the finding)
+        out["call"] = f"{type(exc).__name__}: {exc}"
+    out["call_s"] = time.monotonic() - t0
+    try:
+        engine.allreduce(np.ones(4, np.float32))
+        out["next"] = "no error"
+    except TunelabError as exc:
+        out["next"] = str(exc)
+    engine.close()  # (frees nothing the peers must free too: they may be anywhere)
+    comm.Barrier()
+    engine = Engine(comm, load_engine_config(timeout_s=timeout_s))
+    out["total"] = engine.allreduce_batch([first * (comm.rank + 1), second])[0][:3].tolist()
+    small = np.full(4, comm.rank + 1.0, np.float32)
+    out["small"] = engine.allreduce(small).tolist()  # (its views on the one-shot staging are cached)
+    slots = engine._host.slots
+
+    def failing_ensure(half_bytes):  # the old window freed, the new one refused
+        shm.SharedArena.free(slots)
+        raise MemoryError("injected: no shared memory for the one-shot staging")
+
+    slots.ensure = failing_ensure
+    try:
+        engine.set_knobs(oneshot_max_bytes=4 << 20)  # (past the default 1 MiB: the slots grow)
+        out["knobs"] = "no error"
+    except MemoryError as exc:
+        out["knobs"] = str(exc)
+    try:
+        out["after_knobs"] = engine.allreduce(small).tolist()
+    except TunelabError as exc:
+        out["after_knobs"] = str(exc)
+    engine.close()
+    return out
+
+
+def case_runtime_one_rank_fails(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
+    """Rank 1's coordinator fails on that rank alone (applying a knob change runs out of memory); the
+    others time out.  Every rank's shutdown must return, raising its own error, without anyone freeing
+    the engine's windows (rank 1 freeing alone waited for the others there for ever); a new runtime
+    then sums."""
+    from tunelab import runtime
+
+    rt = runtime.init(comm, timeout_s=timeout_s, cycle_time_ms=200.0)
+    rt.coordinator.submit("warm", np.ones(2, np.float32)).wait(20)
+    if comm.rank == 1:
+        def broken(knobs):
+            raise MemoryError("injected: out of memory applying the knobs")
+
+        rt.engine.set_knobs = broken
+    comm.Barrier()
+    if comm.rank == 0:
+        rt.coordinator.set_knobs(cycle_time_ms=150.0)
+    t0 = time.monotonic()
+    while rt.coordinator._error is None and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    t1 = time.monotonic()
+    try:
+        runtime.shutdown()
+        said = "no error"
+    except Exception as exc:  # noqa: BLE001 (the error's type is the finding)
+        said = type(exc).__name__
+    out = {"coordinator": type(rt.coordinator._error).__name__, "shutdown": said,
+           "shutdown_s": time.monotonic() - t1, "closed": rt.engine._closed}
+    comm.Barrier()
+    rt = runtime.init(comm, timeout_s=timeout_s)
+    out["total"] = rt.coordinator.submit("after", np.full(3, comm.rank + 1.0, np.float32)).wait(20).tolist()
+    runtime.shutdown()
+    return out
+
+
 def case_ring_stall(comm: MPI.Comm, timeout_s: float = 3.0, doubling: bool = False) -> dict:
     """Nodes of one rank (the ring between nodes, or recursive doubling); the last rank stalls in the
     middle of the call, inside MPI's blocking transfers, which nothing can interrupt: the others' watchdog

@@ -147,6 +147,34 @@ def test_a_rank_that_skips_a_call_gives_a_timeout_not_a_hang():
     assert run.returncode != 0  # the job is ended, not left hanging
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_makes_its_engine_late_gives_a_timeout_not_a_hang_and_the_next_engine_sums(n):
+    """The engine's setup was collective without a timeout: a rank that never made its engine (dead, or
+    never calling init()) left the others waiting there for ever."""
+    results = run_ok("late_engine", n, limit_s=90, timeout_s=3.0)
+    for res in results[:-1]:
+        assert "other ranks did not reach the engine's setup (init) within 3 s" in res["message"], res
+        assert res["elapsed_s"] < 10, res
+    assert "did not reach the engine's settings (init) within 3 s" in results[-1]["message"], results[-1]
+    assert all(res["total"] == [n * (n + 1) / 2] * 3 for res in results), results
+
+
+def test_an_error_on_one_rank_stops_its_engine_and_a_growing_staging_times_out_instead_of_hanging():
+    results = run_ok("error_on_one_rank_before_the_staging_grows", 2, limit_s=90, timeout_s=3.0)
+    waiting, failed = results
+    assert waiting["call"].startswith("CollectiveTimeoutError: rank 0 of its node: peers did not reach "
+                                      "growing the node's shared staging within 3 s"), waiting
+    assert waiting["call_s"] < 10, waiting
+    assert failed["call"] == "RuntimeError: injected: the copy-out failed on rank 1", failed
+    for res, why in ((waiting, "CollectiveTimeoutError"), (failed, "RuntimeError: injected")):
+        assert res["next"].startswith(f"this engine stopped after an error in allreduce call #2 ({why}"), res
+        assert "takes no more calls" in res["next"], res
+        assert res["total"] == [3.0] * 3 and res["small"] == [3.0] * 4, res
+        # a knob change that lost the one-shot staging stops the engine: no call reads the freed slots
+        assert res["knobs"] == "injected: no shared memory for the one-shot staging", res
+        assert res["after_knobs"].startswith("this engine stopped after an error in a knob change"), res
+
+
 @pytest.mark.parametrize("doubling", [False, True])
 def test_a_rank_stalled_inside_a_transfer_between_nodes_ends_the_job_after_the_timeout(doubling):
     """MPI's blocking transfers between nodes cannot be interrupted: a peer that stalls inside one hung

@@ -37,10 +37,24 @@ def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
     return hash((header, tuple(rows))) & 0x3FFF_FFFF_FFFF_FFFF
 
 
-def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, spin_s: float = 0.0) -> None:
+# Requests abandoned by a timeout, still active: kept for the life of the process.  Dropped, mpi4py would
+# free an active collective's request (erroneous in MPI) and let Python reclaim its buffers, which a
+# peer arriving late would then write into.
+_PARKED: list[tuple[MPI.Request, object]] = []
+
+
+def park(req: MPI.Request, keep: object = None) -> None:
+    """Keep an active request (and ``keep``) alive for the life of the process (see ``_PARKED``)."""
+    _PARKED.append((req, keep))
+
+
+def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, spin_s: float = 0.0,
+                    keep: object = None) -> None:
     """Wait for ``req``; CollectiveTimeoutError after ``timeout_s``.  Polls briefly (for ``spin_s``
     seconds when given, yielding the core between polls: a round trip between hosts takes tens of
-    microseconds, and a sleep at least 50 us more), then sleeps between polls."""
+    microseconds, and a sleep at least 50 us more), then sleeps between polls.  On a timeout the request
+    (which holds its buffers) and ``keep`` (what else it writes into, such as the communicator an
+    ``Idup`` makes) are kept alive for good rather than freed while MPI may still use them."""
     if req.Test():
         return
     if spin_s > 0.0:
@@ -55,6 +69,7 @@ def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, sp
         tests += 1
         if tests > _SPIN_TESTS:
             if time.monotonic() > deadline:
+                park(req, keep)
                 raise CollectiveTimeoutError(
                     f"rank {rank}: other ranks did not reach {what} within {timeout_s:g} s "
                     "(a rank died, stalled, or skipped the call)")

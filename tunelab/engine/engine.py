@@ -34,19 +34,19 @@ import numpy as np
 
 from ..config import EngineConfig, load_engine_config
 from ..dtypes import FLOAT_CODES, dtype_code
-from ..errors import RankMismatchError, TopologyError, TunelabError
+from ..errors import CollectiveTimeoutError, RankMismatchError, TopologyError, TunelabError
 from ..kernels import ReduceOp, get_backend
 from ..kernels.base import half_kind
 from ..knobs import Knobs
 from . import algorithms
-from .consensus import DEVICE_ROW, agree, describe_mismatch, signature_hash
+from .consensus import DEVICE_ROW, agree, allgather_object, describe_mismatch, signature_hash
 from .device import device_buffer, device_index, empty_like
 from .fusion import Bucket, Entry, Layout, plan_buckets
 from .link import EmulatedLink
 from .mpi_ring import RingAllreduce
 from .paths import Call, HostPath
 from .shm import NodeBarrier
-from .topology import build_topology
+from .topology import build_topology, private_copy
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -87,7 +87,7 @@ def _op(op: str) -> tuple[str, ReduceOp, bool]:
     return found
 
 
-def _agree_on_settings(comm: MPI.Comm, config: EngineConfig) -> None:
+def _agree_on_settings(world: MPI.Comm, config: EngineConfig) -> None:
     """Every rank plans its buckets and picks its algorithm from its own knobs (only live changes are
     sent from rank 0): knobs that differ from rank to rank (a ``TUNELAB_*`` variable set on some ranks,
     an ``init()`` argument computed per rank) would pair one rank's bucket with another's, a silent
@@ -97,7 +97,7 @@ def _agree_on_settings(comm: MPI.Comm, config: EngineConfig) -> None:
 
     mine = {**config.knobs.as_dict(), "ranks_per_node": config.ranks_per_node, "link_gbps": config.link_gbps,
             "link_latency_us": config.link_latency_us}
-    everyone = comm.allgather(mine)
+    everyone = allgather_object(world, mine, config.timeout_s, "the engine's settings (init)", world.rank)
     differ = [k for k in mine if any(e[k] != everyone[0][k] for e in everyone)]
     if differ:
         def text(name: str, value: object) -> str:
@@ -116,9 +116,15 @@ class Engine:
         from mpi4py import MPI
 
         self.config = config or load_engine_config()
-        comm = comm or MPI.COMM_WORLD
-        _agree_on_settings(comm, self.config)
-        self.topology = build_topology(comm, self.config.ranks_per_node)
+        # Every exchange below is collective: the first is timed, so that a rank that never makes its
+        # engine (it died, or never calls init()) fails the others here instead of leaving them waiting.
+        world = private_copy(comm or MPI.COMM_WORLD, self.config.timeout_s, "the engine's setup (init)")
+        try:
+            _agree_on_settings(world, self.config)
+        except BaseException:
+            world.Free()
+            raise
+        self.topology = build_topology(world, self.config.ranks_per_node, duplicate=False)
         try:  # knobs this topology cannot run are refused before anything is allocated (the same verdict
             self.check_knobs(self.config.knobs)  # on every rank: the topology is the same everywhere)
         except TopologyError:
@@ -143,6 +149,7 @@ class Engine:
         self._host = HostPath(self.topology.local, self.kernels, self.barrier)
         self._device: Any = None
         self._closed = False
+        self._failed: str | None = None  # why the engine stopped (see _stop), once it has
         self._marking = True  # device tensors marked ready where they are submitted (mark_ready)
         self._gpu_seen: int | None = None  # the GPU of this rank's device tensors, before the device path
         self.link = self._emulated_link()
@@ -186,11 +193,16 @@ class Engine:
     def set_knobs(self, knobs: Knobs | None = None, **changes: object) -> Knobs:
         """Apply new knobs now.  Every rank must call this at the same point with the same value
         (the coordinator does that for live changes)."""
+        self._check_usable()
         new = (knobs or self._knobs).replace(**changes) if changes else (knobs or self._knobs)
         self.check_knobs(new)
+        self._small.clear()  # the slots may move (their old window is freed first), the size limit change
         if new.oneshot_max_bytes > self._host.slots.half_bytes:  # the same verdict on every rank
-            self._host.ensure_slots(new.oneshot_max_bytes)
-        self._small.clear()  # the slots may have moved, the size limit changed
+            try:
+                self._host.ensure_slots(new.oneshot_max_bytes)
+            except BaseException as exc:  # (the old slots are gone, and a peer's may not be)
+                self._stop(exc, "a knob change (the one-shot staging's allocation)")
+                raise
         for ring in (self._ring_world, self._ring_cross):
             ring.doubling_max_bytes = new.doubling_max_bytes
         if self._device is not None:
@@ -208,6 +220,8 @@ class Engine:
     # ---- collectives -------------------------------------------------------------------------
     def allreduce(self, tensor: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
         """Allreduce one array.  Out-of-place by default; ``out=tensor`` reduces in place."""
+        if self._failed is not None or self._closed:
+            self._check_usable()
         if type(tensor) is np.ndarray and isinstance(op, str):
             small = self._small.get((tensor.dtype, tensor.shape, op))
             if small is None and op in _OP_LOOKUP and self._small_host_call(tensor):
@@ -233,6 +247,7 @@ class Engine:
         """Allreduce many arrays at once, fused into buffers of at most ``fusion_threshold_bytes``.
         ``verify=False`` skips rank agreement: only for callers (the coordinator) that negotiated
         the exact same call on every rank already."""
+        self._check_usable()
         n = len(tensors)
         try:
             name, kop, average = _op(op)
@@ -260,12 +275,28 @@ class Engine:
         self._calls += 1
         what = f"allreduce call #{self._calls}"
         if verify:
-            agree(self.topology.world, (_OP_CODES[name], n, _VALID), rows, self.config.timeout_s, what,
-                  _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None, self._spin_s)
+            try:
+                agree(self.topology.world, (_OP_CODES[name], n, _VALID), rows, self.config.timeout_s, what,
+                      _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None, self._spin_s)
+            except CollectiveTimeoutError as exc:
+                self._stop(exc, what)
+                raise
         # The verdicts below are the same on every rank: the dtypes were just agreed.
         for a, row in zip(arrays, rows):
             _check_reducible(a.dtype, row[0] & ~DEVICE_ROW, average)
         call = Call(kop, 1.0 / self.topology.size if average else 1.0)
+        try:
+            self._buckets(arrays, outs_, groups_, rows, on_device, call, what)
+        except CollectiveTimeoutError as exc:  # (the device path's agreed setup errors leave it usable)
+            self._stop(exc, what)
+            raise
+        return [o.owner if d else o for o, d in zip(outs_, on_device)]
+
+    def _buckets(self, arrays: list[Any], outs_: list[Any], groups_: list[int | None], rows: list[tuple],
+                 on_device: list[bool], call: Call, what: str) -> None:
+        """An agreed call's data: host tensors, then device tensors, each in submission order.  An error
+        in the algorithms (this rank's alone, say a kernel's) stops the engine (:meth:`_stop`)."""
+        n = len(arrays)
         for device in (False, True):  # host tensors, then device tensors, each in submission order
             idx = [i for i in range(n) if on_device[i] == device]
             if not idx:
@@ -273,7 +304,7 @@ class Engine:
             path = self._device_path(arrays[idx[0]].owner) if device else self._host
             if device:
                 path.begin([arrays[i] for i in idx])  # after the producers' work on these tensors
-                if path.run_shared([arrays[i] for i in idx], [outs_[i] for i in idx], kop, call.factor, what):
+                if path.run_shared([arrays[i] for i in idx], [outs_[i] for i in idx], call.op, call.factor, what):
                     path.end([outs_[i] for i in idx])
                     continue
             for bucket in self._plan([arrays[i] for i in idx], [groups_[i] for i in idx], [rows[i] for i in idx]):
@@ -281,13 +312,16 @@ class Engine:
                 srcs = [arrays[i] if device or arrays[i].flags.c_contiguous else np.ascontiguousarray(arrays[i])
                         for i in members]
                 layout = Layout(srcs, [outs_[i] for i in members])
-                if device and path.host_staged is not None:
-                    self._staged(layout, call, path, what)
-                else:
-                    self._run(layout, call, path, what)
+                try:
+                    if device and path.host_staged is not None:
+                        self._staged(layout, call, path, what)
+                    else:
+                        self._run(layout, call, path, what)
+                except BaseException as exc:
+                    self._stop(exc, what)
+                    raise
             if device:
                 path.end([outs_[i] for i in idx])  # results ordered before their consumers
-        return [o.owner if d else o for o, d in zip(outs_, on_device)]
 
     @property
     def direct_device_mpi(self) -> bool:
@@ -385,7 +419,6 @@ class Engine:
 
     def _device_path(self, owner: Any) -> Any:
         if self._device is None:
-            from .consensus import allgather_object
             from .device_ipc import IpcUnavailable
             from .device_path import DevicePath
 
@@ -509,10 +542,18 @@ class Engine:
 
     def _short_route(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
         """A call :meth:`_small_host_call` admits: the agreed one-shot on one node, recursive doubling on
-        the output on several."""
-        if self.topology.num_nodes > 1:
-            return self._agreed_doubling(small, a, o)
-        return self._agreed_oneshot(small, a, o)
+        the output on several.  Any error but the agreed ones (a mismatch, an unreducible dtype) stops
+        the engine (:meth:`_stop`)."""
+        try:
+            if self.topology.num_nodes > 1:
+                return self._agreed_doubling(small, a, o)
+            return self._agreed_oneshot(small, a, o)
+        except RankMismatchError:
+            raise
+        except BaseException as exc:
+            if small.error is None or isinstance(exc, CollectiveTimeoutError):
+                self._stop(exc, self._call_name())
+            raise
 
     def _agreed_oneshot(self, small: _SmallCall, a: np.ndarray, o: np.ndarray | None) -> np.ndarray:
         """One host tensor on one node: copy it into this rank's slot, agree on the call in the same
@@ -594,14 +635,46 @@ class Engine:
             pass  # the others raise it; here the error is this rank's own
         raise exc
 
+    # ---- failure ----------------------------------------------------------------------------
+    def _stop(self, exc: BaseException, what: str) -> None:
+        """A call failed where its ranks need not have failed alike: a timeout (some rank is elsewhere),
+        or an error in the algorithms on this rank.  The ranks' calls, node barriers and windows may
+        no longer be in step, and a later call could pair one rank's data with another call's, or wait
+        for ever in a collective a peer never makes: the engine takes no more calls
+        (:meth:`_check_usable`), and :meth:`close` frees nothing that needs the other ranks."""
+        if self._failed is None:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            self._failed = f"{what} ({type(exc).__name__}{': ' + first if first else ''})"
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise TunelabError(f"this engine stopped after an error in {self._failed}: its ranks may be out "
+                               "of step, so it takes no more calls (close it and make a new one; through "
+                               "the runtime, shutdown() and init())")
+        if self._closed:
+            raise TunelabError("this engine is closed: make a new one")
+
+    @property
+    def failed(self) -> str | None:
+        """Why the engine stopped taking calls (:meth:`_stop`), or None."""
+        return self._failed
+
     # ---- lifetime ----------------------------------------------------------------------------
-    def close(self) -> None:
-        """Free the engine's memory, windows and communicators; a second call does nothing."""
+    def close(self, free_shared: bool | None = None) -> None:
+        """Free the engine's memory, windows and communicators; a second call does nothing.  Freeing a
+        shared-memory window waits for every rank of the node: after a failure (:meth:`_stop`) the
+        peers may never come, so then only this rank's own resources are let go, and the rest is
+        left to the process's end.  ``free_shared=True`` frees everything where the caller knows every
+        rank is freeing too (the runtime agrees on it at shutdown)."""
         if self._closed:
             return
         self._closed = True
         if self.link is not None:
             self.link.close()
+        if not (self._failed is None if free_shared is None else free_shared):
+            self._small.clear()
+            self._device = None
+            return
         if self._device is not None:
             self._device.free()
             self._device = None

@@ -93,8 +93,8 @@ class HostPath:
 
     def __init__(self, local: MPI.Comm, kernels: Any, barrier: NodeBarrier) -> None:
         self.kernels = kernels
-        self.arena = SharedArena(local)
-        self.slots = SharedArena(local)
+        self.arena = SharedArena(local, barrier)
+        self.slots = SharedArena(local, barrier)
         self.barrier = barrier
         self._scratch = np.empty(0, dtype=np.uint8)
 

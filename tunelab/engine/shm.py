@@ -21,8 +21,13 @@ _ALIGN = 256
 
 
 class SharedArena:
-    def __init__(self, local: MPI.Comm) -> None:
+    """``barrier``: the node's barrier, waited on (with its timeout) before a segment is allocated, so
+    that a peer that left the call (an error on that rank alone) fails this rank in a timed wait, rather
+    than leaving it in the window's allocation, which waits for every rank of the node for ever."""
+
+    def __init__(self, local: MPI.Comm, barrier: NodeBarrier | None = None) -> None:
         self.local = local
+        self._barrier = barrier
         self.half_bytes = 0
         self.parity = 0
         self._win: MPI.Win | None = None
@@ -36,6 +41,8 @@ class SharedArena:
             return
         from mpi4py import MPI
 
+        if self._barrier is not None:
+            self._barrier.wait(what="growing the node's shared staging")
         self.free()
         self._win = MPI.Win.Allocate_shared(2 * half_bytes, 1, comm=self.local)
         self._segments = []

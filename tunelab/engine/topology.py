@@ -81,12 +81,25 @@ class Topology:
             comm.Free()
 
 
-def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None) -> Topology:
+def private_copy(comm: MPI.Comm, timeout_s: float, what: str) -> MPI.Comm:
+    """A duplicate of ``comm``, made once every rank has come to it: CollectiveTimeoutError after
+    ``timeout_s`` on the ranks that came, where one never does (a rank that died, or never calls it),
+    instead of a wait for ever.  The exchanges that follow it find every rank there."""
+    from .consensus import wait_or_timeout
+
+    copy, req = comm.Idup()
+    wait_or_timeout(req, timeout_s, what, comm.rank, keep=copy)
+    return copy
+
+
+def build_topology(comm: MPI.Comm, ranks_per_node: int | None = None, duplicate: bool = True) -> Topology:
     """Split ``comm`` into nodes; collective over ``comm``.  Raises TopologyError on every rank
-    when ``ranks_per_node`` does not fit (never on some ranks only)."""
+    when ``ranks_per_node`` does not fit (never on some ranks only).  ``duplicate=False``: ``comm`` is
+    already a private copy (:func:`private_copy`), and the topology takes it over (freed with it, or
+    here on an error)."""
     from mpi4py import MPI
 
-    world = comm.Dup()
+    world = comm.Dup() if duplicate else comm
     host = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
     problem = ""
     if ranks_per_node is not None and ranks_per_node < 1:
