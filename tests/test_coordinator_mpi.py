@@ -119,6 +119,20 @@ def test_a_rank_that_timed_out_shuts_down_without_waiting_for_the_rank_it_timed_
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_a_coordinator_error_on_one_rank_alone_lets_every_rank_shut_down_and_init_again(n):
+    """Rank 1's coordinator failed on its own (out of memory applying knobs) and the others timed out:
+    rank 1's shutdown freed the engine's windows, which waits for every rank of the node, and the others
+    (having timed out) never came: it could never exit.  Now the ranks agree at shutdown on whether to
+    free, nobody waits past the timeout, and the next init() works."""
+    results = run_ok("runtime_one_rank_fails", n, limit_s=90, timeout_s=3.0)
+    for rank, res in enumerate(results):
+        want = "MemoryError" if rank == 1 else "CollectiveTimeoutError"
+        assert res["coordinator"] == want and res["shutdown"] == want, (rank, res)
+        assert res["shutdown_s"] < 8 and res["closed"] is False, (rank, res)
+        assert res["total"] == [n * (n + 1) / 2] * 3, (rank, res)
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_submits_that_share_memory_knob_requests_groups_and_scalars(n):
     """Against the sum over ranks: separate submits of one cycle that share memory each reduce what
     they held when submitted (one fused call read them after writing them: 4 for 2, q = 4 for 200);

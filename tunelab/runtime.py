@@ -53,6 +53,7 @@ class Runtime:
                 self.engine.close()  # every rank fails here alike: the coordinator's setup agreed on its outcome
             raise
         self.sync_comm = self.engine.topology.world.Dup()
+        self._exit_comm = self.engine.topology.world.Dup()  # one exchange, at shutdown (_all_freeing)
         self._names = itertools.count()
         self._profiles_loaded: dict[tuple[str, str], str] = {}
         self._knobs_from = ""  # the model / framework whose profile set the job's knobs (rank 0's words)
@@ -389,24 +390,52 @@ class Runtime:
                                     + "; ".join(f"rank {r}: root {root}" for r, root in enumerate(roots)))
 
     def shutdown(self) -> None:
-        """Stop the coordinator and free the engine (collective).  After a timeout or a stall the peers
-        may never come to the frees (``MPI_Win_free`` waits for every rank of the node, without a
-        timeout), and the rank that said so could not exit: then nothing collective is freed (the
-        process's end releases it), and the error is raised."""
-        from .errors import CollectiveTimeoutError, StallError
-
+        """Stop the coordinator and free the engine (collective), then raise the coordinator's final
+        error, if it had one.  Freeing a shared-memory window waits for every rank of the node, without a
+        timeout, so the engine is freed only where every rank agrees to (:meth:`_all_freeing`); else
+        nothing collective is freed (the process's end releases it) and no rank waits for the others."""
+        error: BaseException | None = None
         try:
-            self.coordinator.shutdown()  # (raises the coordinator's final error, if it had one)
-        except (CollectiveTimeoutError, StallError):
-            raise
-        except BaseException:
-            self._free()
-            raise
-        self._free()
+            self.coordinator.shutdown()
+        except BaseException as exc:  # noqa: BLE001 - raised below, once the frees are settled
+            error = exc
+        try:
+            if self._all_freeing(error):
+                self._free()
+        except CollectiveTimeoutError:
+            if error is None:
+                raise
+        if error is not None:
+            raise error
+
+    def _all_freeing(self, error: BaseException | None) -> bool:
+        """Whether every rank frees the engine now.  Each rank says how its coordinator ended in one
+        exchange.  A rank that timed out or stalled waits for nobody: its peers may never come (they are
+        stuck, or gone), so it posts its word and frees nothing, and every peer that reads the word frees
+        nothing either.  The others wait with the timeout; when every rank came without one, a timed
+        barrier confirms that all of them read the same, and only then do they free.  (Without that
+        barrier, a peer whose wait ran out just before the last word came would leave while the others
+        waited in the frees.)  CollectiveTimeoutError where a peer never came."""
+        from .engine.consensus import park, wait_or_timeout
+        from .errors import StallError
+
+        comm, timeout_s = self._exit_comm, self.config.timeout_s
+        left = isinstance(error, (CollectiveTimeoutError, StallError))
+        words = np.empty(comm.size, dtype=np.int8)
+        req = comm.Iallgather(np.array([1 if left else 0], dtype=np.int8), words)
+        if left:
+            park(req)  # (completed by the peers' words; never freed while they may still come)
+            return False
+        wait_or_timeout(req, timeout_s, "the shutdown", comm.rank)
+        if words.any():
+            return False
+        wait_or_timeout(comm.Ibarrier(), timeout_s, "the shutdown", comm.rank)
+        return True
 
     def _free(self) -> None:
         self.sync_comm.Free()
-        self.engine.close()
+        self._exit_comm.Free()
+        self.engine.close(free_shared=True)
 
 
 @dataclass(frozen=True)
