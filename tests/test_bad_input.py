@@ -753,7 +753,7 @@ def test_a_model_whose_values_give_no_time_is_refused_not_printed(model_file, tm
     for an allreduce is refused where it is predicted, not a table of such times with a crossover made
     up from them."""
     for value, size, fragment in ((1e308, "64MiB", "parameter gamma is 1e+308, more than any fit gives"),
-                                  (1e-3, "1GiB", "its values are out of range")):
+                                  (1e-3, "1GiB", "past the longest time it answers for (1e+06 s)")):
         def huge(d, value=value):
             d["values"].update({k: value for k in d["values"] if k.endswith(".gamma") or k == "gamma"})
 
@@ -774,6 +774,15 @@ def lab_model_file(tmp_path_factory):
                   *map(str, sorted(LAB_RUNS.glob("lat-H*.json"))), "--out", str(out))
     assert fit.returncode == 0, fit.stderr
     return out
+
+
+def test_a_size_past_any_job_is_blamed_on_the_question_not_the_model(lab_model_file):
+    """99999GiB at 4 x 2 ranks behind 1 Gb/s takes weeks: the error said the model's values were out of
+    range (refit it), though the fitted model was sound."""
+    proc = tunelab("model", "predict", "--model-file", str(lab_model_file), "--hosts", "4", "--ranks-per-host",
+                   "2", "--link-gbps", "1", "--no-report", "--sizes", "99999GiB")
+    one_line_error(proc, 2, "days) for flat at 1e+05 GiB, past the longest time it answers for (1e+06 s): ask "
+                            "for smaller sizes or fewer ranks")
 
 
 @pytest.mark.parametrize("change,fragment", [

@@ -172,10 +172,15 @@ def step_table(model: ScaleModel, workload: Workload, topo: Topology,
 
 def _finite(t: float, what: str) -> float:
     """``t``, a predicted time; ModelError (a usage error) where the model's values make it no time
-    at all (inf, NaN, 0: parameters out of any measured range, a model file edited by hand)."""
+    at all (inf, NaN, 0: parameters out of any measured range, a model file edited by hand), or days:
+    sizes and ranks past any job's (99999GiB), or values no fit gives though the loader lets them by."""
     from .fit import ModelError
 
-    if not (math.isfinite(t) and 0 < t < LONGEST_S):
+    if math.isfinite(t) and t >= LONGEST_S:
+        raise ModelError(f"the model predicts {t:.3g} s ({t / 86400:.3g} days) for {what}, past the longest time "
+                         f"it answers for ({LONGEST_S:g} s): ask for smaller sizes or fewer ranks (or refit the model, "
+                         "if its values are wrong)")
+    if not (math.isfinite(t) and t > 0):
         raise ModelError(f"the model predicts {t!r} s for {what}: its values are out of range (refit it)")
     return t
 
