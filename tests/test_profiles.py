@@ -743,3 +743,34 @@ def test_cli_import_reads_past_a_byte_order_mark(tmp_path):
     marked.write_bytes(b"\xef\xbb\xbf" + export.stdout.encode())
     imported = cli(tmp_path / "other", "import", str(marked))
     assert imported.returncode == 0 and "2 new profiles, 4 new trials" in imported.stdout, imported.stderr
+
+
+def test_a_retunes_check_blocks_are_stored_as_trials(tmp_path):
+    """The watch of a locked configuration that claimed a gain checks it (the locked configuration's
+    block between two of the default's) before it re-opens a search: each check block was handed to the
+    store as phase "check", which the store refused with a ValueError that ended `tune --retune`
+    (exit 1, its result lost) and, in a job's watch, stopped every later write."""
+    from tunelab.knobs import Knobs
+    from tunelab.tuning.driver import Driver
+    from tunelab.tuning.plan import Plan
+    from tunelab.tuning.run import _Recorder
+    from tunelab.tuning.space import search_space
+    from tunelab.tuning.stats import Interval
+    from tunelab.tuning.strategies import make_strategy
+
+    store = ProfileStore(tmp_path / "p.sqlite")
+    pid = new_profile(store)
+    recorder = _Recorder(store, pid, "run", KEY, None)
+    space = search_space({}, 2)
+    loaded = Knobs(cycle_time_ms=32.0)
+    driver = Driver.watching(space, lambda e: make_strategy("tunelab", space, e), loaded,
+                             Plan(retune=True, warmup_steps=1), on_sample=recorder.record,
+                             interval=Interval(1.10, 1.05, 1.15, 3))
+    for i in range(400):  # the host slows down 2x after 150 steps: the check runs, then a search
+        driver.step_done(0.1 if i < 150 else 0.2)
+    assert recorder.failed is None
+    phases = [t.phase for t in store.trials(pid)]
+    assert phases.count("check") >= 3, phases
+    copy = ProfileStore(tmp_path / "q.sqlite")
+    copy.import_(store.export())  # the store's backup takes them too
+    assert [t.phase for t in copy.trials(copy.profiles()[0].id)].count("check") >= 3

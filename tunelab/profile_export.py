@@ -10,7 +10,9 @@ from datetime import datetime, timedelta, timezone
 
 EXPORT_FORMAT = "tunelab-profiles"
 EXPORT_VERSION = 1
-PHASES = ("default", "explore", "remeasure", "locked")
+# "check": a retune's blocks that set the locked configuration against the default before a search
+# re-opens (the default's two, the locked one's between them)
+PHASES = ("default", "explore", "remeasure", "locked", "check")
 
 
 class InvalidExport(ValueError):

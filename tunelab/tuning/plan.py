@@ -81,7 +81,7 @@ def block_steps_for(measure_steps: int, block_seconds: float | None, fastest_s: 
 @dataclass(frozen=True)
 class Sample:
     index: int
-    phase: str            # explore | remeasure | locked
+    phase: str            # explore | remeasure | locked | check
     role: str             # reference | candidate | locked
     knobs: Knobs
     score: float          # samples/s: geometric mean over the block's measured steps
