@@ -256,6 +256,47 @@ def test_every_system_crosses_the_shaped_link(lab_dir):
     assert sent >= len(algos) * (iters + warmup) * size // 2
 
 
+_HOLDER = """
+import sys
+from tunelab.lab import session
+from tunelab.lab.spec import LabSpec
+with session(False, LabSpec(hosts=2, link_gbps=5.0)) as lab:
+    print("on", lab.users, flush=True)
+    sys.stdin.readline()  # on the lab until told (or killed)
+"""
+
+
+def _holder() -> subprocess.Popen:
+    """A scenario run on the lab (another process), holding it until its stdin gets a line."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().startswith("on"), proc.returncode
+    return proc
+
+
+@needs_lab
+def test_a_scenarios_lab_is_taken_down_by_the_last_run_on_it_and_after_a_killed_one(lab_dir):
+    """Two scenario runs on one lab: the first to end took the lab down under the other's ranks (and
+    killed them); a run killed on its lab left the lab up for good, since the next run only reused it."""
+    from tunelab.lab import load_state, session
+
+    spec = LabSpec(hosts=2, link_gbps=5.0)
+    with session(False, spec) as lab:  # brought up by this run
+        assert lab.scenario and lab.users == (os.getpid(),)
+        other = _holder()  # reuses it
+        assert load_state().users == (os.getpid(), other.pid)
+    assert _namespaces() == ["tlab-h0", "tlab-h1"] and load_state().users == (other.pid,)  # the other is on it
+    other.communicate("\n", timeout=60)
+    assert _namespaces() == [] and not (lab_dir / "lab.json").exists()  # the last run took it down
+    killed = _holder()  # brings it up, then dies on it
+    killed.kill()
+    killed.wait(timeout=30)
+    assert _namespaces() == ["tlab-h0", "tlab-h1"]
+    with session(False, spec) as lab:
+        assert lab.users == (os.getpid(),)  # (the dead run dropped out)
+    assert _namespaces() == [] and not (lab_dir / "lab.json").exists()
+
+
 LAB_SCENARIO = tiny_replay("tiny-lab", budget=3, forward_ms=10, backward_ms=20, np=None,
                            lab="hosts = 2\nlink_gbps = 5\nranks_per_host = 1")
 

@@ -41,17 +41,25 @@ def up(spec: LabSpec, probe: bool = True) -> LabState:
 
     net.require_privileges()
     with lab_lock():
-        check_lab_dir()
-        net.check_subnet_free(spec)
-        netem = net.has_netem()
-        if spec.link_latency_us > 0 and not netem:
-            raise UsageError("this kernel has no netem qdisc, so tc cannot add link latency: leave out "
-                             "--link-latency-us (the engine's emulated link, --ranks-per-node with "
-                             "--link-latency-us outside the lab, still models latency)")
-        return _build(spec, netem, probe)
+        return _up_locked(spec, probe)
 
 
-def _build(spec: LabSpec, netem: bool, probe: bool) -> LabState:
+def _up_locked(spec: LabSpec, probe: bool, users: tuple[int, ...] = ()) -> LabState:
+    """:func:`up`'s checks and build, with ``lab_lock`` held.  ``users``: the scenario run it is brought
+    up for (:func:`session`); none for ``lab up``."""
+    from . import net
+
+    check_lab_dir()
+    net.check_subnet_free(spec)
+    netem = net.has_netem()
+    if spec.link_latency_us > 0 and not netem:
+        raise UsageError("this kernel has no netem qdisc, so tc cannot add link latency: leave out "
+                         "--link-latency-us (the engine's emulated link, --ranks-per-node with "
+                         "--link-latency-us outside the lab, still models latency)")
+    return _build(spec, netem, probe, users)
+
+
+def _build(spec: LabSpec, netem: bool, probe: bool, users: tuple[int, ...] = ()) -> LabState:
     from . import net
     from .launch import write_launcher
     from .probe import measure_link
@@ -70,7 +78,8 @@ def _build(spec: LabSpec, netem: bool, probe: bool) -> LabState:
         notes.append("no netem in this kernel: the links add no latency (bandwidth is shaped by tbf)")
     try:
         hosts = net.build(spec, netem)
-        state = LabState(spec=spec, hosts=hosts, netem=netem, created=time.time(), notes=tuple(notes))
+        state = LabState(spec=spec, hosts=hosts, netem=netem, created=time.time(), notes=tuple(notes),
+                         scenario=bool(users), users=users)
         write_launcher(lab_dir())
         save_state(state)
         if probe:
@@ -102,12 +111,13 @@ def status() -> tuple[LabState | None, dict[str, list[str]]]:
     return load_state(), net.leftovers()
 
 
-def require_lab() -> LabState:
-    """The lab that is up, checked against the system: UsageError when there is none or it is broken."""
+def require_lab(state: LabState | None = None) -> LabState:
+    """The lab that is up (``state``, where the caller read it), checked against the system: UsageError
+    when there is none or it is broken."""
     from . import net
 
     net.require_privileges()
-    state = load_state()
+    state = state or load_state()
     if state is None:
         raise UsageError("no lab is up: run 'tunelab lab up --hosts H --link-gbps G' first")
     missing = net.problems(state)
@@ -120,25 +130,69 @@ def require_lab() -> LabState:
 def session(use_current: bool, spec: LabSpec | None = None) -> Iterator[LabState | None]:
     """The lab a command runs on: none (neither asked), the one that is up (``--lab``), or the one a
     scenario's ``[lab]`` table describes — reused when that lab is up, else brought up for the
-    command and taken down after it, whatever happens."""
+    command.  A lab brought up for scenario runs is taken down by the last of them to end (the runs on
+    it are listed in its state, under the lab's lock, so that one run's end does not pull the lab from
+    under another's ranks; a run that was killed drops out of the list, and the next run to end takes
+    the lab down).  A lab the user brought up (``lab up``) is left up."""
     if spec is None:
         yield require_lab() if use_current else None
         return
+    import os
+
     from . import net
 
     net.require_privileges()
-    current = load_state()
-    if current is not None:
-        if (current.spec.hosts, current.spec.link_gbps) != (spec.hosts, spec.link_gbps):
-            raise UsageError(f"a different lab is up ({current.describe()}) than the scenario's "
-                             f"{spec.hosts} hosts at {spec.link_gbps:g} Gb/s: run 'tunelab lab down' first")
-        yield require_lab()
-        return
-    state = up(spec)
+    me = os.getpid()
+    with lab_lock():
+        current = load_state()
+        if current is not None:
+            if (current.spec.hosts, current.spec.link_gbps) != (spec.hosts, spec.link_gbps):
+                raise UsageError(f"a different lab is up ({current.describe()}) than the scenario's "
+                                 f"{spec.hosts} hosts at {spec.link_gbps:g} Gb/s: run 'tunelab lab down' first")
+            state = dataclasses.replace(require_lab(current), users=(*_alive(current.users), me))
+            save_state(state)
+        else:
+            state = _up_locked(spec, probe=True, users=(me,))
     try:
         yield state
     finally:
-        down()
+        _leave(state, me)
+
+
+def _leave(state: LabState, me: int) -> None:
+    """This run is done with the lab ``state``: off its list of users, and the lab down where it was
+    brought up for scenario runs and no run is left on it."""
+    from . import net
+
+    with lab_lock():
+        try:
+            now = load_state()
+        except TunelabError:
+            now = None  # (unreadable now: whoever broke it takes it down)
+        if now is None or now.created != state.created:  # taken down, or replaced by another lab
+            return
+        users = tuple(u for u in _alive(now.users) if u != me)
+        if now.scenario and not users:
+            net.remove_all()
+            clear_lab_dir()
+        else:
+            save_state(dataclasses.replace(now, users=users))
+
+
+def _alive(pids: tuple[int, ...]) -> tuple[int, ...]:
+    """The processes of ``pids`` that still run."""
+    import os
+
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass
+        alive.append(pid)
+    return tuple(alive)
 
 
 def job_ranks(lab: LabState | None, np_: int | None, default: int = 2) -> int:

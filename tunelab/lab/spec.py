@@ -114,6 +114,8 @@ class LabState:
     sustained_gbps: float | None = None  # one TCP stream between two lab hosts, measured at ``up``
     created: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    scenario: bool = False             # brought up by a scenario's run (``session``), not by ``lab up``
+    users: tuple[int, ...] = ()        # the scenario runs on it now (process ids; dead ones drop out)
 
     @property
     def bridge(self) -> str:
@@ -136,7 +138,8 @@ class LabState:
         hosts = tuple(LabHost(**h) for h in data["hosts"])
         return LabState(spec=spec, hosts=hosts, netem=bool(data["netem"]),
                         sustained_gbps=data.get("sustained_gbps"), created=float(data.get("created", 0.0)),
-                        notes=tuple(data.get("notes", ())))
+                        notes=tuple(data.get("notes", ())), scenario=bool(data.get("scenario", False)),
+                        users=tuple(int(u) for u in data.get("users", ())))
 
 
 def lab_dir() -> Path:
