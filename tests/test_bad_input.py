@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scenario_text import tiny_replay
 
 DATA = Path(__file__).parent / "data"
 LANDSCAPES = Path(__file__).resolve().parents[1] / "tunelab" / "bench" / "landscapes"
@@ -313,6 +314,51 @@ def test_a_rank_refused_before_the_job_starts_ends_the_whole_job(tmp_path, secon
                           env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
     assert time.monotonic() - start < 60 and proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert "tunelab: error:" in proc.stderr or "error: argument --iters" in proc.stderr, proc.stderr[-2000:]
+    assert mpich_segments() <= before
+
+
+_FAILS_ON_RANK_0 = """
+import sys
+from mpi4py import MPI
+from tunelab.tuning import run
+
+if MPI.COMM_WORLD.rank == 0:  # a defect on rank 0 alone, in the middle of the search
+    record, calls = run._Recorder.record, []
+
+    def failing(self, sample):
+        calls.append(sample)
+        if len(calls) == 3:
+            raise RuntimeError("injected: rank 0 failed in the middle of the search")
+        record(self, sample)
+
+    run._Recorder.record = failing
+from tunelab.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_whose_job_fails_under_the_users_mpiexec_ends_the_job(tmp_path):
+    """Under the user's mpiexec, a rank whose job raised after the ranks agreed on it (an error on that
+    rank alone) exited alone: the others waited in the job's next collective for ever, and so did its
+    own MPI_Finalize.  Now it ends the job, as a launched job's ranks do."""
+    import time
+
+    from tunelab.launch import mpich_segments, mpiexec_command, remove_orphaned_segments
+
+    (tmp_path / "tiny.toml").write_text(tiny_replay(budget=8))
+    script = tmp_path / "fails.py"
+    script.write_text(_FAILS_ON_RANK_0)
+    cmd = [*mpiexec_command(), "-n", "2", sys.executable, str(script), "tune", "--scenario", "tiny.toml",
+           "--no-report"]
+    before = mpich_segments()
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120, cwd=tmp_path,
+                              env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    finally:
+        remove_orphaned_segments(before)
+    assert proc.returncode != 0 and time.monotonic() - start < 90, (proc.returncode, proc.stderr[-2000:])
+    assert "injected: rank 0 failed in the middle of the search" in proc.stderr, proc.stderr[-2000:]
     assert mpich_segments() <= before
 
 

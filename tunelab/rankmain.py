@@ -37,20 +37,24 @@ def _resolve(job: str) -> Callable[[dict], dict]:
 
 
 _REACHED = False  # whether this process reached the job's agreement (run_in_process)
+_FAILED = False  # whether this process's job raised after it (run_in_process)
 
 
 def alone_in_a_job() -> bool:
-    """Whether this process is a rank of the user's mpiexec/srun job that has not reached the job's
-    agreement (the others may be waiting there for it)."""
+    """Whether this process is a rank of the user's mpiexec/srun job that the others may be waiting for
+    where it will never come: it has not reached the job's agreement, or its job raised after it (its
+    peers may be in the job's next collective, which has no timeout everywhere)."""
     from .launch import inside_mpi_job
 
-    return not _REACHED and inside_mpi_job()
+    return (not _REACHED or _FAILED) and inside_mpi_job()
 
 
 def end_the_job_if_alone(status: int) -> None:
     """Under the user's mpiexec/srun, a rank that fails before it reaches the job's agreement (a bad
-    flag, a scenario file on one host only) leaves the other ranks waiting there for ever (the
-    launcher does not end a job for one rank's exit): it ends the whole job instead, with its status."""
+    flag, a scenario file on one host only), or whose job fails on it after (an error on that rank
+    alone), leaves the other ranks waiting for ever (the launcher does not end a job for one rank's
+    exit, and the failed rank's MPI_Finalize waits for them too): it ends the whole job instead, with
+    its status, as a launched job's ranks do."""
     if status == 0 or not alone_in_a_job():
         return
     sys.stdout.flush()
@@ -80,7 +84,12 @@ def run_in_process(job: str, params: dict) -> dict:
     global _REACHED
     _REACHED = True  # (every rank that gets here meets the others in the agreement: see ends_the_job)
     _agree_on_job(MPI.COMM_WORLD, job, params)
-    result = _resolve(job)(params)
+    try:
+        result = _resolve(job)(params)
+    except BaseException:
+        global _FAILED
+        _FAILED = True  # (the command ends the job once it has said why: end_the_job_if_alone)
+        raise
     return MPI.COMM_WORLD.bcast(result, root=0)
 
 
