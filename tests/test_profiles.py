@@ -232,6 +232,13 @@ def test_a_new_profile_is_seeded_from_the_hardware_most_like_this_one(home_store
     work = Workload(lambda: None, 1.0, model, "resnet50")
     recorder = _Recorder.create({"framework": "torch", "workload": "torch"}, rt, work, write=False)
     assert recorder.seeded_from is not None and recorder.seeded_from.id == similar
+    # a first run killed before it measured a block left its profile without trials: the next run is
+    # seeded as a new profile's is (it was not: a profile of its own, empty, was all it read)
+    killed = _Recorder.create({"framework": "torch", "workload": "torch"}, rt, work)
+    assert killed.profile_id is not None and store.trials(killed.profile_id) == []
+    again = _Recorder.create({"framework": "torch", "workload": "torch"}, rt, work)
+    assert again.profile_id == killed.profile_id
+    assert again.seeded_from is not None and again.seeded_from.id == similar
 
 
 def test_tune_goes_on_in_a_profile_stored_under_the_models_earlier_key(home_store):

@@ -375,7 +375,10 @@ class _Recorder:
                     store.rekey(legacy_id, workload.signature)
                 else:
                     key = legacy_key
-        seeded = store.nearest(key, fp.facts, also=(legacy,) if legacy else ()) if existing is None else None
+        # a new profile is seeded from the nearest one; so is one with no trials yet (its first run was
+        # killed before it measured a block: the profile is made when a run starts)
+        fresh = existing is None or not store.trials(existing)
+        seeded = store.nearest(key, fp.facts, also=(legacy,) if legacy else ()) if fresh else None
         pid = store.upsert_profile(key, fp.name, fp.facts, workload.name) if write else existing
         return cls(store, pid, uuid.uuid4().hex[:12], key, seeded, write, (fp.name, dict(fp.facts)))
 
