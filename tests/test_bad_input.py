@@ -362,6 +362,31 @@ def test_a_rank_whose_job_fails_under_the_users_mpiexec_ends_the_job(tmp_path):
     assert mpich_segments() <= before
 
 
+def test_under_the_users_mpiexec_the_job_runs_on_its_ranks_and_a_different_np_is_refused(tmp_path):
+    """`mpiexec -n 2 tunelab tune` of a scenario of 3 ranks said "on 3 ranks" and tuned on 2; `--np 3`
+    was ignored the same way (and `--np 1` refused a job of 2 ranks as one of 1)."""
+    from tunelab.launch import mpich_segments, mpiexec_command, remove_orphaned_segments
+
+    (tmp_path / "tiny.toml").write_text(tiny_replay(budget=3, np=3))
+    env = {**os.environ, "TUNELAB_HOME": str(tmp_path / "home")}
+    base = [*mpiexec_command(), "-n", "2", sys.executable, "-m", "tunelab.cli"]
+    before = mpich_segments()
+    try:
+        ran = subprocess.run([*base, "tune", "--scenario", "tiny.toml", "--no-store", "--no-report"],
+                             capture_output=True, text=True, check=False, timeout=120, cwd=tmp_path, env=env)
+        refused = [subprocess.run([*base, *words, "--np", "3", "--no-report"], capture_output=True, text=True,
+                                  check=False, timeout=120, cwd=tmp_path, env=env)
+                   for words in (["tune", "--scenario", "tiny.toml", "--no-store"],
+                                 ["bench", "allreduce", "--sizes", "4KiB", "--iters", "1"])]
+    finally:
+        remove_orphaned_segments(before)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "(replay) on 2 ranks" in ran.stdout, ran.stdout[:2000]
+    for proc in refused:
+        assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+        assert "--np 3, but the launcher started 2 ranks: leave --np out under mpiexec/srun" in proc.stderr
+
+
 def test_inside_the_users_mpiexec_rank_0_alone_writes_the_outputs(tmp_path):
     """Every rank has rank 0's result; each wrote its own report, and --json /dev/stdout held the
     document once per rank (not JSON any more)."""

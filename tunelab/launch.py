@@ -31,10 +31,17 @@ if TYPE_CHECKING:
 
 def inside_mpi_job() -> bool:
     """True when this process was started by a launcher with more than one rank."""
+    return job_size() is not None
+
+
+def job_size() -> int | None:
+    """The ranks of the launcher's job this process is one of, from the launcher's environment; None
+    outside a job of more than one rank."""
     for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
-        if os.environ.get(var, "1") not in ("", "1"):
-            return True
-    return False
+        value = os.environ.get(var, "1")
+        if value not in ("", "1"):
+            return int(value) if value.isdigit() else 2  # (a value no launcher writes: still a job)
+    return None
 
 
 def job_rank() -> int:

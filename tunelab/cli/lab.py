@@ -131,10 +131,12 @@ def scenario_session(use_lab: bool, scenario):
 
 def scenario_ranks(lab, np_flag: int | None, scenario) -> int:
     """Ranks of a scenario run: ``--np``, else the scenario's own count when it has a ``[lab]`` table
-    or runs off the lab, else (``--lab`` on a scenario without one) the lab's hosts x ranks per host."""
+    or runs off the lab, else (``--lab`` on a scenario without one) the lab's hosts x ranks per host.
+    Under the user's mpiexec/srun, the ranks it started (:func:`tunelab.lab.job_ranks`)."""
     from ..lab import job_ranks
+    from ..launch import inside_mpi_job
 
-    if np_flag is None and (lab is None or scenario.lab_hosts is not None):
+    if np_flag is None and (lab is None or scenario.lab_hosts is not None) and not inside_mpi_job():
         np_flag = scenario.np
     return job_ranks(lab, np_flag)
 

@@ -197,7 +197,17 @@ def _alive(pids: tuple[int, ...]) -> tuple[int, ...]:
 
 def job_ranks(lab: LabState | None, np_: int | None, default: int = 2) -> int:
     """Ranks for a job: ``np_`` (checked to spread evenly over the lab's hosts), else the lab's hosts
-    times its ranks per host, else ``default``."""
+    times its ranks per host, else ``default``.  Under the user's mpiexec/srun: the ranks it started
+    (a ``np_`` that differs is a usage error, not a count the header would name while the job ran on
+    the launcher's)."""
+    from ..launch import job_size
+
+    size = job_size()
+    if size is not None:
+        if np_ is not None and np_ != size:
+            raise UsageError(f"--np {np_}, but the launcher started {size} ranks: leave --np out under "
+                             "mpiexec/srun (its ranks are the job's)")
+        return size
     if lab is None:
         return np_ or default
     from .launch import ranks_per_host
