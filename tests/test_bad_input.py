@@ -387,6 +387,27 @@ def test_under_the_users_mpiexec_the_job_runs_on_its_ranks_and_a_different_np_is
         assert "--np 3, but the launcher started 2 ranks: leave --np out under mpiexec/srun" in proc.stderr
 
 
+def test_a_scenario_lab_under_the_users_mpiexec_is_refused_before_any_rank_builds_it(tmp_path):
+    """Each rank of `mpiexec -n 2 tunelab tune` of a scenario with a [lab] brought the lab up (as root),
+    probed it and took it down, only for the run to be refused then."""
+    from tunelab.launch import mpich_segments, mpiexec_command, remove_orphaned_segments
+
+    (tmp_path / "lab.toml").write_text(tiny_replay("tiny-lab", budget=3, np=None, lab="hosts = 2\nlink_gbps = 5"))
+    before = mpich_segments()
+    try:
+        proc = subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, "-m", "tunelab.cli", "tune",
+                               "--scenario", "lab.toml", "--no-store", "--no-report"], capture_output=True,
+                              text=True, check=False, timeout=120, cwd=tmp_path,
+                              env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home"),
+                                   "TUNELAB_LAB_DIR": str(tmp_path / "lab")})
+    finally:
+        remove_orphaned_segments(before)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "scenario tiny-lab's [lab] launches its own ranks on the lab's hosts: run it outside mpiexec" \
+        in proc.stderr, proc.stderr[-2000:]
+    assert "lab" not in proc.stdout and not (tmp_path / "lab").exists()
+
+
 def test_inside_the_users_mpiexec_rank_0_alone_writes_the_outputs(tmp_path):
     """Every rank has rank 0's result; each wrote its own report, and --json /dev/stdout held the
     document once per rank (not JSON any more)."""

@@ -118,7 +118,11 @@ def scenario_session(use_lab: bool, scenario):
     from ..errors import UsageError
     from ..lab import session
     from ..lab.spec import LabSpec
+    from ..launch import inside_mpi_job
 
+    if (use_lab or scenario.lab_hosts is not None) and inside_mpi_job():  # (before any rank builds a lab)
+        raise UsageError(("--lab" if use_lab else f"scenario {scenario.name}'s [lab]") + " launches its own "
+                         "ranks on the lab's hosts: run it outside mpiexec/srun")
     spec = None
     if scenario.lab_hosts is not None:
         spec = LabSpec(hosts=scenario.lab_hosts, link_gbps=scenario.lab_link_gbps,
