@@ -402,3 +402,33 @@ def test_only_the_rank_that_writes_outputs_checks_where_they_go(monkeypatch):
     monkeypatch.setenv("PMI_RANK", "0")
     with pytest.raises(argparse.ArgumentTypeError, match="cannot write"):
         output_file("/proc/no/such/out.json")
+
+
+def test_a_killed_commands_job_folder_is_removed_by_the_next_launch(tmp_path, monkeypatch):
+    """A `tune` killed with SIGKILL left its job folder (result, error lines, stderr) in /tmp for good."""
+    import tempfile
+
+    from tunelab.launch import JOB_FOLDER_OWNER, JOB_FOLDER_PREFIX, remove_stale_job_folders
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        folders = {}
+        for name, owner in (("dead", str(dead.pid)), ("alive", str(alive.pid)), ("unmarked", None),
+                            ("garbled", "x")):
+            folders[name] = tmp_path / f"{JOB_FOLDER_PREFIX}{name}"
+            folders[name].mkdir()
+            (folders[name] / "stderr.txt").write_text("lines")
+            if owner is not None:
+                (folders[name] / JOB_FOLDER_OWNER).write_text(owner)
+        other = tmp_path / "tunelab-test-x"  # (not a job's folder: never touched)
+        other.mkdir()
+        (other / JOB_FOLDER_OWNER).write_text(str(dead.pid))
+        remove_stale_job_folders()
+        assert {n for n, f in folders.items() if f.exists()} == {"alive", "unmarked", "garbled"}
+        assert other.exists()
+    finally:
+        alive.kill()
+        alive.wait()

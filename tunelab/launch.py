@@ -91,7 +91,9 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
 
         return run_in_process(job, params)
     check_ranks_fit(np_)
-    with tempfile.TemporaryDirectory(prefix="tunelab-") as tmp:
+    remove_stale_job_folders()  # what a command killed with SIGKILL left
+    with tempfile.TemporaryDirectory(prefix=JOB_FOLDER_PREFIX) as tmp:
+        (Path(tmp) / JOB_FOLDER_OWNER).write_text(str(os.getpid()))
         result_path = Path(tmp) / "result.json"
         err_path = Path(tmp) / "stderr.txt"
         rank_cmd = [sys.executable, "-m", "tunelab.rankmain", job, json.dumps(params), str(result_path)]
@@ -180,6 +182,35 @@ def remove_orphaned_segments(before: set[str], wait_s: float = 2.0) -> None:
         if not new or time.monotonic() >= deadline:
             return
         time.sleep(0.1)
+
+
+JOB_FOLDER_PREFIX = "tunelab-job-"  # a launched job's folder in the temporary directory (run_job)
+JOB_FOLDER_OWNER = "owner.pid"  # in it: the process of the command that made it
+
+
+def remove_stale_job_folders() -> None:
+    """Remove launched jobs' folders (their result, error lines and stderr) whose command no longer
+    runs: a command killed with SIGKILL leaves its folder, which nothing else removes.  Only folders
+    with tunelab's name and owner file, owned by this user, are touched."""
+    import shutil
+
+    for folder in Path(tempfile.gettempdir()).glob(JOB_FOLDER_PREFIX + "*"):
+        try:
+            if folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            pid = int((folder / JOB_FOLDER_OWNER).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if pid <= 0 or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # (its command still runs)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def remove_stale_segments(min_age_s: float = 300.0) -> None:
