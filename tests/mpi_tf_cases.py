@@ -299,6 +299,25 @@ def case_tf_api_edges(comm) -> dict:
         return tl.allreduce(loss)
 
     out["retraced"] = [round(float(step(tf.ones([b, 3]))), 4) for b in ([4, 4, 4] if r == 0 else [4, 4, 3])]
+    # XLA cannot compile a Python op: a model compiled with jit_compile=True (what "auto" gives on a host
+    # with a GPU) and a jit-compiled tf.function are refused with one line where they are traced (they
+    # failed at the first step with a page about EagerPyFunc); the next collective still sums
+    import tunelab.tensorflow.keras as hvd
+
+    xla = []
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
+    for run in (lambda: model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), epochs=1, verbose=0),
+                lambda: tf.function(lambda t: tl.allreduce(t), jit_compile=True)(tf.ones(2))):
+        try:
+            run()
+            xla.append("no error")
+        except Exception as exc:  # noqa: BLE001 (the type and text are the finding)
+            last = str(exc).strip().splitlines()[-1].strip()  # (autograph puts the traced function's
+            kind = f"{type(exc).__name__}: "  # lines, and the type again, before a tf.function's error)
+            xla.append(kind + last.removeprefix(kind))
+    out["xla"] = xla
+    out["after_xla"] = tl.allreduce(tf.constant([float(r + 1)]), op=tl.Sum).numpy().tolist()
     tl.shutdown()
     return out
 

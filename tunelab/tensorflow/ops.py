@@ -172,14 +172,35 @@ def _from_engine(a: Any) -> Any:
     return tf.experimental.dlpack.from_dlpack(a.toDlpack())  # back to a TF GPU tensor, no copy
 
 
+def py_function(fn: Any, inputs: list[Any], types: Any, what: str) -> Any:
+    """``tf.py_function`` for a graph being traced, refused with one line where XLA compiles that graph
+    (a ``tf.function(jit_compile=True)``, or a Keras model compiled with ``jit_compile=True`` or left at
+    its default ``"auto"``, which Keras turns into XLA on a host with a GPU): XLA cannot compile a Python
+    op, and fails at the first step with a page about the op it could not convert."""
+    try:
+        from tensorflow.python.framework import ops as tf_ops
+        from tensorflow.python.ops import control_flow_util
+        xla = control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph())
+    except (ImportError, AttributeError):  # (a TensorFlow without these internals: XLA says it, later)
+        xla = False
+    if xla:
+        from ..errors import UsageError
+
+        raise UsageError(f"{what} cannot run in a function XLA compiles: tunelab's collectives are Python ops "
+                         "(tf.py_function). Compile the Keras model with jit_compile=False (on a host with a "
+                         "GPU, Keras's default jit_compile=\"auto\" turns XLA on), or leave jit_compile=True "
+                         "off the tf.function that calls them")
+    return tf.py_function(fn, inputs, types)
+
+
 def _py_collective(fn: Any, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     """Run ``fn(list of arrays) -> list of arrays`` as one op, eager or in a graph: numpy arrays for
     host tensors, CuPy arrays (zero-copy, reduced on the device) for GPU tensors.  Eagerly it runs
     right away, so errors reach the caller as tunelab raised them (in a graph TF wraps them)."""
     if tf.executing_eagerly():
         return [tf.convert_to_tensor(_from_engine(a)) for a in fn([_to_engine(t) for t in tensors])]
-    outs = tf.py_function(lambda *ts: [_from_engine(a) for a in fn([_to_engine(t) for t in ts])], tensors,
-                          [t.dtype for t in tensors])
+    outs = py_function(lambda *ts: [_from_engine(a) for a in fn([_to_engine(t) for t in ts])], tensors,
+                       [t.dtype for t in tensors], "an allreduce")
     for o, t in zip(outs, tensors):
         o.set_shape(t.shape)
     return list(outs)
@@ -290,7 +311,7 @@ def _allgather_rows(t: tf.Tensor, what: str) -> tuple[tf.Tensor, Any, Any]:
     if tf.executing_eagerly():
         out, start, count = gather(t)
         return tf.convert_to_tensor(out), int(start), int(count)
-    out, start, count = tf.py_function(gather, [t], [t.dtype, tf.int64, tf.int64])
+    out, start, count = py_function(gather, [t], [t.dtype, tf.int64, tf.int64], f"the allgather of {what}")
     out.set_shape([None, *t.shape[1:]])
     return out, start, count
 
@@ -328,7 +349,7 @@ def _alltoall_rows(t: tf.Tensor, splits: tf.Tensor | None, what: str) -> tuple[t
     if tf.executing_eagerly():
         out, received = exchange(*args)
         return tf.convert_to_tensor(out), tf.convert_to_tensor(received)
-    out, received = tf.py_function(exchange, args, [t.dtype, tf.int32])
+    out, received = py_function(exchange, args, [t.dtype, tf.int32], f"the alltoall of {what}")
     out.set_shape([None, *t.shape[1:]])
     received.set_shape([_rt.current().topology.size])
     return out, received
@@ -510,6 +531,6 @@ def join() -> Any:
 
     if tf.executing_eagerly():
         return int(wait())
-    last = tf.py_function(wait, [], tf.int32)
+    last = py_function(wait, [], tf.int32, "join()")
     last.set_shape([])
     return last

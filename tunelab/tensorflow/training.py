@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from .. import runtime as _rt
 from ..reduce_ops import Average
-from .ops import Compression, reduce_gradients
+from .ops import Compression, py_function, reduce_gradients
 
 
 def variables_signature(variables: Sequence[Any]) -> str:
@@ -60,7 +60,7 @@ def _report_step(grads: list[Any], signature: Callable[[], str]) -> list[Any]:
 
     reduced = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
     with tf.control_dependencies(reduced):
-        reported = tf.py_function(done, [], tf.bool)
+        reported = py_function(done, [], tf.bool, "the step's report to the retune watch")
     with tf.control_dependencies([reported]):
         return [None if g is None else tf.identity(g) if not isinstance(g, tf.IndexedSlices)
                 else tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape) for g in grads]
