@@ -70,10 +70,11 @@ def test_tf_integer_average_with_postscale_and_a_mixed_groups_gradient_follow_ho
     assert r0["slices"] == r1["slices"] == ["IndexedSlices", [[0.5, 0.5], [1.0, 1.0]], [0, 1], [[2.0, 2.0], [4.0, 4.0]]]
     assert r0["retraced"] == r1["retraced"] == [3.0, 2.85, 2.7]  # (the loss of the mean gradient's steps)
     for res in (r0, r1):  # XLA: refused in one line where traced, and the job goes on
-        assert res["xla"] == ["UsageError: an allreduce cannot run in a function XLA compiles: tunelab's "
-                              "collectives are Python ops (tf.py_function). Compile the Keras model with "
-                              "jit_compile=False (on a host with a GPU, Keras's default jit_compile=\"auto\" "
-                              "turns XLA on), or leave jit_compile=True off the tf.function that calls them"] * 2, res
+        said = ("UsageError: an allreduce cannot run in a function XLA compiles: tunelab's collectives are Python "
+                "ops (tf.py_function). Compile the Keras model with jit_compile=False (on a host with a GPU, "
+                "Keras's default jit_compile=\"auto\" turns XLA on), or leave jit_compile=True off the "
+                "tf.function that calls them")
+        assert res["xla"] == [said] * 2, res
         assert res["after_xla"] == [3.0]
 
 
