@@ -877,6 +877,56 @@ def test_a_loaded_profile_is_watched_and_retuned_when_the_optimum_moves():
     assert steady.driver.epoch == 0 and coord.changes == [] and not lines  # nothing moved: nothing changes
 
 
+def test_an_error_in_a_reopened_search_puts_the_last_lock_back_and_the_checks_blocks_are_stored():
+    """The watch failed while its re-opened search measured a candidate (its strategy raised): the job
+    trained on for good with that candidate.  The last lock is now asked for again before the error goes
+    on (the runtime then ends the watch).  And the first re-open's check blocks, which say why it
+    re-opened, reach the store as the later ones' do (those of the first watch period were dropped)."""
+    from tunelab.tuning.watch import ProfileWatch
+
+    first = synthetic("before", SPACE, GRID, peaked(PEAK), noise=0.02, seed=7)
+    moved = PEAK.replace(fusion_threshold_bytes=0, cycle_time_ms=64.0)
+    later = synthetic("after", SPACE, GRID, lambda k: peaked(moved, 0.4)(k) * (2.0 - peaked(PEAK)(k)),
+                      noise=0.02, seed=8)
+
+    from tunelab.tuning.watch import StoreWriter
+
+    class _Store:  # what the store is handed
+        def __init__(self):
+            self.phases = []
+
+        def record_trial(self, *args):
+            self.phases.append(args[-1])
+
+        def set_best(self, *args, **kwargs):
+            pass
+
+    stored = _Store()
+    writer = StoreWriter(stored, 1, "retune-test", say=lambda line: None)
+    coord, now = FakeCoordinator(), [0.0]
+    obj = Objective(first, 0, Drift(0.03, 60.0, 0), later, 60.0)
+    coord.knobs = PEAK
+    watch = ProfileWatch(coord, SPACE, PEAK, clock=lambda: now[0], say=lambda line: None, seed=0,
+                         writer=writer, interval=CLAIMED)
+    error = None
+    for _ in range(3000):
+        now[0] += obj.step_s(coord.knobs)
+        d = watch.driver
+        if d.epoch == 1 and d.tuning and coord.knobs not in (SPACE.base, PEAK):  # measuring a candidate
+            def failing(*args, **kwargs):
+                raise RuntimeError("injected: the strategy failed")
+
+            d.strategy.tell = failing
+        try:
+            watch.step_done()
+        except RuntimeError as exc:
+            error = exc
+            break
+    assert error is not None, "the search never measured a candidate"
+    assert coord.knobs == PEAK == watch.driver.locked  # the last lock, not the candidate
+    assert "check" in stored.phases
+
+
 # what PEAK's profile says it gains over the default (peaked: 1.3 on PEAK, 1.059 at the default)
 CLAIMED = stats.Interval(1.23, 1.18, 1.28, 6)
 

@@ -238,7 +238,7 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - the watch must never stop the training it watches
             self._watch = None
             print(f"tunelab: warning: retune off after an error in the watch ({type(exc).__name__}: {exc}); "
-                  "training goes on with the knobs applied now", flush=True)
+                  "training goes on with its last lock", flush=True)
 
     def _watch_profile(self, loaded: Any, signature: str, framework: str, stored_as: str) -> Any:
         """The watch of a loaded profile (rank 0), or None where it cannot start (a store that cannot be

@@ -20,6 +20,7 @@ trains on.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,7 +63,19 @@ class ProfileWatch:
         self._epoch, self._locks, self._checks = 0, 1, 0
 
     def step_done(self) -> None:
-        """One training step finished (rank 0 only; the first call only starts the clock)."""
+        """One training step finished (rank 0 only; the first call only starts the clock).  An error
+        here ends the watch (the caller stops calling): where it struck in a search or a check, the last
+        locked configuration is asked for again first, so that the job does not train on for good with
+        whatever candidate the search was measuring."""
+        try:
+            self._step_done()
+        except BaseException:
+            if self.driver.tuning and self.driver.locked is not None:
+                with contextlib.suppress(Exception):
+                    self.coordinator.set_knobs(self.driver.locked)
+            raise
+
+    def _step_done(self) -> None:
         self.steps += 1
         now = self.clock()
         if self._last is None:
@@ -107,8 +120,8 @@ class StoreWriter:
 
     def sample(self, s: Sample) -> None:
         """A measured block: trials are the retune's blocks, not the watched blocks of the loaded knobs."""
-        if s.epoch == 0 or s.role == "locked":
-            return
+        if s.role == "locked" or (s.epoch == 0 and s.phase != "check"):  # (a check's blocks, from the first
+            return                                                          # re-open's, say why it re-opened)
         self._write(lambda: record_sample(self.store, self.profile_id, self.run_id, s))
 
     def lock(self, driver: Driver, d: Decision) -> str:
