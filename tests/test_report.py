@@ -217,14 +217,16 @@ def test_a_profile_report_says_what_its_run_decided(tmp_path: Path, kept: bool) 
     store = ProfileStore(tmp_path / "p.sqlite")
     pid = store.upsert_profile(ProfileKey("h" * 16, "m", "torch", 2), "host", {"nodes": 1}, "tiny")
     default, tuned = {"cycle_time_ms": 1.0}, {"cycle_time_ms": 8.0}
-    for score, knobs, phase in ((100.0, default, "default"), (110.0, tuned, "explore"), (90.0, default, "default")):
-        store.record_trial(pid, knobs, score, 0.02, 3, 2.0, "run-1", phase)
+    for score, knobs, phase, spread in ((100.0, default, "default", 0.02), (110.0, tuned, "explore", 0.02),
+                                        (90.0, default, "default", 0.04)):
+        store.record_trial(pid, knobs, score, spread, 3, 2.0, "run-1", phase)
     if kept:
         store.set_best(pid, default, 95.0, 95.0, 0.02, "run-1", steps=40, outcome="budget exhausted")
     else:
         store.set_best(pid, tuned, 110.0, 95.0, 0.02, "run-1", gain_interval=(1.158, 1.05, 1.25), steps=40,
                        outcome="converged")
     run = run_from_profile(pid, store)
+    assert run["default"]["spread"] == pytest.approx(0.03)  # over its blocks, as a tune JSON's (was the first's)
     text = outcome_text(run)
     assert "without an interval" not in text
     assert "Tuning measured 3 blocks (40 training steps, 6 s of measured steps)" in text

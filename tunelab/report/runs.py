@@ -124,7 +124,7 @@ def run_from_profile(profile_id: int, store: Any | None = None) -> dict[str, Any
         "label": f"profile {profile_id}", "model": summary.model_name, "hardware_name": summary.hardware_name,
         "hardware_facts": summary.hardware_facts, "samples": samples,
         "searched": [k for k in knobs if any(s["knobs"].get(k) != default["knobs"].get(k) for s in samples)],
-        "default": {"knobs": default["knobs"], "score": best.default_score, "spread": default["spread"]},
+        "default": {"knobs": default["knobs"], "score": best.default_score, "spread": _spread(samples, default["knobs"])},
         "best": {"knobs": best.knobs, "score": best.score, "spread": best.spread},
         "locked_final": None, "profile_id": profile_id, "default_recent": None,
         "outcome": _outcome_of_best(best, search),
