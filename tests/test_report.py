@@ -515,3 +515,19 @@ def test_figures_draw_log_ticks_as_numbers_and_given_labels_as_written():
     assert [t.get_text() for t in given] == ["one $", "two", "three"]
     assert not any(t.get_parse_math() for t in given)
     assert not ax.get_legend().get_texts()[0].get_parse_math()
+
+
+def test_the_outcome_in_words_says_a_converged_reason_once_and_counts_one_block() -> None:
+    """"the search converged (converged (a promising ...))" and "Tuning measured 1 blocks"."""
+    from tunelab.report.tuning import outcome_text
+
+    def run(reason, blocks):
+        return {"outcome": {"samples_to_lock": blocks, "steps_to_lock": 30, "seconds_to_lock": 12.0,
+                            "converged": reason.startswith("converged"), "stop_reason": reason,
+                            "adopted": False, "decision": "no gain cleared the minimum"},
+                "best": {"score": 1.0}, "default": {"score": 1.0}}
+
+    text = outcome_text(run("converged (a promising configuration: 1.080x estimated)", 12))
+    assert "the search converged (a promising configuration: 1.080x estimated)." in text, text
+    assert "converged (converged" not in text
+    assert "Tuning measured 1 block (30 training steps" in outcome_text(run("budget exhausted", 1))

@@ -47,11 +47,15 @@ def outcome_text(run: dict[str, Any]) -> str:
         ending = ("converged" if out.get("converged") else "ran out of its budget" if "budget" in reason
                   else "ended")
         steps = f"{out['steps_to_lock']} training steps, " if out.get("steps_to_lock") is not None else ""
-        said = reason and reason not in ("converged", "budget exhausted")  # else the ending said it
+        # else the ending said it ("converged (a promising ...)" says it too, then what it was)
+        said = reason and reason not in ("converged", "budget exhausted")
+        if said and out.get("converged") and reason.startswith("converged ("):
+            reason = reason[len("converged ("):].removesuffix(")")
         # a tune result's seconds are its training's until the lock (warm-up and discarded steps
         # included); a profile's store keeps only its measured blocks' seconds
         what = "measured steps" if out.get("seconds_measured") else "training"
-        cost = (f" Tuning measured {out['samples_to_lock']} blocks ({steps}{out['seconds_to_lock']:.0f} s of "
+        blocks = out["samples_to_lock"]
+        cost = (f" Tuning measured {blocks} block{'s' if blocks != 1 else ''} ({steps}{out['seconds_to_lock']:.0f} s of "
                 f"{what}) before locking; the search"
                 + (" (one a retune re-opened after an earlier lock)" if out.get("retuned") else "")
                 + f" {ending}" + (f" ({reason})." if said else "."))
