@@ -781,3 +781,29 @@ def test_a_retunes_check_blocks_are_stored_as_trials(tmp_path):
     copy = ProfileStore(tmp_path / "q.sqlite")
     copy.import_(store.export())  # the store's backup takes them too
     assert [t.phase for t in copy.trials(copy.profiles()[0].id)].count("check") >= 3
+
+
+def test_a_store_write_gives_up_after_its_own_busy_timeout(tmp_path):
+    """A job's retune writes on rank 0's training thread: a store another process holds locked must not
+    keep it there for the store's 60 s (the stall timeout: every rank would fail).  The watch's store
+    waits a quarter of the job's timeout, then its writer gives up, says so, and training goes on."""
+    import sqlite3
+
+    from tunelab.tuning.watch import StoreWriter
+
+    store = ProfileStore(tmp_path / "p.sqlite")
+    pid = new_profile(store)
+    store.busy_timeout_s = 0.5
+    lines = []
+    writer = StoreWriter(store, pid, "retune-x", say=lines.append)
+    holder = sqlite3.connect(tmp_path / "p.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write, in progress
+    try:
+        t0 = time.monotonic()
+        ok = writer._write(lambda: store.record_trial(pid, KNOBS, 1.0, 0.01, 3, 1.0, "retune-x", "explore"))
+        waited = time.monotonic() - t0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert not ok and writer.broken and waited < 5, waited
+    assert "locked by another process (waited 0.5 s)" in lines[0] and "training goes on" in lines[0], lines

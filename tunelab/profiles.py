@@ -102,6 +102,7 @@ class ProfileStore:
 
             path = tunelab_home() / FILE_NAME
         self.path = Path(path)
+        self.busy_timeout_s = BUSY_TIMEOUT_S  # how long a write waits for another process's lock
         self._absent = False  # no file yet, and opened to read: reads see an empty store in memory
         self._older = False   # an older schema, opened to read: read as it is, upgraded by the first write
         self._open_or_create(create)
@@ -367,15 +368,15 @@ class ProfileStore:
                 for statement in _SCHEMA.split(";"):
                     conn.execute(statement)
             else:
-                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except sqlite3.Error as exc:
-            raise StoreError(_describe(self.path, exc)) from None
+            raise StoreError(_describe(self.path, exc, self.busy_timeout_s)) from None
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("PRAGMA foreign_keys = ON")
             yield conn
         except sqlite3.Error as exc:
-            raise StoreError(_describe(self.path, exc)) from None
+            raise StoreError(_describe(self.path, exc, self.busy_timeout_s)) from None
         finally:
             conn.close()
 
@@ -475,11 +476,11 @@ def _equal_facts(a: dict, b: dict) -> int:
     return sum(1 for k, v in a.items() if k in b and b[k] == v)
 
 
-def _describe(path: Path, exc: sqlite3.Error) -> str:
+def _describe(path: Path, exc: sqlite3.Error, waited_s: float = BUSY_TIMEOUT_S) -> str:
     """One line naming the file, for the CLI's ``tunelab: error:``."""
     text = " ".join(str(exc).split())
     if "locked" in text or "busy" in text:
-        return f"profile store {path} is locked by another process (waited {BUSY_TIMEOUT_S:g} s): {text}"
+        return f"profile store {path} is locked by another process (waited {waited_s:g} s): {text}"
     if "not a database" in text or "malformed" in text:
         return f"{path} is not a tunelab profile store (corrupt: {text})"
     return f"profile store {path}: {text}"

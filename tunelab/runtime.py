@@ -266,6 +266,10 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - the job itself must not stop for it (on rank 0 alone)
             print(f"tunelab: warning: retune off: the profile's trials could not be read ({exc})", flush=True)
             return None
+        # rank 0 writes on the training's thread: a store locked by another process must not hold it for
+        # as long as the others' gradients may wait for it (the stall timeout), or every rank fails; a
+        # write that waits longer is given up (the writer says so, and training goes on)
+        store.busy_timeout_s = min(store.busy_timeout_s, self.config.timeout_s / 4)
         writer = StoreWriter(store, best.profile_id, f"{RETUNE_RUN_PREFIX}{uuid.uuid4().hex[:8]}") if best else None
         # the store keeps samples/s; a step's samples are read from the profile's own trials
         per_step = samples_per_step(trials)
