@@ -559,7 +559,7 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
     monkeypatch.setattr(watch, "ProfileWatch", lambda coordinator, space, loaded, stored, writer=None, key=None,
                         interval=None, samples_per_step=1.0: space)
     key = SimpleNamespace()  # the store has no profile under it: nothing to warm-start from
-    rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs()),
+    rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs(), timeout_s=60.0),
                          topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                          profile_key=lambda signature, framework: key)
     monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: None)

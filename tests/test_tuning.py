@@ -1178,3 +1178,27 @@ def test_a_retune_reads_a_steps_samples_from_the_profiles_own_trials():
     assert samples_per_step(trials) == 64.0
     assert samples_per_step(trials[-2:]) is None
     assert samples_per_step([]) is None
+
+
+def test_a_stored_claim_holds_only_where_the_job_runs_its_knobs_against_its_default():
+    """A profile's claimed gain is what a check holds the loaded knobs to: not where the job pins one of
+    them otherwise, and not where the claim was measured against another default (a profile tuned
+    before the cycle default became 10 ms claimed its gain over 1 ms)."""
+    from types import SimpleNamespace
+
+    from tunelab.tuning.watch import stored_claim
+
+    base = SPACE.base
+    best = SimpleNamespace(knobs={"cycle_time_ms": 16.0}, gain=1.2, gain_low=1.1, gain_high=1.3, run_id="r")
+    loaded = base.replace(cycle_time_ms=16.0)
+
+    def default_trial(knobs, run_id="r"):
+        return SimpleNamespace(knobs=knobs.as_dict(), run_id=run_id, phase="default")
+
+    claim = stored_claim(best, [default_trial(base)], loaded, base)
+    assert claim is not None and (claim.gain, claim.low, claim.high) == (1.2, 1.1, 1.3)
+    assert stored_claim(best, [default_trial(base)], loaded.replace(cycle_time_ms=8.0), base) is None  # pinned
+    other = base.replace(cycle_time_ms=base.cycle_time_ms * 10)
+    assert stored_claim(best, [default_trial(other)], loaded, base) is None  # another default
+    assert stored_claim(best, [default_trial(other, "older run")], loaded, base) is not None  # another run's
+    assert stored_claim(SimpleNamespace(**{**vars(best), "gain_low": None}), [], loaded, base) is None

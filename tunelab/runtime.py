@@ -244,13 +244,11 @@ class Runtime:
         """The watch of a loaded profile (rank 0), or None where it cannot start (a store that cannot be
         read again, a damaged trial): said in one line, and the job trains on without it.  ``stored_as``:
         the signature the profile is stored under (the model's earlier one, where it was found so)."""
-        from .knobs import stored_knobs
         from .profiles import ProfileStore
         from .tuning.plan import Plan
         from .tuning.result import RETUNE_RUN_PREFIX, samples_per_step, stored_observations
         from .tuning.space import search_space
-        from .tuning.stats import Interval
-        from .tuning.watch import ProfileWatch, StoreWriter
+        from .tuning.watch import ProfileWatch, StoreWriter, stored_claim
 
         pinned = {k: getattr(self.engine.knobs, k) for k in self.config.pinned}
         # a GPU model's profile (its signature says so) was tuned over the device path's knobs too: a
@@ -276,15 +274,7 @@ class Runtime:
         unit = (f"{per_step:g} samples a step, as the profile's trials were measured" if per_step is not None
                 else "its scores stored as steps/s: the profile's trials do not tell a step's samples")
         print(f"tunelab: retune on: watching the loaded configuration's step time ({unit})", flush=True)
-        # the gain the profile claims for its knobs, which a check holds them to before a search re-opens;
-        # none where the job runs other values of the knobs it names (pinned here, not there): the watch
-        # then re-opens unchecked.  (A knob it does not name runs alike in the check's default and loaded
-        # blocks, so the check still compares what the claim compared.)
-        measured = stored_knobs(best.knobs).as_dict() if best else {}
-        same = all(getattr(loaded, k) == v for k, v in measured.items() if k in best.knobs)
-        claimed = (Interval(best.gain, best.gain_low, best.gain_high, 0)
-                   if best and same and best.gain_low is not None and best.gain_high is not None and best.gain > 0
-                   else None)
+        claimed = stored_claim(best, trials, loaded, space.base)
         return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer, key=(signature, framework),
                             interval=claimed, samples_per_step=per_step or 1.0)
 

@@ -149,3 +149,22 @@ class StoreWriter:
             self.say(f"tunelab: warning: retune results not saved to the profile store ({exc}); training goes on")
             return False
         return True
+
+
+def stored_claim(best: Any, trials: list[Any], loaded: Knobs, base: Knobs) -> Interval | None:
+    """The gain over the default a stored ``best`` claims for the job's ``loaded`` knobs, which a check
+    holds them to before a search re-opens; None (the watch re-opens unchecked) where the claim does not
+    speak of this job: it runs other values of the knobs the best names (pinned here, not there), or the
+    default the claim was measured against (its run's default blocks, in ``trials``) is not this job's
+    ``base`` (a pin then, a default changed since).  A knob the best does not name runs alike in the
+    check's default and loaded blocks, so the check still compares what the claim compared."""
+    from ..knobs import stored_knobs
+
+    if best is None or best.gain_low is None or best.gain_high is None or not best.gain or best.gain <= 0:
+        return None
+    measured = stored_knobs(best.knobs).as_dict()
+    if any(getattr(loaded, k) != v for k, v in measured.items() if k in best.knobs):
+        return None
+    if any(stored_knobs(t.knobs) != base for t in trials if t.run_id == best.run_id and t.phase == "default"):
+        return None
+    return Interval(best.gain, best.gain_low, best.gain_high, 0)
