@@ -531,3 +531,19 @@ def test_the_outcome_in_words_says_a_converged_reason_once_and_counts_one_block(
     assert "the search converged (a promising configuration: 1.080x estimated)." in text, text
     assert "converged (converged" not in text
     assert "Tuning measured 1 block (30 training steps" in outcome_text(run("budget exhausted", 1))
+
+
+def test_a_tune_json_whose_lock_came_from_a_reopened_search_says_so(inputs: dict, tmp_path: Path) -> None:
+    """A `tune --retune` result locked by a search the watch re-opened: its block and step counts are
+    that search's, and the words said nothing of it (a profile's report did)."""
+    from tunelab.report.runs import run_from_json
+    from tunelab.report.tuning import outcome_text
+
+    data = json.loads(inputs["tune"].read_text())
+    data.update(gain_interval=None, adopted=False, decision="no configuration cleared the minimum gain",
+                converged=True, stop_reason="converged", samples_to_lock=5, steps_to_lock=20, seconds_to_lock=3.0,
+                outcome="converged")
+    assert "one a retune re-opened" not in outcome_text(run_from_json("plain", data))
+    data["outcome"] = "retuned: converged"
+    text = outcome_text(run_from_json("retuned", data))
+    assert "the search (one a retune re-opened after an earlier lock)" in text, text

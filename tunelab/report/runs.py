@@ -61,6 +61,7 @@ def _outcome(label: str, data: dict[str, Any]) -> dict[str, Any]:
     keys = ("adopted", "gain_interval", "locked_from", "decision", "converged", "stop_reason", "samples_to_lock",
             "steps_to_lock", "seconds_to_lock", "drift")
     out = {k: data.get(k) for k in keys}
+    out["retuned"] = str(data.get("outcome") or "").startswith("retuned:")  # (the last search's, re-opened)
     up = data.get("runner_up")
     out["runner_up_interval"] = up.get("interval") if isinstance(up, dict) else None
     for name, where in (("gain_interval", "gain_interval"), ("runner_up_interval", "runner_up.interval")):
