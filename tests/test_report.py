@@ -385,6 +385,8 @@ def test_a_landscape_is_reported_best_first_with_its_default_marked(tmp_path: Pa
     assert f"{default + 1} fusion=64MiB cycle=10ms segment=4MiB (recorded default) {means[default][0]:.4g}" in text
     assert "hier=" not in text  # one node: hierarchical is not a knob of this grid
     assert text.count("(recorded default)") == 1 and f"{means[default][0] / best:.4g} 5" in text
+    # its hardware as people read it (the bytes as a size, a banner on one line), as bench allreduce's is
+    assert "memory_bytes 23.5 GiB" in text and "MPICH Version: 5.0.2" in text and "25276510208" not in text, text
 
 
 def test_the_tuner_section_counts_the_targets_each_strategy_meets(tmp_path: Path) -> None:
@@ -547,3 +549,16 @@ def test_a_tune_json_whose_lock_came_from_a_reopened_search_says_so(inputs: dict
     data["outcome"] = "retuned: converged"
     text = outcome_text(run_from_json("retuned", data))
     assert "the search (one a retune re-opened after an earlier lock)" in text, text
+
+
+def test_a_train_benchmarks_hardware_is_shown_as_words() -> None:
+    """bench train records the hardware it ran on, as bench allreduce does; its section never showed it."""
+    from tunelab.report.bench import train_section
+
+    data = {"model": "resnet50", "framework": "torch", "world_size": 2,
+            "rows": [{"system": "tunelab", "samples_per_s": 10.0}, {"system": "ddp", "samples_per_s": 9.0}],
+            "hardware": {"cpu_model": "AMD EPYC", "memory_bytes": 25276510208, "frameworks": {"torch": "2.13.0"}}}
+    blocks = train_section([("run", data)])["blocks"]
+    hardware = next(b for b in blocks if b.get("caption") == "hardware: run")
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", str(hardware["html"])))
+    assert "memory_bytes 23.5 GiB" in text and "frameworks torch 2.13.0" in text and "{" not in text, text

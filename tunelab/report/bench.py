@@ -53,11 +53,7 @@ def allreduce_section(results: list[Result]) -> dict[str, Any]:
         tables.append(table_block(f"nccl-tests style results: {label}", table))
         hw = data.get("hardware")
         if hw:
-            from ..hardware import fact_text
-
-            tables.append(table_block(f"hardware: {label}", [
-                {"fact": k, "value": f"{v:g} Gb/s" if k == "link_gbps" and isinstance(v, (int, float)) else fact_text(k, v)}
-                for k, v in hw.items()]))
+            tables.append(table_block(f"hardware: {label}", hardware_rows(hw)))
     fig = figures.line_chart(series, "message size (bytes)", "bus bandwidth (GB/s)", logx=True)
     blocks = [_figure("fig-busbw", "bus bandwidth vs message size, every algorithm incl. baselines", fig)]
     return {"id": "bench-allreduce", "title": "Allreduce bandwidth", "blocks": blocks + tables}
@@ -154,8 +150,17 @@ def landscape_section(results: list[Result]) -> dict[str, Any]:
                                                          if v is not None]))
         hw = d.get("hardware")
         if isinstance(hw, dict) and hw:
-            blocks.append(table_block(f"hardware: {label}", [{"fact": k, "value": str(v)} for k, v in hw.items()]))
+            blocks.append(table_block(f"hardware: {label}", hardware_rows(hw)))
     return {"id": "bench-landscape", "title": "Knob landscapes", "blocks": blocks}
+
+
+def hardware_rows(facts: dict[str, Any]) -> list[dict[str, str]]:
+    """A run's recorded hardware facts as a table's rows, as people read them (sizes in binary units, a
+    link in Gb/s, a lab's or a framework's dict as words), never a Python repr."""
+    from ..hardware import fact_text
+
+    return [{"fact": k, "value": f"{v:g} Gb/s" if k == "link_gbps" and isinstance(v, (int, float)) else fact_text(k, v)}
+            for k, v in facts.items()]
 
 
 def _scoreboard_rows(board: Any) -> list[dict[str, Any]]:
@@ -273,6 +278,9 @@ def train_section(results: list[Result]) -> dict[str, Any]:
         blocks.append(table_block(title, [{names.get(k, k): v for k, v in r.items()} for r in d["rows"]]))
         for note in d.get("notes", []):
             blocks.append({"kind": "text", "text": f"Note: {note}."})
+        hw = d.get("hardware")
+        if isinstance(hw, dict) and hw:  # (recorded with every run, as bench allreduce's is)
+            blocks.append(table_block(f"hardware: {label}", hardware_rows(hw)))
     return {"id": "bench-train", "title": "Training throughput", "blocks": blocks}
 
 
