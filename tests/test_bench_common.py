@@ -25,10 +25,18 @@ def test_turns_rotate_and_give_each_op_its_iterations_and_warmup(monkeypatch):
     assert [t.size for t in times] == [10, 10, 10]
     ran = [c for c in calls if not c.startswith("<")]
     assert ran[:6] == list("aabbcc")  # each op's own warm-up first
-    turns = [c for c in calls if c.startswith("<")]
+    marks = [c for c in calls if c.startswith("<")]
+    turns = [m for k, m in enumerate(marks) if k == 0 or marks[k - 1] != m]
     assert turns == ["<0", "<1", "<2", "<1", "<2", "<0", "<2", "<0", "<1", "<0", "<1", "<2"]  # rotating
     # shares of 3, 3, 2, 2 iterations, each turn with one untimed iteration first
-    assert sum(1 for c in ran if c == "a") == 2 + 10 + 4 and checked == [int(t[1]) for t in turns]
+    assert sum(1 for c in ran if c == "a") == 2 + 10 + 4
+    # every timed iteration, and only those, is poisoned before and checked after (a re-warm's result,
+    # or one call's, stood for the turn's timed calls that wrote nothing)
+    assert marks.count("<0") == 10 and checked == [int(m[1]) for m in marks]
+    timed_a = [k for k, c in enumerate(calls) if c == "a"][2:]  # (after its warm-up)
+    poisoned = [k for k, c in enumerate(calls) if c == "<0"]
+    assert all(k - 1 in poisoned for k in timed_a if calls[k - 1] == "<0")
+    assert len([k for k in timed_a if calls[k - 1] == "<0"]) == 10  # each timed call right after its poison
     # an op whose iterations are long (a big allreduce behind a slow link) is not re-warmed: its turns
     # would cost half as much again, for caches it does not feel
     monkeypatch.setattr(common, "REWARM_MAX_S", 0.0)
@@ -81,3 +89,31 @@ def test_an_algorithm_that_writes_nothing_is_caught_though_another_wrote_the_sha
     p = {"iters": 4, "warmup": 1}
     rows = _measure_size(Comm(), p, ["mpi", "ring"], src, expected, {"ring": WritesNothing()}, None, None, 1, True)
     assert [(r["algorithm"], r["wrong"]) for r in rows] == [("mpi", 0), ("ring", 256)]
+
+
+def test_a_call_that_writes_nothing_is_caught_in_every_timed_iteration(monkeypatch):
+    """An op that does its work only on its first call after another op's (a stale cache on repeated
+    identical calls): with the output poisoned before each turn and checked after it, the turn's untimed
+    re-warm wrote the result and the timed calls that wrote nothing went unseen (0 wrong).  Now every
+    timed iteration is poisoned before and checked after."""
+    monkeypatch.setattr(common, "REWARM_MAX_S", 1e9)  # (short ops: each turn re-warms)
+    out, last, wrong = np.zeros(4), [None], [0]
+
+    def stale():
+        if last[0] != "stale":
+            out[:] = 1.0
+        last[0] = "stale"
+
+    def writes():
+        out[:] = 1.0
+        last[0] = "writes"
+
+    def poison(i):
+        out[:] = np.nan
+
+    def check(i):
+        wrong[0] += int(np.isnan(out).any()) if i == 0 else 0
+
+    common.interleaved_iterations(OneRank(), [(stale, None), (writes, None)], iters=8, warmup=1, rounds=2,
+                                  before=poison, after=check)
+    assert wrong[0] == 8  # every timed iteration of the stale op is caught

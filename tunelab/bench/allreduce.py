@@ -4,8 +4,8 @@ For every size: each algorithm's warm-up, then timed iterations that start toget
 barrier, the algorithms taking turns (four rounds, each giving every algorithm a quarter of its
 iterations, in an order that rotates: a slow stretch of a shared host falls on all of them alike);
 the reported time is the median over iterations of the slowest rank.  Inputs are exact-sum
-integers, the output is poisoned before each turn and compared bit for bit with a numpy reference
-after it: ``wrong`` counts mismatched elements (the most in any turn, summed over ranks).
+integers, the output is poisoned before every timed iteration and compared bit for bit with a numpy
+reference after it: ``wrong`` counts mismatched elements (the most in any iteration, summed over ranks).
 
 The ``bound`` row is the physical limit of any allreduce on these ranks: every rank reads its
 input and writes its output at the same time, as a plain copy (host memory, or device memory with
@@ -89,8 +89,8 @@ def run_rank(p: dict) -> dict:
 def _measure_size(comm, p: dict, algorithms: list[str], src: np.ndarray, expected: np.ndarray, engines: dict,
                   gloo, tools: tuple | None, sharing: int, leader: bool) -> list[dict]:
     """One row per algorithm at one size, the algorithms taking turns (:func:`.common.interleaved_iterations`).
-    They share one output (and its device copy), poisoned before each turn and checked bit for bit after
-    it: taking turns, they would otherwise hold an output each at once."""
+    They share one output (and its device copy), poisoned before every timed iteration and checked bit for
+    bit after it: taking turns, they would otherwise hold an output each at once."""
     from mpi4py import MPI
 
     out = np.empty_like(src)
@@ -151,8 +151,8 @@ def _operation(algo: str, comm, src: np.ndarray, out: np.ndarray, device: tuple 
     """(op, reset, result) for one algorithm at one size: ``op`` is what is timed, ``reset`` (or None)
     restores its input before each iteration, ``result()`` is its output as a host array.  ``out`` (and
     with ``--device cuda`` ``device``, the input and output in device memory) is the output every
-    algorithm of this size writes, poisoned by the caller before each turn, so an allreduce that writes
-    nothing is caught.  ``sharing``: how many ranks share this rank's GPU (the bound is then one copy of
+    algorithm of this size writes, poisoned by the caller before every timed iteration, so an allreduce
+    that writes nothing is caught.  ``sharing``: how many ranks share this rank's GPU (the bound is then one copy of
     all their bytes, by the ``leader``, the node's first)."""
     from mpi4py import MPI
 

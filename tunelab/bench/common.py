@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -39,18 +40,26 @@ def count_wrong(result: np.ndarray, expected: np.ndarray) -> int:
 
 
 def timed_iterations(comm: MPI.Comm, op: Callable[[], None], iters: int, warmup: int,
-                     reset: Callable[[], None] | None = None) -> np.ndarray:
-    """Seconds per iteration, each the slowest rank's time (ranks start together after a barrier)."""
+                     reset: Callable[[], None] | None = None, before: Callable[[], None] | None = None,
+                     after: Callable[[], None] | None = None) -> np.ndarray:
+    """Seconds per iteration, each the slowest rank's time (ranks start together after a barrier).
+    ``before`` and ``after`` run untimed around every measured iteration (not the warm-up ones), before
+    ``reset``: to poison the output, and to check what that iteration wrote."""
     times = np.empty(iters, dtype=np.float64)
     for k in range(warmup + iters):
+        measured = k >= warmup
+        if measured and before is not None:
+            before()
         if reset is not None:
             reset()
         comm.Barrier()
         t0 = time.perf_counter()
         op()
         dt = time.perf_counter() - t0
-        if k >= warmup:
+        if measured:
             times[k - warmup] = dt
+            if after is not None:
+                after()
     slowest = np.empty_like(times)
     from mpi4py import MPI
 
@@ -73,8 +82,9 @@ def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None
     not on whichever one ran at the time.  A turn after another op's starts with one more untimed
     iteration where an iteration is short (with ``warmup`` > 0, an op whose warm-up iterations took under
     ``REWARM_MAX_S`` on every rank: the caches are the other op's; a longer one does not feel it, and its
-    turns would cost half as much again).  ``before(i)`` and ``after(i)`` run untimed around each turn of
-    op ``i`` (to poison its output, and to check it)."""
+    turns would cost half as much again).  ``before(i)`` and ``after(i)`` run untimed around each measured
+    iteration of op ``i`` (to poison its output, and to check it): around the turn, a re-warm's results
+    would stand for timed calls that wrote nothing, and one call's for the turn's others."""
     n = len(ops)
     rewarm = []
     for op, reset in ops:
@@ -92,12 +102,10 @@ def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None
     times: list[list[np.ndarray]] = [[] for _ in range(n)]
     for r, share in enumerate(shares):
         for i in [(r + j) % n for j in range(n)]:
-            if before is not None:
-                before(i)
             op, reset = ops[i]
-            times[i].append(timed_iterations(comm, op, share, int(agreed[i]), reset))
-            if after is not None:
-                after(i)
+            times[i].append(timed_iterations(comm, op, share, int(agreed[i]), reset,
+                                             None if before is None else functools.partial(before, i),
+                                             None if after is None else functools.partial(after, i)))
     return [np.concatenate(t) for t in times]
 
 

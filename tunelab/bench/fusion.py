@@ -4,8 +4,8 @@
 * ``fused``: all tensors in one batch, packed into fusion buffers at the threshold;
 * ``contiguous``: one allreduce of a single array holding the same bytes.
 
-The three take turns (:func:`.common.interleaved_iterations`), their outputs poisoned before each turn
-and compared bit for bit after it.
+The three take turns (:func:`.common.interleaved_iterations`), their outputs poisoned before every
+timed iteration and compared bit for bit after it.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ def run_rank(p: dict) -> dict:
     flat_expected = np.concatenate([e.reshape(-1) for e in expected])
     wrong = [0] * len(MODES)
 
-    def poison(i: int) -> None:  # before each turn: a mode that writes nothing is caught
+    def poison(i: int) -> None:  # before each timed iteration: a mode that writes nothing is caught
         for o in (*outs, flat_out):
             o.view(np.uint8).fill(0xFF)
 
-    def check(i: int) -> None:  # after it: its results, bit for bit
+    def check(i: int) -> None:  # after it: that iteration's results, bit for bit
         bad = (count_wrong(flat_out, flat_expected) if MODES[i] == "contiguous"
                else sum(count_wrong(o, e) for o, e in zip(outs, expected)))
         wrong[i] = max(wrong[i], bad)
