@@ -227,6 +227,8 @@ def test_bench_allreduce_runs_and_writes_nccl_style_json(tmp_path):
     assert {r["size"] for r in rows} == {4096, 102400}
     assert data["hardware"]["world_size"] == 2 and data["hardware"]["cpu_cores"] >= 1
     assert "busbw_GB/s" in proc.stdout and "#wrong" in proc.stdout and "time/bound" in proc.stdout
+    # on one node the two engine rows are one code path: the run says so rather than show two "algorithms"
+    assert any("ring and hierarchical run the same code on one node" in n for n in data["notes"]), data["notes"]
 
 
 @pytest.mark.mpi
@@ -238,6 +240,7 @@ def test_bench_allreduce_emulated_nodes_half_precision(tmp_path):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(path.read_text())
     assert data["hardware"]["nodes"] == 2
+    assert not any("same code" in n for n in data["notes"])  # (two nodes of two: hierarchical is its own)
     assert [r["algorithm"] for r in data["rows"]] == ["ring", "hierarchical"]
     assert all(r["wrong"] == 0 for r in data["rows"])
     assert "MPI has no standard bfloat16 sum" in proc.stdout

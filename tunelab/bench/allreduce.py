@@ -70,6 +70,14 @@ def run_rank(p: dict) -> dict:
         src = exact_input(count, comm.rank, comm.size, dtype)
         expected = exact_sum(count, comm.size, dtype)
         rows += _measure_size(comm, p, algorithms, src, expected, engines, gloo, tools, sharing, leader)
+    if "ring" in engines and "hierarchical" in engines:
+        topo = engines["ring"].topology
+        if topo.num_nodes == 1 or topo.local_size == 1:  # (the engine takes hierarchical only across nodes of 2+)
+            where = "one node" if topo.num_nodes == 1 else "nodes of one rank"
+            inside = (": within a node both are the one-shot or two-shot through shared memory"
+                      if topo.num_nodes == 1 else ": both are the ring over every rank")
+            notes.append(f"ring and hierarchical run the same code on {where}{inside} (their rows differ only "
+                         "by noise)")
     if any(e.shared_gpu for e in engines.values()):  # what the engine did, not what it might have
         notes.append("ring/hierarchical on a shared GPU: the node's first rank reduces for every rank in one "
                      "launch (the shared-GPU path)")
@@ -152,8 +160,8 @@ def _operation(algo: str, comm, src: np.ndarray, out: np.ndarray, device: tuple 
     restores its input before each iteration, ``result()`` is its output as a host array.  ``out`` (and
     with ``--device cuda`` ``device``, the input and output in device memory) is the output every
     algorithm of this size writes, poisoned by the caller before every timed iteration, so an allreduce
-    that writes nothing is caught.  ``sharing``: how many ranks share this rank's GPU (the bound is then one copy of
-    all their bytes, by the ``leader``, the node's first)."""
+    that writes nothing is caught.  ``sharing``: how many ranks share this rank's GPU (the bound is then
+    one copy of all their bytes, by the ``leader``, the node's first)."""
     from mpi4py import MPI
 
     if tools is not None:  # --device cuda: inputs and outputs in device memory
