@@ -117,3 +117,28 @@ def test_a_call_that_writes_nothing_is_caught_in_every_timed_iteration(monkeypat
     common.interleaved_iterations(OneRank(), [(stale, None), (writes, None)], iters=8, warmup=1, rounds=2,
                                   before=poison, after=check)
     assert wrong[0] == 8  # every timed iteration of the stale op is caught
+
+
+def test_the_bound_copy_uses_the_engines_cores_and_copies_every_byte():
+    """The bound row was a single-threaded copy, which an engine whose reduce runs on several cores (a
+    rank per 8 cores, say) could beat: it now copies with the engine's kernel threads, in pieces."""
+    from types import SimpleNamespace
+
+    from tunelab.bench.allreduce import _bound_copy
+    from tunelab.kernels import get_backend
+
+    kernels = get_backend("cpu")
+    tables = []
+
+    class Counting:
+        def copy_table(self, rows):
+            tables.append(rows.shape[0])
+            kernels.copy_table(rows)
+
+    src = np.random.default_rng(0).integers(0, 255, (3 << 20) + 37, dtype=np.uint8)
+    for threads in (1, 4):
+        out = np.zeros_like(src)
+        engine = SimpleNamespace(kernel_threads=threads, kernels=Counting(), use_kernel_threads=lambda: None)
+        _bound_copy(src, out, engine)()
+        assert np.array_equal(out, src)
+    assert tables == [16]  # one thread: numpy's copy; four: sixteen pieces for the kernels' parallel copy
