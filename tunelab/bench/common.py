@@ -80,17 +80,16 @@ def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None
     ``rounds`` rounds times a share of every op's ``iters`` iterations, in an order that rotates by one
     from round to round.  A slow or fast stretch of a shared, noisy host then falls on every op alike,
     not on whichever one ran at the time.  A turn after another op's starts with one more untimed
-    iteration where an iteration is short (with ``warmup`` > 0, an op whose warm-up iterations took under
-    ``REWARM_MAX_S`` on every rank: the caches are the other op's; a longer one does not feel it, and its
+    iteration where an iteration is short (with ``warmup`` > 0, an op whose fastest warm-up iteration took
+    under ``REWARM_MAX_S`` on every rank: the caches are the other op's; a longer one does not feel it, and its
     turns would cost half as much again).  ``before(i)`` and ``after(i)`` run untimed around each measured
     iteration of op ``i`` (to poison its output, and to check it): around the turn, a re-warm's results
     would stand for timed calls that wrote nothing, and one call's for the turn's others."""
     n = len(ops)
     rewarm = []
-    for op, reset in ops:
-        t0 = time.perf_counter()
-        timed_iterations(comm, op, 0, warmup, reset)
-        rewarm.append(warmup > 0 and n > 1 and (time.perf_counter() - t0) / warmup < REWARM_MAX_S)
+    for op, reset in ops:  # (by its fastest warm-up iteration: the first may pay a one-time cost, a
+        warm = timed_iterations(comm, op, warmup, 0, reset)  # compilation, a connection, that later ones do not)
+        rewarm.append(warmup > 0 and n > 1 and float(warm.min()) < REWARM_MAX_S)
     # (a re-warm is one more collective call: every rank must agree on it)
     mine = np.asarray(rewarm, dtype=np.int32)
     agreed = np.empty_like(mine)
