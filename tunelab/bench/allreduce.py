@@ -193,7 +193,6 @@ def _operation(algo: str, comm, src: np.ndarray, out: np.ndarray, device: tuple 
                 store(d_out, out)
                 wait()  # (CuPy's upload is queued on its stream: the row ends when the result is there)
         return op, None, lambda: download(d_out)
-    reset = None
     if algo == "bound":
         op = _bound_copy(src, out, next(iter(engines.values()), None))
     elif algo in engines:
@@ -202,13 +201,11 @@ def _operation(algo: str, comm, src: np.ndarray, out: np.ndarray, device: tuple 
     elif algo == "mpi":
         def op() -> None:
             comm.Allreduce(src, out, op=MPI.SUM)
-    else:
-        def reset() -> None:
+    else:  # gloo reduces in place: its row times the copy of the input into the output too, which every
+        def op() -> None:  # other row (out of place, its input kept) pays in its own way
             np.copyto(out, src)
-
-        def op() -> None:
             gloo.allreduce_(out)
-    return op, reset, lambda: out
+    return op, None, lambda: out
 
 
 def _bound_copy(src: np.ndarray, out: np.ndarray, engine: Any) -> Callable[[], None]:
