@@ -457,6 +457,12 @@ def test_cli_on_a_shipped_landscape(tmp_path):
     assert all(t["landscapes"] == 1 for t in board["targets"].values())
     assert "# targets met, of 1 landscape:" in proc.stdout and "# within 3 %, tunelab vs random: " in proc.stdout
     assert board["ceiling"]["landscapes"] == 1 and "#   for scale, every point measured once" in proc.stdout
+    # the plan each landscape ran with (its own block steps and budget), not only the defaults
+    from tunelab.bench.tuner import plan_for
+    from tunelab.tuning.replay import Landscape
+
+    ran = result["landscapes"]["replay-vgg16-2nodes-10gbps"]["plan"]
+    assert ran == json.loads(json.dumps(vars(plan_for(Landscape.load(shipped)))))
 
 
 def _row(strategy, landscape, samples, within, worse):

@@ -161,8 +161,10 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
                 pooled.setdefault(row["strategy"], []).extend(curves)
     info = {}
     for land in landscapes:
-        steps = plan_for(land, budget).measure_steps
+        plan = plan_for(land, budget)
+        steps = plan.measure_steps
         info[land.name] = {"best": land.best, "default": land.true_score(land.space.base),
+                           "plan": dict(vars(plan)),  # (what ran on it: its budget and block steps)
                            "points": len(land.knobs), "names": list(land.space.names), "block_steps": steps,
                            "exhaustive_within_3pct": exhaustive_pick(land, steps, visit_noise=visit_noise),
                            "visit_noise": {"sigma": land.visit_sigma, "seconds": land.visit_seconds,
@@ -177,7 +179,7 @@ def compare(landscapes: list[Landscape], strategies: tuple[str, ...], seeds: int
             "scoreboard": board,
             "model_first": model_first(rows),
             "seeds": seeds, "drift": drift, "visit_noise": visit_noise != "off", "visit_noise_mode": visit_noise,
-            "plan": dict(vars(Plan())),
+            "plan": dict(vars(Plan())),  # the defaults; each landscape's own: landscapes.<name>.plan
             "target": f"locked within {100 * (1 - WITHIN):.0f}% of the landscape's best"}
 
 
