@@ -124,8 +124,9 @@ def test_the_bound_copy_uses_the_engines_cores_and_copies_every_byte():
     rank per 8 cores, say) could beat: it now copies with the engine's kernel threads, in pieces."""
     from types import SimpleNamespace
 
-    from tunelab.bench.allreduce import _bound_copy
     from tunelab.kernels import get_backend
+
+    from tunelab.bench.allreduce import _bound_copy
 
     kernels = get_backend("cpu")
     tables = []

@@ -234,14 +234,25 @@ def test_bench_train_step_times_are_the_slowest_ranks_as_its_samples_per_second_
 
 
 def test_bench_train_rotates_the_order_of_systems_each_round():
+    from collections import Counter
+
     from tunelab.bench.train import rotated
 
-    systems = ["tunelab-tuned", "tunelab", "ddp"]
-    orders = [rotated(systems, r) for r in range(3)]
-    assert orders == [systems, ["tunelab", "ddp", "tunelab-tuned"], ["ddp", "tunelab-tuned", "tunelab"]]
-    for position in range(3):  # over three rounds every system runs once in every position
-        assert {order[position] for order in orders} == set(systems)
-    assert rotated(systems, 3) == systems and rotated([], 1) == []
+    for systems in (["tunelab-tuned", "tunelab", "ddp", "no-comm"], ["tunelab-tuned", "tunelab", "ddp"]):
+        n = len(systems)
+        rounds = n if n % 2 == 0 else 2 * n
+        orders = [rotated(systems, r) for r in range(rounds)]
+        assert all(sorted(o) == sorted(systems) for o in orders)
+        positions = Counter((o[k], k) for o in orders for k in range(n))
+        assert set(positions.values()) == {rounds // n}  # every system in every position, equally often
+        after = Counter((o[k], o[k + 1]) for o in orders for k in range(n - 1))
+        assert len(after) == n * (n - 1) and set(after.values()) == {rounds // n}  # after every other one
+        assert rotated(systems, rounds) == orders[0]
+    # the default 2 rounds of 4 systems: no system follows the same one twice (rotating by one did)
+    two = [rotated(["a", "b", "c", "d"], r) for r in range(2)]
+    pairs = [(o[k], o[k + 1]) for o in two for k in range(3)]
+    assert len(set(pairs)) == len(pairs) and two[0][0] != two[1][0]
+    assert rotated([], 1) == []
 
 
 def _replayed_result(speed, drift=0.05, strategy="tunelab", budget=None):

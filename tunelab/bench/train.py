@@ -165,11 +165,26 @@ def _hardware(comm: Any, gpus: bool = False) -> dict:
 
 
 def rotated(systems: list[str], round_index: int) -> list[str]:
-    """Round ``r`` runs the systems starting from the r-th: over the rounds each system runs in every
-    position, so whatever one system leaves behind (warm caches, a baseline's lingering threads)
-    does not always land on the same next system."""
-    k = round_index % len(systems) if systems else 0
-    return systems[k:] + systems[:k]
+    """The systems' order in round ``round_index``: a balanced Latin square (Williams'), so that whatever
+    one system leaves behind (warm caches, a baseline's lingering threads) does not always land on the
+    same next system, nor one system always run first.  Over n rounds of n systems (2n where n is odd:
+    the square, then its mirror) each system runs in every position, and right after every other one,
+    equally often; from the first round on, no pair follows in the same order twice before it must.
+    (Rotating the order by one a round kept every system's predecessor: with 4 systems and the default
+    2 rounds, one never ran first and each followed the same system both times.)"""
+    n = len(systems)
+    if n == 0:
+        return []
+    base, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...
+    while len(base) < n:
+        base.append(low)
+        low += 1
+        if len(base) < n:
+            base.append(high)
+            high -= 1
+    r = round_index % (n if n % 2 == 0 else 2 * n)
+    order = [systems[(b + r) % n] for b in base]
+    return order[::-1] if r >= n else order
 
 
 def _round_result(p: dict, world: int, total: float, per_step: list[float], identical: bool) -> dict:
