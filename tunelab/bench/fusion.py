@@ -70,10 +70,15 @@ def run_rank(p: dict) -> dict:
                      "time_us_p90": float(np.percentile(times, 90)) * 1e6,
                      "wrong": int(comm.allreduce(wrong[i], op=MPI.SUM))})
     knobs = engine.knobs.as_dict()
+    topo_nodes = engine.topology.num_nodes
     engine.close()
     contig = rows[-1]["time_us"]
     per = rows[0]["time_us"]
     for r in rows:
         r["vs_contiguous"] = r["time_us"] / contig
         r["speedup_vs_per_tensor"] = per / r["time_us"]
-    return {"rows": rows, "model": p["model"], "world_size": comm.size, "knobs": knobs}
+    from ..hardware import host_info
+    from .allreduce import lab_facts
+
+    hardware = {**host_info(), "world_size": comm.size, "nodes": topo_nodes, **lab_facts(comm)}
+    return {"rows": rows, "model": p["model"], "world_size": comm.size, "knobs": knobs, "hardware": hardware}

@@ -9,8 +9,10 @@ their tables are uploaded once, before timing.
 
 ``vs_copy`` is kernel GB/s over copy GB/s, counting ``size`` bytes of payload.  ``vs_bound`` counts
 the bytes each kernel must move (pack, unpack: read + write; reduce: two reads and a write; cast: a
-float32 read and a bfloat16 write) against the copy's read + write rate: 1.0 is the memory
-system's speed for that kernel's traffic, whatever the kernel.  Each result is checked against numpy.
+float32 read and a bfloat16 write) against the copy's read + write rate: 1.0 is the copy's speed for
+that kernel's traffic, whatever the kernel.  On the CPU both run on one thread (the kernels' serial
+builds, as a rank that has one core runs them, and numpy's copy): the memory system's speed for one
+core, not the whole machine's.  Each result is checked against numpy.
 """
 
 from __future__ import annotations

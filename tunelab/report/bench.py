@@ -67,6 +67,9 @@ def fusion_section(results: list[Result]) -> dict[str, Any]:
     for label, d in results:
         blocks.append(table_block(f"fusion modes: {label} (model {d.get('model', '?')})",
                                   [{_HEADS.get(k, k): v for k, v in r.items()} for r in d["rows"]]))
+        hw = d.get("hardware")
+        if isinstance(hw, dict) and hw:
+            blocks.append(table_block(f"hardware: {label}", hardware_rows(hw)))
     return {"id": "bench-fusion", "title": "Tensor fusion", "blocks": blocks}
 
 
