@@ -778,8 +778,10 @@ def test_a_retunes_check_blocks_are_stored_as_trials(tmp_path):
     assert recorder.failed is None
     phases = [t.phase for t in store.trials(pid)]
     assert phases.count("check") >= 3, phases
+    exported = store.export()
+    assert exported["version"] == 2  # (an older tunelab says the export is newer than it reads)
     copy = ProfileStore(tmp_path / "q.sqlite")
-    copy.import_(store.export())  # the store's backup takes them too
+    copy.import_(exported)  # the store's backup takes them too
     assert [t.phase for t in copy.trials(copy.profiles()[0].id)].count("check") >= 3
 
 

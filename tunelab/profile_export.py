@@ -9,7 +9,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 EXPORT_FORMAT = "tunelab-profiles"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: trials may have the phase "check" (exports without such trials are written as 1)
 # "check": a retune's blocks that set the locked configuration against the default before a search
 # re-opens (the default's two, the locked one's between them)
 PHASES = ("default", "explore", "remeasure", "locked", "check")

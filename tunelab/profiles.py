@@ -236,8 +236,11 @@ class ProfileStore:
             if missing:
                 raise StoreError(f"no profile with id {missing[0]} in {self.path}")
             summaries = [by_id[i] for i in dict.fromkeys(profile_ids)]
-        out = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-               "profiles": [self._export_one(s) for s in summaries]}
+        profiles = [self._export_one(s) for s in summaries]
+        # the oldest version that holds them: a tunelab from before retune checks reads an export without
+        # one (version 1), and one with them says it is newer, rather than that a trial's phase is wrong
+        checks = any(t.get("phase") == "check" for p in profiles for t in p.get("trials", []))
+        out = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION if checks else 1, "profiles": profiles}
         for s, p in zip(summaries, out["profiles"]):
             # a backup that `profiles import` would refuse is no backup: each profile is read as import
             # reads it (a trial dated in the future by a host's wrong clock, a field edited in the file)
