@@ -414,7 +414,7 @@ def test_import_merges_trials_and_keeps_the_higher_best(store, tmp_path):
 
 @pytest.mark.parametrize("mutate,message", [
     (lambda d: d.update(format="other"), "not a tunelab profiles export"),
-    (lambda d: d.update(version=2), "newer"),
+    (lambda d: d.update(version=3), "newer"),
     (lambda d: d["profiles"][0].pop("framework"), "framework is missing"),
     (lambda d: d["profiles"][0]["trials"][0].update(phase="warmup"), "phase"),
     (lambda d: d["profiles"][0]["trials"][0].update(score="fast"), "score"),
