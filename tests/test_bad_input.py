@@ -714,7 +714,7 @@ def test_a_tune_result_with_a_damaged_interval_is_named_by_its_field(tmp_path, c
 
 
 @pytest.mark.parametrize("change,fragment", [
-    (lambda d: d.update(version=0), '"version" must be 1 .. 1'),
+    (lambda d: d.update(version=0), '"version" must be 1 .. 2'),
     (lambda d: d["profiles"][0]["trials"][0]["knobs"].update(bogus=1), "trials[0].knobs: unknown knob 'bogus'"),
     (lambda d: d["profiles"][0]["best"]["knobs"].update(segment_bytes=1), "best.knobs: knob segment_bytes=1"),
     (lambda d: d["profiles"][0]["trials"][0].update(steps=10 ** 30), "trials[0].steps must be a finite number"),
