@@ -544,6 +544,46 @@ def case_error_on_one_rank_before_the_staging_grows(comm: MPI.Comm, timeout_s: f
     return out
 
 
+def case_close_after_an_error_on_one_rank(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
+    """Rank 1's copy-out of a call's only bucket fails on that rank alone, after the call's last node
+    barrier: its engine stops, the others' do not.  Closing must not leave the healthy ranks in the
+    shared windows' frees, which wait for every rank of the node (the stopped rank once freed nothing):
+    every rank closing, they agree and free.  Then the last rank closes its next engine only after the
+    others' timeout: they give up and free nothing (no wait for ever), and so does it."""
+    out: dict = {}
+    engine = Engine(comm, load_engine_config(timeout_s=timeout_s, oneshot_max_bytes=0))
+    data = np.ones(256, np.float32)
+    engine.allreduce_batch([data])
+    if comm.rank == 1:
+        copy, calls = engine._host.copy, []
+
+        def failing_copy(rows):  # (the bucket's pack, then its copy-out)
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected: the copy-out failed on rank 1")
+            copy(rows)
+
+        engine._host.copy = failing_copy
+    try:
+        out["call"] = engine.allreduce_batch([data])[0][:2].tolist()
+    except RuntimeError as exc:
+        out["call"] = str(exc)
+    t0 = time.monotonic()
+    engine.close()
+    out["close_s"], out["freed"] = time.monotonic() - t0, engine.topology.world == MPI.COMM_NULL
+    engine = Engine(comm, load_engine_config(timeout_s=timeout_s))
+    engine.allreduce(np.ones(4, np.float32))
+    if comm.rank == comm.size - 1:
+        time.sleep(timeout_s + 2)
+    t0 = time.monotonic()
+    engine.close()
+    out["late_close_s"], out["late_freed"] = time.monotonic() - t0, engine.topology.world == MPI.COMM_NULL
+    comm.Barrier()
+    with Engine(comm, load_engine_config(timeout_s=timeout_s)) as engine:
+        out["total"] = engine.allreduce(np.full(3, comm.rank + 1.0)).tolist()
+    return out
+
+
 def case_runtime_one_rank_fails(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     """Rank 1's coordinator fails on that rank alone (applying a knob change runs out of memory); the
     others time out.  Every rank's shutdown must return, raising its own error, without anyone freeing

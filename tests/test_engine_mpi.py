@@ -175,6 +175,16 @@ def test_an_error_on_one_rank_stops_its_engine_and_a_growing_staging_times_out_i
         assert res["after_knobs"].startswith("this engine stopped after an error in a knob change"), res
 
 
+def test_closing_after_an_error_on_one_rank_frees_where_every_rank_closes_and_never_hangs():
+    results = run_ok("close_after_an_error_on_one_rank", 2, limit_s=90, timeout_s=3.0)
+    healthy, failed = results
+    assert healthy["call"] == [2.0, 2.0] and failed["call"] == "injected: the copy-out failed on rank 1"
+    for res in results:
+        assert res["freed"] is True and res["close_s"] < 2, res  # every rank closing: agreed, and freed
+        assert res["late_freed"] is False and res["late_close_s"] < 10, res  # a peer that did not come
+        assert res["total"] == [3.0] * 3, res
+
+
 @pytest.mark.parametrize("doubling", [False, True])
 def test_a_rank_stalled_inside_a_transfer_between_nodes_ends_the_job_after_the_timeout(doubling):
     """MPI's blocking transfers between nodes cannot be interrupted: a peer that stalls inside one hung

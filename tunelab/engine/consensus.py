@@ -155,7 +155,8 @@ def agree(comm: MPI.Comm, header: tuple[int, ...], rows: list[tuple[int, ...]],
         wait_or_timeout(comm.Iallreduce(send, recv, op=MPI.MAX), timeout_s, what, comm.rank, spin_s)
         if recv[0] == -recv[1]:
             return
-    everyone = comm.allgather((header, rows))
+    # (timed too: a rank that timed out in this call, or refused it, is not there to gather)
+    everyone = allgather_object(comm, (header, rows), timeout_s, what, comm.rank)
     raise RankMismatchError(f"ranks disagree on {what}: {describe_mismatch(everyone, labels)}")
 
 

@@ -130,6 +130,7 @@ class Engine:
         except TopologyError:
             self.topology.free()
             raise
+        self._exit_comm = self.topology.world.Dup()  # for close()'s one exchange (_all_closing)
         # Host tensors use the Numba CPU kernels and the node's shared-memory segments.  Device
         # tensors (CUDA) take the device path (tunelab.engine.device), set up on the first one.
         self.kernels = get_backend("cpu")
@@ -566,7 +567,8 @@ class Engine:
                 self.kernels.scale(views[self.topology.local_rank], small.before)
         if not self.barrier.wait_agreeing(small.digest, self._call_name):
             what = self._call_name()
-            everyone = self.topology.world.allgather(small.signature)
+            everyone = allgather_object(self.topology.world, small.signature, self.config.timeout_s, what,
+                                        self.topology.rank)
             raise RankMismatchError(f"ranks disagree on {what}: {describe_mismatch(everyone, _HEADER_LABELS)}")
         if small.error is not None:
             raise type(small.error)(*small.error.args)
@@ -633,6 +635,9 @@ class Engine:
                   _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None, self._spin_s)
         except RankMismatchError:
             pass  # the others raise it; here the error is this rank's own
+        except CollectiveTimeoutError as timeout:
+            self._stop(timeout, self._call_name())
+            raise
         raise exc
 
     # ---- failure ----------------------------------------------------------------------------
@@ -641,7 +646,8 @@ class Engine:
         or an error in the algorithms on this rank.  The ranks' calls, node barriers and windows may
         no longer be in step, and a later call could pair one rank's data with another call's, or wait
         for ever in a collective a peer never makes: the engine takes no more calls
-        (:meth:`_check_usable`), and :meth:`close` frees nothing that needs the other ranks."""
+        (:meth:`_check_usable`), and :meth:`close` frees what needs the other ranks only where they all
+        close too."""
         if self._failed is None:
             first = str(exc).splitlines()[0] if str(exc) else ""
             self._failed = f"{what} ({type(exc).__name__}{': ' + first if first else ''})"
@@ -661,17 +667,19 @@ class Engine:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self, free_shared: bool | None = None) -> None:
-        """Free the engine's memory, windows and communicators; a second call does nothing.  Freeing a
-        shared-memory window waits for every rank of the node: after a failure (:meth:`_stop`) the
-        peers may never come, so then only this rank's own resources are let go, and the rest is
-        left to the process's end.  ``free_shared=True`` frees everything where the caller knows every
-        rank is freeing too (the runtime agrees on it at shutdown)."""
+        """Free the engine's memory, windows and communicators; a second call does nothing (collective).
+        Freeing a shared-memory window waits for every rank of the node, and after a failure on some rank
+        (:meth:`_stop`) a peer may never come: so the ranks first agree that every one of them is closing
+        (:meth:`_all_closing`, with the timeout), and where they do not, only this rank's own resources
+        are let go and the rest is left to the process's end.  ``free_shared``: the caller's own verdict
+        (True: it knows every rank frees now, as the runtime agrees at shutdown; False: free nothing
+        shared), in place of that exchange."""
         if self._closed:
             return
         self._closed = True
         if self.link is not None:
             self.link.close()
-        if not (self._failed is None if free_shared is None else free_shared):
+        if not (self._all_closing() if free_shared is None else free_shared):
             self._small.clear()
             self._device = None
             return
@@ -681,7 +689,23 @@ class Engine:
         self._small.clear()
         self._host.free()
         self.barrier.free()
+        self._exit_comm.Free()
         self.topology.free()
+
+    def _all_closing(self) -> bool:
+        """Whether every rank closes this engine now: a timed barrier on a communicator kept for it (the
+        engine's own may hold a request a timeout left), then a second one, so that a rank whose wait ran
+        out just as the last came does not leave the others in the frees.  False where a rank did not
+        come within the timeout (it failed elsewhere, or never closes)."""
+        from .consensus import wait_or_timeout
+
+        what, rank = "the engine's close", self.topology.world.rank
+        try:
+            for _ in range(2):
+                wait_or_timeout(self._exit_comm.Ibarrier(), self.config.timeout_s, what, rank)
+        except CollectiveTimeoutError:
+            return False
+        return True
 
     def __enter__(self) -> Engine:  # noqa: PYI034 (not subclassed; py3.10 has no typing.Self)
         return self
