@@ -362,6 +362,23 @@ def test_a_rank_whose_job_fails_under_the_users_mpiexec_ends_the_job(tmp_path):
     assert mpich_segments() <= before
 
 
+def test_an_error_every_rank_meets_alike_under_the_users_mpiexec_ends_the_job_without_an_abort(tmp_path):
+    """A layout every rank refuses alike, inside the job: each rank exits with its usage error (2), as
+    without mpiexec, rather than every rank calling MPI_Abort (the abort banners, lines lost)."""
+    from tunelab.launch import mpich_segments, mpiexec_command, remove_orphaned_segments
+
+    before = mpich_segments()
+    try:
+        proc = subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, "-m", "tunelab.cli", "bench",
+                               "allreduce", "--ranks-per-node", "3", "--sizes", "4KiB", "--iters", "1",
+                               "--no-report"], capture_output=True, text=True, check=False, timeout=120,
+                              cwd=tmp_path, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    finally:
+        remove_orphaned_segments(before)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "ranks_per_node=3 but only 2 ranks share host" in proc.stderr and "MPI_Abort" not in proc.stderr
+
+
 def test_under_the_users_mpiexec_the_job_runs_on_its_ranks_and_a_different_np_is_refused(tmp_path):
     """`mpiexec -n 2 tunelab tune` of a scenario of 3 ranks said "on 3 ranks" and tuned on 2; `--np 3`
     was ignored the same way (and `--np 1` refused a job of 2 ranks as one of 1)."""
