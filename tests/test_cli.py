@@ -422,8 +422,9 @@ def test_a_killed_commands_job_folder_is_removed_by_the_next_launch(tmp_path, mo
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         folders = {}
-        for name, owner in (("dead", str(dead.pid)), ("alive", str(alive.pid)), ("unmarked", None),
-                            ("garbled", "x")):
+        space = os.readlink("/proc/self/ns/pid")
+        for name, owner in (("dead", f"{dead.pid} {space}"), ("alive", f"{alive.pid} {space}"), ("unmarked", None),
+                            ("garbled", "x"), ("elsewhere", f"{dead.pid} pid:[1]")):
             folders[name] = tmp_path / f"{JOB_FOLDER_PREFIX}{name}"
             folders[name].mkdir()
             (folders[name] / "stderr.txt").write_text("lines")
@@ -433,7 +434,7 @@ def test_a_killed_commands_job_folder_is_removed_by_the_next_launch(tmp_path, mo
         other.mkdir()
         (other / JOB_FOLDER_OWNER).write_text(str(dead.pid))
         remove_stale_job_folders()
-        assert {n for n, f in folders.items() if f.exists()} == {"alive", "unmarked", "garbled"}
+        assert {n for n, f in folders.items() if f.exists()} == {"alive", "unmarked", "garbled", "elsewhere"}
         assert other.exists()
     finally:
         alive.kill()

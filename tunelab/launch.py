@@ -93,7 +93,7 @@ def run_job(job: str, params: dict[str, object], np_: int, timeout_s: float | No
     check_ranks_fit(np_)
     remove_stale_job_folders()  # what a command killed with SIGKILL left
     with tempfile.TemporaryDirectory(prefix=JOB_FOLDER_PREFIX) as tmp:
-        (Path(tmp) / JOB_FOLDER_OWNER).write_text(str(os.getpid()))
+        (Path(tmp) / JOB_FOLDER_OWNER).write_text(_owner_text())
         result_path = Path(tmp) / "result.json"
         err_path = Path(tmp) / "stderr.txt"
         rank_cmd = [sys.executable, "-m", "tunelab.rankmain", job, json.dumps(params), str(result_path)]
@@ -188,19 +188,36 @@ JOB_FOLDER_PREFIX = "tunelab-job-"  # a launched job's folder in the temporary d
 JOB_FOLDER_OWNER = "owner.pid"  # in it: the process of the command that made it
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (containers sharing /tmp number their processes apart)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _owner_text() -> str:
+    return f"{os.getpid()} {_pid_namespace()}".strip()
+
+
 def remove_stale_job_folders() -> None:
     """Remove launched jobs' folders (their result, error lines and stderr) whose command no longer
     runs: a command killed with SIGKILL leaves its folder, which nothing else removes.  Only folders
-    with tunelab's name and owner file, owned by this user, are touched."""
+    with tunelab's name and owner file, owned by this user and made in this PID namespace, are
+    touched."""
     import shutil
 
+    mine = _pid_namespace()
     for folder in Path(tempfile.gettempdir()).glob(JOB_FOLDER_PREFIX + "*"):
         try:
             if folder.is_symlink() or folder.stat().st_uid != os.getuid():
                 continue
-            pid = int((folder / JOB_FOLDER_OWNER).read_text().strip())
+            pid_text, _, space = (folder / JOB_FOLDER_OWNER).read_text().strip().partition(" ")
+            pid = int(pid_text)
         except (OSError, ValueError):
             continue
+        if space != mine:
+            continue  # (another container's numbering: its pid says nothing here)
         if pid <= 0 or pid == os.getpid():
             continue
         try:
