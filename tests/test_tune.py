@@ -673,7 +673,7 @@ def test_a_loaded_profile_is_held_to_its_claimed_gain_only_where_the_job_runs_it
     same = stored_knobs(stored)  # (knobs the stored best does not name: those it ran with)
     for pinned, loaded in (((), same), (("cycle_time_ms",), same.replace(cycle_time_ms=7.0)),
                            (("doubling_max_bytes",), same.replace(doubling_max_bytes=same.doubling_max_bytes + 4096))):
-        rt = SimpleNamespace(engine=SimpleNamespace(knobs=loaded), config=SimpleNamespace(pinned=pinned, knobs=Knobs()),
+        rt = SimpleNamespace(engine=SimpleNamespace(knobs=loaded), config=SimpleNamespace(pinned=pinned, knobs=Knobs(), timeout_s=60.0),
                              topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                              profile_key=lambda signature, framework: None)
         runtime.Runtime._watch_profile(rt, loaded, "sig", "torch", "sig")
