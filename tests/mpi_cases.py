@@ -462,6 +462,20 @@ def case_skipped_call(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     return result | {"abort": True}  # the stuck collective cannot be finished: end the job
 
 
+def _fail_the_next_copy_out(engine: Engine) -> None:
+    """The next call's first bucket fails on this rank alone at its copy-out (the pack is the host path's
+    first copy, the copy-out its second), after the bucket's last node barrier."""
+    copy, calls = engine._host.copy, []
+
+    def failing_copy(rows):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected: the copy-out failed on rank 1")
+        copy(rows)
+
+    engine._host.copy = failing_copy
+
+
 def case_late_engine(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
     """The last rank makes its engine only after the others' timeout: they fail at once, with a timeout
     naming the engine's setup, instead of waiting for it for ever; it fails as well, when it comes (the
@@ -497,15 +511,7 @@ def case_error_on_one_rank_before_the_staging_grows(comm: MPI.Comm, timeout_s: f
     first, second = np.ones(256, np.float32), np.ones(1 << 16, np.float32)  # 1 KiB, then 256 KiB: two buckets
     engine.allreduce_batch([np.ones(8, np.float32)])  # (a first call: the staging is made at 256 bytes)
     if comm.rank == 1:
-        copy, calls = engine._host.copy, []
-
-        def failing_copy(rows):  # (the bucket's pack, then its copy-out)
-            calls.append(1)
-            if len(calls) == 2:
-                raise RuntimeError("injected: the copy-out failed on rank 1")
-            copy(rows)
-
-        engine._host.copy = failing_copy
+        _fail_the_next_copy_out(engine)
     t0 = time.monotonic()
     try:
         engine.allreduce_batch([first, second])
@@ -555,15 +561,7 @@ def case_close_after_an_error_on_one_rank(comm: MPI.Comm, timeout_s: float = 3.0
     data = np.ones(256, np.float32)
     engine.allreduce_batch([data])
     if comm.rank == 1:
-        copy, calls = engine._host.copy, []
-
-        def failing_copy(rows):  # (the bucket's pack, then its copy-out)
-            calls.append(1)
-            if len(calls) == 2:
-                raise RuntimeError("injected: the copy-out failed on rank 1")
-            copy(rows)
-
-        engine._host.copy = failing_copy
+        _fail_the_next_copy_out(engine)
     try:
         out["call"] = engine.allreduce_batch([data])[0][:2].tolist()
     except RuntimeError as exc:
