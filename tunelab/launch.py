@@ -218,16 +218,20 @@ def remove_stale_job_folders() -> None:
             continue
         if space != mine:
             continue  # (another container's numbering: its pid says nothing here)
-        if pid <= 0 or pid == os.getpid():
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # (its command still runs)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if pid <= 0 or pid == os.getpid() or process_alive(pid):
             continue
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one of another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def remove_stale_segments(min_age_s: float = 300.0) -> None:

@@ -15,7 +15,6 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from .errors import TunelabError, UsageError
 
@@ -82,6 +81,8 @@ def run_in_process(job: str, params: dict) -> dict:
     iterations or sizes would otherwise wait on each other's collectives for ever."""
     from mpi4py import MPI
 
+    from .engine.consensus import all_came
+
     global _REACHED
     _REACHED = True  # (every rank that gets here meets the others in the agreement: see ends_the_job)
     _agree_on_job(MPI.COMM_WORLD, job, params)
@@ -92,26 +93,15 @@ def run_in_process(job: str, params: dict) -> dict:
         global _FAILED
         # the command ends the job once it has said why (end_the_job_if_alone), unless every rank's job
         # raised (an error every rank meets alike: a layout the ranks cannot make): then each exits alone
-        _FAILED = not _every_rank_failed(failures)
+        # (a barrier on ``failures``, which only failing ranks enter: errors every rank meets alike come
+        # within milliseconds of each other; a rank whose peers are still at work gives up)
+        _FAILED = not all_came(failures, ALIKE_WAIT_S, "the job's end")
         raise
+    failures.Free()
     return MPI.COMM_WORLD.bcast(result, root=0)
 
 
 ALIKE_WAIT_S = 10.0  # how long a rank whose job raised waits to learn that every rank's did
-
-
-def _every_rank_failed(comm: Any) -> bool:
-    """Whether every rank's job raised: a barrier on ``comm`` (made for it, which only failing ranks
-    enter), waited for up to ``ALIKE_WAIT_S``.  Errors every rank meets alike come within milliseconds of
-    each other; a rank whose peers are still at work (its error was its own) gives up and ends the job."""
-    from .engine.consensus import wait_or_timeout
-    from .errors import CollectiveTimeoutError
-
-    try:
-        wait_or_timeout(comm.Ibarrier(), ALIKE_WAIT_S, "the job's end", comm.rank)
-    except CollectiveTimeoutError:
-        return False
-    return True
 
 
 def _agree_on_job(comm: object, job: str, params: dict) -> None:

@@ -76,6 +76,19 @@ def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, sp
             time.sleep(0.00005)
 
 
+def all_came(comm: MPI.Comm, timeout_s: float, what: str, rounds: int = 1) -> bool:
+    """Whether every rank of ``comm`` reached this point: ``rounds`` barriers, each waited for up to
+    ``timeout_s`` (False, not an error, where one was not complete by then).  A second round makes the
+    verdict the same on every rank unless a rank stalls about ``timeout_s`` between the two: with one, a
+    rank whose wait ran out just as the last rank came says False while that one says True."""
+    try:
+        for _ in range(rounds):
+            wait_or_timeout(comm.Ibarrier(), timeout_s, what, comm.rank)
+    except CollectiveTimeoutError:
+        return False
+    return True
+
+
 # A size no pickle has: sent instead of an object that could not be pickled, so every rank raises
 # at once (the others would otherwise wait in the exchange into its timeout, and pair their next
 # exchange with this one's data)

@@ -660,11 +660,6 @@ class Engine:
         if self._closed:
             raise TunelabError("this engine is closed: make a new one")
 
-    @property
-    def failed(self) -> str | None:
-        """Why the engine stopped taking calls (:meth:`_stop`), or None."""
-        return self._failed
-
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self, free_shared: bool | None = None) -> None:
         """Free the engine's memory, windows and communicators; a second call does nothing (collective).
@@ -697,15 +692,9 @@ class Engine:
         engine's own may hold a request a timeout left), then a second one, so that a rank whose wait ran
         out just as the last came does not leave the others in the frees.  False where a rank did not
         come within the timeout (it failed elsewhere, or never closes)."""
-        from .consensus import wait_or_timeout
+        from .consensus import all_came
 
-        what, rank = "the engine's close", self.topology.world.rank
-        try:
-            for _ in range(2):
-                wait_or_timeout(self._exit_comm.Ibarrier(), self.config.timeout_s, what, rank)
-        except CollectiveTimeoutError:
-            return False
-        return True
+        return all_came(self._exit_comm, self.config.timeout_s, "the engine's close", rounds=2)
 
     def __enter__(self) -> Engine:  # noqa: PYI034 (not subclassed; py3.10 has no typing.Self)
         return self

@@ -181,18 +181,9 @@ def _leave(state: LabState, me: int) -> None:
 
 def _alive(pids: tuple[int, ...]) -> tuple[int, ...]:
     """The processes of ``pids`` that still run."""
-    import os
+    from ..launch import process_alive
 
-    alive = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        except PermissionError:
-            pass
-        alive.append(pid)
-    return tuple(alive)
+    return tuple(pid for pid in pids if process_alive(pid))
 
 
 def job_ranks(lab: LabState | None, np_: int | None, default: int = 2) -> int:
