@@ -610,11 +610,22 @@ def case_runtime_one_rank_fails(comm: MPI.Comm, timeout_s: float = 3.0) -> dict:
         said = type(exc).__name__
     out = {"coordinator": type(rt.coordinator._error).__name__, "shutdown": said,
            "shutdown_s": time.monotonic() - t1, "closed": rt.engine._closed}
+    out["again"] = _second_shutdown(rt)
     comm.Barrier()
     rt = runtime.init(comm, timeout_s=timeout_s)
     out["total"] = rt.coordinator.submit("after", np.full(3, comm.rank + 1.0, np.float32)).wait(20).tolist()
     runtime.shutdown()
+    out["healthy_again"] = _second_shutdown(rt)
     return out
+
+
+def _second_shutdown(rt) -> str:
+    """A runtime object's shutdown called once more (a user's own exit path after ``runtime.shutdown()``)."""
+    try:
+        rt.shutdown()
+        return "ok"
+    except Exception as exc:  # noqa: BLE001 (the error is the finding)
+        return f"{type(exc).__name__}: {exc}"
 
 
 def case_ring_stall(comm: MPI.Comm, timeout_s: float = 3.0, doubling: bool = False) -> dict:

@@ -123,13 +123,16 @@ def test_a_coordinator_error_on_one_rank_alone_lets_every_rank_shut_down_and_ini
     """Rank 1's coordinator failed on its own (out of memory applying knobs) and the others timed out:
     rank 1's shutdown freed the engine's windows, which waits for every rank of the node, and the others
     (having timed out) never came: it could never exit.  Now the ranks agree at shutdown on whether to
-    free, nobody waits past the timeout, and the next init() works."""
+    free, nobody waits past the timeout, and the next init() works; shutting the same runtime down again
+    returns (it raised an MPI error on the freed communicator)."""
     results = run_ok("runtime_one_rank_fails", n, limit_s=90, timeout_s=3.0)
     for rank, res in enumerate(results):
         want = "MemoryError" if rank == 1 else "CollectiveTimeoutError"
         assert res["coordinator"] == want and res["shutdown"] == want, (rank, res)
         assert res["shutdown_s"] < 8 and res["closed"] is False, (rank, res)
         assert res["total"] == [n * (n + 1) / 2] * 3, (rank, res)
+        # a second shutdown of the same runtime, after the failed one or a clean one, does nothing
+        assert res["again"] == "ok" and res["healthy_again"] == "ok", (rank, res)
 
 
 @pytest.mark.parametrize("n", [2, 3])

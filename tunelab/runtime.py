@@ -58,6 +58,7 @@ class Runtime:
         self._profiles_loaded: dict[tuple[str, str], str] = {}
         self._knobs_from = ""  # the model / framework whose profile set the job's knobs (rank 0's words)
         self._watch: Any = None  # rank 0, with the retune setting, once a profile was loaded
+        self._shut_down = False
 
     @property
     def topology(self):
@@ -387,7 +388,11 @@ class Runtime:
         """Stop the coordinator and free the engine (collective), then raise the coordinator's final
         error, if it had one.  Freeing a shared-memory window waits for every rank of the node, without a
         timeout, so the engine is freed only where every rank agrees to (:meth:`_all_freeing`); else
-        nothing collective is freed (the process's end releases it) and no rank waits for the others."""
+        nothing collective is freed (the process's end releases it) and no rank waits for the others.
+        A second call does nothing (the first said the error, if there was one)."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         error: BaseException | None = None
         try:
             self.coordinator.shutdown()
