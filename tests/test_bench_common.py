@@ -126,7 +126,7 @@ def test_the_bound_copy_uses_the_engines_cores_and_copies_every_byte():
 
     from tunelab.kernels import get_backend
 
-    from tunelab.bench.allreduce import _bound_copy
+    from tunelab.bench.common import bound_copy
 
     kernels = get_backend("cpu")
     tables = []
@@ -140,7 +140,7 @@ def test_the_bound_copy_uses_the_engines_cores_and_copies_every_byte():
     for threads in (1, 4):
         out = np.zeros_like(src)
         engine = SimpleNamespace(kernel_threads=threads, kernels=Counting(), use_kernel_threads=lambda: None)
-        _bound_copy(src, out, engine)()
+        bound_copy(src, out, engine)()
         assert np.array_equal(out, src)
     assert tables == [16]  # one thread: numpy's copy; four: sixteen pieces for the kernels' parallel copy
 

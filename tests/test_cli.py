@@ -261,7 +261,7 @@ def test_bench_allreduce_on_nodes_of_unequal_size_leaves_hierarchical_out_unless
 
 
 @pytest.mark.mpi
-def test_bench_fusion_reports_three_modes(tmp_path):
+def test_bench_fusion_reports_three_modes_and_the_bound(tmp_path):
     path = tmp_path / "fu.json"
     proc = tunelab("bench", "fusion", "--np", "2", "--iters", "1", "--warmup", "0", "--json", str(path),
                    "--no-report")
@@ -269,9 +269,11 @@ def test_bench_fusion_reports_three_modes(tmp_path):
     data = json.loads(path.read_text())
     rows = data["rows"]
     assert data["hardware"]["world_size"] == 2 and data["hardware"]["cpu_cores"] >= 1  # (as every benchmark's)
-    assert [r["mode"] for r in rows] == ["per-tensor", "fused", "contiguous"]
-    assert [r["tensors"] for r in rows] == [161, 161, 1]
+    assert [r["mode"] for r in rows] == ["per-tensor", "fused", "contiguous", "bound"]
+    assert [r["tensors"] for r in rows] == [161, 161, 1, 1]
     assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["bytes"] == 25_557_032 * 4 for r in rows)
+    assert rows[3]["vs_bound"] == 1.0 and rows[2]["vs_bound"] == rows[2]["time_us"] / rows[3]["time_us"]
+    assert "vs_bound" in proc.stdout and any(line.split()[:1] == ["bound"] for line in proc.stdout.splitlines())
 
 
 @pytest.mark.mpi

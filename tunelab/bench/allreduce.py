@@ -24,9 +24,6 @@ call), as the copy of the ``bound`` row ends with one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 
 from ..config import load_engine_config
@@ -34,7 +31,7 @@ from ..dtypes import dtype_from_name
 from ..hardware import host_info
 from ..knobs import Knobs
 from .baselines import MPI_UNSUPPORTED, GlooGroup, torch_available
-from .common import count_wrong, exact_input, exact_sum, interleaved_iterations
+from .common import bound_copy, count_wrong, exact_input, exact_sum, interleaved_iterations
 
 ALGORITHMS = ("ring", "hierarchical", "mpi", "gloo", "bound")
 
@@ -202,7 +199,7 @@ def _operation(algo: str, comm, src: np.ndarray, out: np.ndarray, device: tuple 
                 wait()  # (CuPy's upload is queued on its stream: the row ends when the result is there)
         return op, None, lambda: download(d_out)
     if algo == "bound":
-        op = _bound_copy(src, out, next(iter(engines.values()), None))
+        op = bound_copy(src, out, next(iter(engines.values()), None))
     elif algo in engines:
         def op() -> None:
             engines[algo].allreduce(src, out=out)
@@ -214,25 +211,6 @@ def _operation(algo: str, comm, src: np.ndarray, out: np.ndarray, device: tuple 
             np.copyto(out, src)
             gloo.allreduce_(out)
     return op, None, lambda: out
-
-
-def _bound_copy(src: np.ndarray, out: np.ndarray, engine: Any) -> Callable[[], None]:
-    """The bound row's host copy of ``src`` into ``out``, with the cores the engine's kernels get (its
-    thread budget: the host's cores over its ranks): a single-threaded copy is no bound for an engine
-    whose reduce runs on several cores.  Cut into a few pieces a thread, copied by the CPU kernels'
-    parallel copy; with one thread a rank (or no engine in the run), numpy's copy."""
-    threads = engine.kernel_threads if engine is not None else 1
-    if threads <= 1 or src.nbytes < (1 << 20):
-        return lambda: np.copyto(out, src)
-    piece = -(-src.nbytes // (4 * threads))
-    piece += -piece % 64  # (whole cache lines)
-    rows = np.array([[src.ctypes.data + o, out.ctypes.data + o, min(piece, src.nbytes - o)]
-                     for o in range(0, src.nbytes, piece)], dtype=np.int64)
-
-    def op() -> None:
-        engine.use_kernel_threads()
-        engine.kernels.copy_table(rows)
-    return op
 
 
 def _gpu_sharing(comm, engines: dict) -> tuple[int, bool]:

@@ -12,6 +12,8 @@ import numpy as np
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from ..engine.engine import Engine
+
 
 def exact_input(count: int, rank: int, world: int, dtype: np.dtype, salt: int = 0) -> np.ndarray:
     """Small integers whose sum over ``world`` ranks is exact in every supported dtype and in any
@@ -106,6 +108,25 @@ def interleaved_iterations(comm: MPI.Comm, ops: Sequence[tuple[Callable[[], None
                                              None if before is None else functools.partial(before, i),
                                              None if after is None else functools.partial(after, i)))
     return [np.concatenate(t) for t in times]
+
+
+def bound_copy(src: np.ndarray, out: np.ndarray, engine: Engine | None) -> Callable[[], None]:
+    """The bound row's host copy (``bench allreduce``, ``bench fusion``) of ``src`` into ``out``, with the cores the engine's kernels get (its
+    thread budget: the host's cores over its ranks): a single-threaded copy is no bound for an engine
+    whose reduce runs on several cores.  Cut into a few pieces a thread, copied by the CPU kernels'
+    parallel copy; with one thread a rank (or no engine in the run), numpy's copy."""
+    threads = engine.kernel_threads if engine is not None else 1
+    if threads <= 1 or src.nbytes < (1 << 20):
+        return lambda: np.copyto(out, src)
+    piece = -(-src.nbytes // (4 * threads))
+    piece += -piece % 64  # (whole cache lines)
+    rows = np.array([[src.ctypes.data + o, out.ctypes.data + o, min(piece, src.nbytes - o)]
+                     for o in range(0, src.nbytes, piece)], dtype=np.int64)
+
+    def op() -> None:
+        engine.use_kernel_threads()
+        engine.kernels.copy_table(rows)
+    return op
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:

@@ -2,9 +2,11 @@
 
 * ``per-tensor``: one allreduce per gradient tensor;
 * ``fused``: all tensors in one batch, packed into fusion buffers at the threshold;
-* ``contiguous``: one allreduce of a single array holding the same bytes.
+* ``contiguous``: one allreduce of a single array holding the same bytes;
+* ``bound``: every rank copying that array into its output, with the engine's kernel threads (the
+  memory system's limit, as in ``bench allreduce``).
 
-The three take turns (:func:`.common.interleaved_iterations`), their outputs poisoned before every
+The four take turns (:func:`.common.interleaved_iterations`), their outputs poisoned before every
 timed iteration and compared bit for bit after it.
 """
 
@@ -16,9 +18,9 @@ import numpy as np
 
 from ..config import load_engine_config
 from ..workloads.shapes import gradient_shapes
-from .common import count_wrong, exact_input, exact_sum, interleaved_iterations
+from .common import bound_copy, count_wrong, exact_input, exact_sum, interleaved_iterations
 
-MODES = ("per-tensor", "fused", "contiguous")
+MODES = ("per-tensor", "fused", "contiguous", "bound")
 
 
 def run_rank(p: dict) -> dict:
@@ -47,6 +49,7 @@ def run_rank(p: dict) -> dict:
     def contiguous() -> None:
         engine.allreduce(flat, out=flat_out)
 
+    bound = bound_copy(flat, flat_out, engine)
     flat_expected = np.concatenate([e.reshape(-1) for e in expected])
     wrong = [0] * len(MODES)
 
@@ -55,16 +58,18 @@ def run_rank(p: dict) -> dict:
             o.view(np.uint8).fill(0xFF)
 
     def check(i: int) -> None:  # after it: that iteration's results, bit for bit
-        bad = (count_wrong(flat_out, flat_expected) if MODES[i] == "contiguous"
+        mode = MODES[i]
+        bad = (count_wrong(flat_out, flat_expected) if mode == "contiguous"
+               else count_wrong(flat_out, flat) if mode == "bound"  # (a copy: its input, bit for bit)
                else sum(count_wrong(o, e) for o, e in zip(outs, expected)))
         wrong[i] = max(wrong[i], bad)
 
-    # the three modes take turns (a slow stretch of a shared host falls on all of them alike)
-    all_times = interleaved_iterations(comm, [(per_tensor, None), (fused, None), (contiguous, None)],
+    # the modes take turns (a slow stretch of a shared host falls on all of them alike)
+    all_times = interleaved_iterations(comm, [(per_tensor, None), (fused, None), (contiguous, None), (bound, None)],
                                        p["iters"], p["warmup"], before=poison, after=check)
     rows = []
     for i, (mode, times) in enumerate(zip(MODES, all_times)):
-        rows.append({"mode": mode, "tensors": 1 if mode == "contiguous" else len(grads),
+        rows.append({"mode": mode, "tensors": len(grads) if i < 2 else 1,
                      "bytes": int(flat.nbytes), "time_us": float(np.median(times)) * 1e6,
                      "time_us_p10": float(np.percentile(times, 10)) * 1e6,
                      "time_us_p90": float(np.percentile(times, 90)) * 1e6,
@@ -72,11 +77,13 @@ def run_rank(p: dict) -> dict:
     knobs = engine.knobs.as_dict()
     topo_nodes = engine.topology.num_nodes
     engine.close()
-    contig = rows[-1]["time_us"]
+    contig = rows[MODES.index("contiguous")]["time_us"]
+    copy = rows[MODES.index("bound")]["time_us"]
     per = rows[0]["time_us"]
     for r in rows:
         r["vs_contiguous"] = r["time_us"] / contig
         r["speedup_vs_per_tensor"] = per / r["time_us"]
+        r["vs_bound"] = r["time_us"] / copy
     from ..hardware import host_info
     from .allreduce import lab_facts
 
