@@ -66,6 +66,13 @@ def check_factor(dtype: Any, factor: float) -> None:
         raise ValueError(f"cannot scale {np.dtype(dtype).name} by {factor!r}: integer types take whole factors only")
 
 
+def check_pre(pre: float, kind: int) -> None:
+    """ValueError unless ``pre`` (the factor a sum is scaled by before it rounds to its dtype) is 1, or a
+    power of two for a half type (exact: it only moves the exponent, so the sum's bits are kept)."""
+    if pre != 1.0 and not (kind and pre > 0 and math.frexp(pre)[0] == 0.5):
+        raise ValueError(f"a sum's pre-scale must be 1, or a power of two for a half type, not {pre!r}")
+
+
 def half_kind(dtype: Any) -> int:
     """1 for float16, 2 for bfloat16, 0 for every other element type."""
     kind = _HALF_KIND_BY_DTYPE.get(dtype)

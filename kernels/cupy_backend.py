@@ -20,6 +20,7 @@ from .base import (
     ReduceOp,
     as_sources,
     check_factor,
+    check_pre,
     cuda_array_address,
     half_kind,
 )
@@ -176,14 +177,14 @@ extern "C" __global__ void narrow(i64 src, i64 dst, i64 n, int kind) {
 // Row r of the table: count, nsrc source addresses, ndst destination addresses.  Every element is
 // combined from every source in order, scaled if asked, and written to every destination.
 extern "C" __global__ void reduce_bcast_half(const i64* table, int nrows, int nsrc, int ndst, int kind,
-                                             int op, float factor, int scaled) {
+                                             int op, float pre, float factor, int scaled) {
     GRID_X
     const int width = 1 + nsrc + ndst;
     FOR_ROWS {
         const i64* row = table + (i64)r * width;
         const i64 n = row[0];
         i64 done = 0;
-        if (!scaled && aligned16(0, row + 1, nsrc + ndst)) {
+        if (!scaled && pre == 1.0f && aligned16(0, row + 1, nsrc + ndst)) {
             const i64 words = n / 8;
             for (i64 v = first; v < words; v += step) {
                 const uint4 o = combine_half_words(row + 1, nsrc, v, op, kind);
@@ -194,7 +195,7 @@ extern "C" __global__ void reduce_bcast_half(const i64* table, int nrows, int ns
         for (i64 i = done + first; i < n; i += step) {
             float acc = half_to_f32(((const u16*)row[1])[i], kind);
             for (int j = 1; j < nsrc; ++j) acc = combine<float, float>(acc, half_to_f32(((const u16*)row[1 + j])[i], kind), op);
-            u16 h = f32_to_half(acc, kind);
+            u16 h = f32_to_half(acc * pre, kind);  // pre: a power of two (exact), before the rounding
             if (scaled) h = f32_to_half(half_to_f32(h, kind) * factor, kind);
             for (int j = 0; j < ndst; ++j) ((u16*)row[1 + nsrc + j])[i] = h;
         }
@@ -435,18 +436,21 @@ class CupyBackend(DeviceArrayOps):
             self._launch(f"reduce_{name}", self._flat_grid(count), args, stream)
 
     def reduce_bcast(self, table: DeviceTable, nsrc: int, ndst: int, max_count: int, dtype: np.dtype,
-                     op: ReduceOp, factor: float | None, stream: Any = None) -> None:
+                     op: ReduceOp, factor: float | None, stream: Any = None, pre: float = 1.0) -> None:
         """One launch over ``table`` (rows: count, ``nsrc`` sources, ``ndst`` destinations): every
-        destination of a row receives ``op`` over its sources (times ``factor`` if given)."""
+        destination of a row receives ``op`` over its sources (times ``factor`` if given).  ``pre``
+        (a power of two; half types only) scales the sum before it is rounded to the dtype."""
         if not table.rows or max_count <= 0:
             return
         name, kind = np.dtype(dtype).name, half_kind(dtype)
         if not kind and name not in _TYPED:
             raise TypeError(f"cupy kernels do not handle {name}")
+        check_pre(pre, kind)
         head = (table.array, np.int32(table.rows), np.int32(nsrc), np.int32(ndst))
         scaled = np.int32(factor is not None)
         if kind:
-            args = (*head, np.int32(kind), np.int32(op), np.float32(1.0 if factor is None else factor), scaled)
+            args = (*head, np.int32(kind), np.int32(op), np.float32(pre), np.float32(1.0 if factor is None else factor),
+                    scaled)
             self._launch("reduce_bcast_half", self._row_grid(table.rows, max_count, 1), args, stream)
         else:
             args = (*head, np.int32(op), np.dtype(dtype).type(1 if factor is None else factor), scaled)

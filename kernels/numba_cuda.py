@@ -28,6 +28,7 @@ from .base import (
     ReduceOp,
     as_sources,
     check_factor,
+    check_pre,
     cuda_array_address,
     half_kind,
 )
@@ -199,7 +200,7 @@ def _reduce_bcast(table, nsrc, ndst, like, op, factor, scaled):
                 _st(table[r, 1 + nsrc + j], i, acc, like)
 
 
-def _reduce_bcast_half(table, nsrc, ndst, kind, op, factor, scaled):
+def _reduce_bcast_half(table, nsrc, ndst, kind, op, pre, factor, scaled):
     bits = np.uint16(0)
     first = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     step = cuda.gridDim.x * cuda.blockDim.x
@@ -209,8 +210,9 @@ def _reduce_bcast_half(table, nsrc, ndst, kind, op, factor, scaled):
             acc = _half_to_f32(_ld(table[r, 1], i, bits), kind)
             for j in range(1, nsrc):
                 acc = _combine(acc, _half_to_f32(_ld(table[r, 1 + j], i, bits), kind), op)
-            h = _f32_to_half(acc, kind)
-            if scaled:  # the sum rounds to the half type first, then scales in float32 (as unpacking does)
+            h = _f32_to_half(acc * pre, kind)  # (pre: a power of two, exact; the part of an average
+            if scaled:  # taken before rounding, so a float16 sum past 65504 does not become inf) then,
+                # as unpacking does, the rounded sum scales in float32
                 h = _f32_to_half(_half_to_f32(h, kind) * factor, kind)
             for j in range(ndst):
                 _st(table[r, 1 + nsrc + j], i, h, bits)
@@ -442,15 +444,18 @@ class NumbaCudaBackend(DeviceArrayOps):
             self._k.reduce[grid, self._block, stream](int(out_addr), srcs.array, int(count), like, int(op))
 
     def reduce_bcast(self, table: DeviceTable, nsrc: int, ndst: int, max_count: int, dtype: np.dtype,
-                     op: ReduceOp, factor: float | None, stream: Any = 0) -> None:
+                     op: ReduceOp, factor: float | None, stream: Any = 0, pre: float = 1.0) -> None:
         """One launch over ``table`` (rows: count, ``nsrc`` sources, ``ndst`` destinations): every
-        destination of a row receives ``op`` over its sources (times ``factor`` if given)."""
+        destination of a row receives ``op`` over its sources (times ``factor`` if given).  ``pre``
+        (a power of two; half types only) scales the sum before it is rounded to the dtype."""
         if not table.rows or max_count <= 0:
             return
         grid = self._row_grid(table.rows, max_count, 1)
         kind, scaled = half_kind(dtype), factor is not None
+        check_pre(pre, kind)
         if kind:
             self._k.reduce_bcast_half[grid, self._block, stream](table.array, nsrc, ndst, kind, int(op),
+                                                                 np.float32(pre),
                                                                  np.float32(1.0 if factor is None else factor), scaled)
         else:
             like = np.dtype(dtype).type(0)

@@ -1814,6 +1814,13 @@ def case_shared_gpu(comm: MPI.Comm, seed: int = 5) -> dict:
                     out["failures"].append(f"round {rnd} {dtype_name}[{count}] {op}: wrong")
     out["leader"] = engine._device.shared is not None and engine._device.shared.leader
     out["counts"] = dict(counting.counts)  # the last round: warm, one call per spec
+    # float16 averages whose sums pass 65504 (the leader's kernel rounded the sum before scaling: inf)
+    top = top_half_inputs(257, comm.size, seed)
+    d_top, d_avg = sim_device_array(top[comm.rank]), sim_device_array(np.zeros_like(top[comm.rank]))
+    engine.allreduce_batch([d_top], "average", outs=[d_avg])
+    out["checks"] += 1
+    if bit_mismatches(d_avg.copy_to_host(), reference(top, "average")):
+        out["failures"].append(f"float16 average past 65504: {d_avg.copy_to_host()[:4]}")
     # Gradients as a framework submits them: through the coordinator thread, in place, averaged.
     from tunelab.engine.coordinator import Coordinator
 

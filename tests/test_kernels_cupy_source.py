@@ -33,8 +33,9 @@ extern "C" void host_reduce_half(i64 o, const i64* s, int k, i64 n, int op, int 
     { LAUNCH(gx, 1, bx, reduce_half(o, s, k, n, op, kind)) }
 extern "C" void host_reduce_bcast_float32(const i64* t, int rows, int ns, int nd, int op, float f, int sc,
     unsigned gx, unsigned gy, unsigned bx) { LAUNCH(gx, gy, bx, reduce_bcast_float32(t, rows, ns, nd, op, f, sc)) }
-extern "C" void host_reduce_bcast_half(const i64* t, int rows, int ns, int nd, int kind, int op, float f, int sc,
-    unsigned gx, unsigned gy, unsigned bx) { LAUNCH(gx, gy, bx, reduce_bcast_half(t, rows, ns, nd, kind, op, f, sc)) }
+extern "C" void host_reduce_bcast_half(const i64* t, int rows, int ns, int nd, int kind, int op, float pre, float f,
+    int sc, unsigned gx, unsigned gy, unsigned bx)
+    { LAUNCH(gx, gy, bx, reduce_bcast_half(t, rows, ns, nd, kind, op, pre, f, sc)) }
 extern "C" void host_copy_rows(const i64* rows, int n, unsigned gx, unsigned gy, unsigned bx)
     { LAUNCH(gx, gy, bx, copy_rows(rows, n)) }
 '''
@@ -108,7 +109,8 @@ def test_reduce_bcast_writes_every_destination_scaled_like_unpacking(lib, name):
         dsts = [[np.zeros(c + 8, dt)[off:off + c] for _ in range(2)] for c in counts]
         table = np.array([[c, *_addrs(s), *_addrs(d)] for c, s, d in zip(counts, srcs, dsts)], np.int64)
         if kind:
-            lib.host_reduce_bcast_half(_ptr(table), 4, 3, 2, kind, 0, ctypes.c_float(factor), scaled, 2, 4, 4)
+            lib.host_reduce_bcast_half(_ptr(table), 4, 3, 2, kind, 0, ctypes.c_float(1.0), ctypes.c_float(factor),
+                                       scaled, 2, 4, 4)
         else:
             lib.host_reduce_bcast_float32(_ptr(table), 4, 3, 2, 0, ctypes.c_float(factor), scaled, 2, 4, 4)
         for s, d in zip(srcs, dsts):
@@ -117,6 +119,24 @@ def test_reduce_bcast_writes_every_destination_scaled_like_unpacking(lib, name):
                 want = (want.astype(np.float32) * np.float32(factor)).astype(dt)
             for o in d:
                 assert np.array_equal(o.view(np.uint8), want.view(np.uint8)), (name, scaled, off, len(o))
+
+
+@pytest.mark.parametrize("off", [0, 1])
+def test_a_float16_average_whose_sum_passes_65504_is_scaled_before_it_rounds(lib, off):
+    """Three sources of multiples of 1024 up to 9216 sum past float16's 65504: the sum times ``pre``
+    (1/4) rounds first, then ``factor`` (4/3) scales it, so the average is that of numpy, not inf."""
+    rng = np.random.default_rng(off)
+    count = 41
+    srcs = [(1024.0 * rng.integers(-9, 10, count + 8)).astype(np.float16)[off:off + count] for _ in range(3)]
+    srcs[0][:3] = srcs[1][:3] = srcs[2][:3] = np.float16(60416.0)  # (sum 181248: inf if rounded first)
+    dsts = [np.zeros(count + 8, np.float16)[off:off + count] for _ in range(2)]
+    table = np.array([[count, *_addrs(srcs), *_addrs(dsts)]], np.int64)
+    lib.host_reduce_bcast_half(_ptr(table), 1, 3, 2, 1, 0, ctypes.c_float(0.25), ctypes.c_float(4 / 3), 1, 2, 1, 4)
+    total = np.sum([x.astype(np.float64) for x in srcs], axis=0)
+    want = (total.astype(np.float32) * np.float32(1 / 3)).astype(np.float16)
+    assert np.isfinite(want).all() and want[0] == np.float16(60416.0)
+    for o in dsts:
+        assert np.array_equal(o.view(np.uint16), want.view(np.uint16))
 
 
 def test_copy_rows_with_any_alignment(lib):

@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import TunelabError
 from .cuda_driver import HANDLE_BYTES, CudaDriver
 from .device import simulated
+from .paths import Call
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -264,8 +265,11 @@ class SharedGpu:
         if self.leader:
             try:
                 for table, max_count, dtype in self._launch_tables(ins, outs):
+                    # (an average's float16 sum is scaled in part before it rounds, as the staged path
+                    # scales each input: a sum past 65504 would be inf although its average is not)
+                    pre, post = Call(op, factor).scales(dtype)
                     path.kernels.reduce_bcast(table, self.local.size, self.local.size, max_count, dtype, op,
-                                              None if factor == 1.0 else factor, stream=path.stream)
+                                              None if factor == 1.0 else post, stream=path.stream, pre=pre)
                 path.synchronize()  # every rank's outputs are written before anyone goes on
             except Exception as exc:  # noqa: BLE001 (re-raised below, once the peers know)
                 failed = exc
