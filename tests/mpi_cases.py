@@ -1509,6 +1509,42 @@ def case_device_setup_retry(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_device_slots_cannot_grow(comm: MPI.Comm) -> dict:
+    """A knob change whose larger device one-shot staging cannot be allocated (out of device memory,
+    injected on every rank) after the old staging was freed: the engine stops, so later calls are
+    refused with one line instead of reading staging that is gone, and a new engine sums."""
+    from numba import cuda
+
+    from tunelab.engine import device_ipc
+
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", timeout_s=30))
+    x = cuda.to_device(np.full(8, comm.rank + 1.0, np.float32))
+    out: dict = {"failures": _two_more_sums(comm, engine, x)}
+    real = device_ipc._SimulatedIpc.allocate
+
+    def out_of_memory(self, nbytes):
+        raise MemoryError("out of device memory (injected)")
+
+    device_ipc._SimulatedIpc.allocate = out_of_memory
+    try:
+        engine.set_knobs(oneshot_max_bytes=8 << 20)
+        out["knobs"] = "no error"
+    except Exception as exc:  # noqa: BLE001 - what each rank raised is the result
+        out["knobs"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        device_ipc._SimulatedIpc.allocate = real
+    try:
+        engine.allreduce(x)
+        out["after"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["after"] = f"{type(exc).__name__}: {exc}"
+    engine.close()
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", timeout_s=30))
+    out["failures"] += _two_more_sums(comm, engine, x)
+    engine.close()
+    return out
+
+
 def case_device_setup_fails_on_one_rank(comm: MPI.Comm) -> dict:
     """The device path's setup fails on the last rank alone (its stream cannot be made: injected), as a
     rank's own device, driver or memory can: every rank raises at once, that rank its own error and the

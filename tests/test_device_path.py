@@ -175,6 +175,15 @@ def test_a_failed_device_setup_is_set_up_again_by_the_next_call():
 
 
 @pytest.mark.mpi
+def test_a_knob_change_whose_device_staging_cannot_grow_stops_the_engine():
+    """The old device staging is freed before the larger one is mapped: a failed mapping left the engine
+    running with no staging, and its next call failed with an IndexError deep in the one-shot path."""
+    for res in _lazy_results("device_slots_cannot_grow", 2):
+        assert "out of device memory (injected)" in res["knobs"], res
+        assert res["after"].startswith("TunelabError: this engine stopped after an error in a knob change"), res
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_device_setup_that_fails_on_one_rank_fails_on_every_rank_at_once(n):
     """The setup's exchanges carry each rank's outcome and are timed: the others no longer wait for good

@@ -207,7 +207,11 @@ class Engine:
         for ring in (self._ring_world, self._ring_cross):
             ring.doubling_max_bytes = new.doubling_max_bytes
         if self._device is not None:
-            self._device.ensure_slots(new.oneshot_max_bytes)
+            try:
+                self._device.ensure_slots(new.oneshot_max_bytes)
+            except BaseException as exc:  # (the old device staging is freed before the new one is mapped)
+                self._stop(exc, "a knob change (the device one-shot staging's allocation)")
+                raise
         self._knobs = new
         return new
 
