@@ -67,3 +67,30 @@ def test_the_mpi_row_on_the_device_ends_when_its_result_is_back_in_device_memory
     op, _, _ = _operation("mpi", Comm(), *_buffers(tools), {}, None, tools)
     op()
     assert log == ["allreduce", "upload queued", "wait"]
+
+
+def test_each_rank_puts_its_buffers_on_its_own_gpu(monkeypatch) -> None:
+    """On a machine of several GPUs each rank takes its place among the machine's ranks modulo their
+    count (every rank used the current device, GPU 0, before): local rank 3 of 2 GPUs takes GPU 1."""
+    from numba import cuda
+
+    from tunelab.bench import allreduce
+
+    class Local:
+        rank = 3
+
+        def Free(self) -> None:
+            pass
+
+    class Comm:
+        rank = 7
+
+        def Split_type(self, kind):
+            return Local()
+
+    chosen: list[int] = []
+    monkeypatch.setattr(allreduce, "load_engine_config", lambda: type("C", (), {"backend": "numba-cuda"})())
+    monkeypatch.setattr(cuda, "gpus", [0, 1], raising=False)
+    monkeypatch.setattr(cuda, "select_device", chosen.append, raising=False)
+    allreduce._device_tools(Comm())
+    assert chosen == [1]

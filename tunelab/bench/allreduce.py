@@ -42,7 +42,7 @@ def run_rank(p: dict) -> dict:
     comm = MPI.COMM_WORLD
     dtype = dtype_from_name(p["dtype"])
     on_device = p.get("device", "cpu") == "cuda"
-    tools = _device_tools() if on_device else None
+    tools = _device_tools(comm) if on_device else None
     algorithms, notes = _algorithms(p, dtype, on_device)
     if "hierarchical" in algorithms and not p.get("algorithms_given", True):
         from ..engine.topology import build_topology
@@ -242,15 +242,17 @@ def _hardware(comm, p: dict, engines: dict) -> dict:
             **lab_facts(comm)}
 
 
-def _device_tools() -> tuple:
+def _device_tools(comm) -> tuple:
     """(upload, download, store host into device, device-to-device copy, wait until the caller's stream
-    is done) for the GPU back end the engine will use."""
+    is done) for the GPU back end the engine will use, on this rank's own GPU (:func:`_rank_gpu`)."""
     from ..engine.device import device_backend_name
     from ..errors import TunelabError
 
     name = device_backend_name(load_engine_config().backend)
     if name == "cupy":
         import cupy
+
+        cupy.cuda.Device(_rank_gpu(comm, cupy.cuda.runtime.getDeviceCount())).use()
 
         def wait() -> None:
             cupy.cuda.get_current_stream().synchronize()
@@ -263,12 +265,29 @@ def _device_tools() -> tuple:
     if name == "numba-cuda":
         from numba import cuda
 
+        cuda.select_device(_rank_gpu(comm, len(cuda.gpus)))
+
         def copy_numba(dst, src) -> None:
             dst.copy_to_device(src)  # device to device: queued (cuMemcpyDtoD does not wait for itself) ...
             cuda.synchronize()  # ... so wait for it, as the engine rows wait for their calls
 
         return cuda.to_device, lambda a: a.copy_to_host(), lambda d, h: d.copy_to_device(h), copy_numba, cuda.synchronize
     raise TunelabError("--device cuda needs a CUDA device with CuPy or numba-cuda; none is available")
+
+
+def _rank_gpu(comm, gpus: int) -> int:
+    """The GPU this rank's buffers live on, of the ``gpus`` it sees: its place among its machine's ranks,
+    modulo ``gpus``, as ``bench train`` and ``tune`` place a rank's model (without it every rank took
+    the current device, GPU 0, and a node of several GPUs was measured as ranks sharing one)."""
+    from mpi4py import MPI
+
+    from ..workloads.torch_device import gpu_slot
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return gpu_slot(comm.rank, local.rank) % max(1, gpus)
+    finally:
+        local.Free()
 
 
 def _row(algo: str, count: int, dtype: np.dtype, times: np.ndarray, wrong: int | None, world: int) -> dict:
