@@ -1509,6 +1509,35 @@ def case_device_setup_retry(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_device_per_thread_stream(comm: MPI.Comm) -> dict:
+    """A device tensor submitted from a thread whose producer stream is the per-thread default stream
+    (handle 2, injected): refused at its submit with one line, before the device path exists and after,
+    and the next submits sum."""
+    from numba import cuda
+
+    from tunelab.engine import device
+    from tunelab.engine.coordinator import Coordinator
+
+    engine = Engine(comm, load_engine_config(backend="numba-cuda", timeout_s=30))
+    coord = Coordinator(engine)
+    real = device.producer_stream_handle
+    out: dict = {"refused": [], "sums": [], "failures": []}
+    for k in range(2):
+        device.producer_stream_handle = lambda owner: device.PER_THREAD_STREAM
+        try:
+            coord.submit(f"t{k}", cuda.to_device(np.ones(4, np.float32)))
+            out["refused"].append("no error")
+        except Exception as exc:  # noqa: BLE001 - the error is the result
+            out["refused"].append(f"{type(exc).__name__}: {exc}")
+        finally:
+            device.producer_stream_handle = real
+        x = cuda.to_device(np.full(4, comm.rank + 1.0, np.float32))
+        out["sums"].append(coord.submit(f"u{k}", x).wait(60).copy_to_host().tolist())
+    coord.shutdown()
+    engine.close()
+    return out
+
+
 def case_device_slots_cannot_grow(comm: MPI.Comm) -> dict:
     """A knob change whose larger device one-shot staging cannot be allocated (out of device memory,
     injected on every rank) after the old staging was freed: the engine stops, so later calls are

@@ -175,6 +175,18 @@ def test_a_failed_device_setup_is_set_up_again_by_the_next_call():
 
 
 @pytest.mark.mpi
+def test_a_tensor_from_a_per_thread_default_stream_is_refused_where_it_is_submitted():
+    """The coordinator's thread orders device work against the submitting thread's stream by its handle;
+    the per-thread default stream's handle names another stream there (CuPy with
+    CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1): such a submit was ordered against nothing."""
+    for res in _lazy_results("device_per_thread_stream", 2):
+        assert len(res["refused"]) == 2, res
+        for said in res["refused"]:
+            assert said.startswith("UsageError: a numba tensor produced on the per-thread default stream"), res
+        assert res["sums"] == [[3.0] * 4] * 2, res
+
+
+@pytest.mark.mpi
 def test_a_knob_change_whose_device_staging_cannot_grow_stops_the_engine():
     """The old device staging is freed before the larger one is mapped: a failed mapping left the engine
     running with no staging, and its next call failed with an IndexError deep in the one-shot path."""

@@ -130,6 +130,25 @@ def producer_stream_handle(owner: Any) -> int:
     return 0
 
 
+PER_THREAD_STREAM = 2  # cudaStreamPerThread: "the calling thread's default stream", in every thread
+
+
+def submitted_stream_handle(owner: Any) -> int:
+    """:func:`producer_stream_handle` for a tensor handed to another thread (the coordinator's): a
+    per-thread default stream cannot be named there, since in the engine's thread the same handle is
+    that thread's stream (an event recorded or waited on through it would order nothing of the
+    producer's).  UsageError for one."""
+    handle = producer_stream_handle(owner)
+    if handle == PER_THREAD_STREAM:
+        from ..errors import UsageError
+
+        raise UsageError(f"a {library(owner)} tensor produced on the per-thread default stream (e.g. "
+                         "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1) cannot be ordered by tunelab's background "
+                         "thread, where that stream is another one: produce it on a stream of your own "
+                         "(cupy.cuda.Stream()) or on the legacy default stream")
+    return handle
+
+
 def _torch_stream_handle(tensor: Any) -> int:
     """torch's current stream of ``tensor``'s device in this thread, as a raw handle.  torch's own
     compiled code reads it through ``torch._C._cuda_getCurrentRawStream`` (one call into C);

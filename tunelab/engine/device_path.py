@@ -325,7 +325,7 @@ class DevicePath:
         engine's thread made (:meth:`begin` keeps a stock), and leaves ``buf`` unmarked when none is left.
         Marks are numbered in the order they are recorded (under the lock), and carry the recording
         thread, so a call can tell which of its marks on one stream of one thread came last."""
-        handle = _device.producer_stream_handle(buf.owner)
+        handle = _device.submitted_stream_handle(buf.owner)
         stream = self._stream_of(handle)
         with self._marks_lock:  # (one section: taking a mark, recording it and numbering it)
             if not self._free_marks:  # none left: the call records one on this stream when it starts

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..config import EngineConfig, load_engine_config
 from ..dtypes import FLOAT_CODES, dtype_code
-from ..errors import CollectiveTimeoutError, RankMismatchError, TopologyError, TunelabError
+from ..errors import CollectiveTimeoutError, RankMismatchError, TopologyError, TunelabError, UsageError
 from ..kernels import ReduceOp, get_backend
 from ..kernels.base import half_kind
 from ..knobs import Knobs
@@ -367,13 +367,17 @@ class Engine:
             # its call records an event on this producer's stream when it starts (current streams are
             # per thread: the coordinator's would be the default stream, not a side stream of this one)
             try:
-                from .device import producer_stream_handle, with_ready
+                from .device import submitted_stream_handle, with_ready
 
-                return with_ready(buf, (None, producer_stream_handle(buf.owner)))
+                return with_ready(buf, (None, submitted_stream_handle(buf.owner)))
+            except UsageError:
+                raise
             except Exception:  # noqa: BLE001 - left unmarked: its call records on the coordinator's stream
                 return buf
         try:
             return path.mark_ready(buf)
+        except UsageError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a back end's CUDA error of any kind: fall back, once said
             self._marking = False
             warnings.warn(f"tunelab: device tensors are ordered when their call starts, not where they are "
