@@ -283,7 +283,10 @@ def case_torch_optimizer_misuse(comm) -> dict:
         except RuntimeError as exc:
             out["errors"][key] = str(exc)
 
-    for key, kwargs in (("twice", {}), ("twice_grouped", {"groups": 1}), ("zero_grad", {}),
+    # (a sum keeps Horovod's wait in step(): a second backward or a zero_grad() before it is refused; an
+    # average waits when each backward pass ends, and a second pass adds to the reduced gradients)
+    for key, kwargs in (("twice", {"op": tl.Sum}), ("twice_grouped", {"groups": 1, "op": tl.Sum}),
+                        ("zero_grad", {"op": tl.Sum}), ("twice_average", {}),
                         ("partial", {"backward_passes_per_step": 2}), ("submit_fails", {}),
                         ("group_submit_fails", {"groups": 1}),
                         ("predivided_submit_fails", {"gradient_predivide_factor": 2.0}),
@@ -292,7 +295,7 @@ def case_torch_optimizer_misuse(comm) -> dict:
         opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(), load_profile=False, **kwargs)
         passes = kwargs.get("backward_passes_per_step", 1)
-        if key.startswith("twice"):
+        if key in ("twice", "twice_grouped"):
             loss(model, 0).backward()
             attempt(key, lambda m=model: loss(m, 1).backward())
             opt.synchronize()  # what was submitted is reduced; the optimizer starts clean
@@ -348,6 +351,13 @@ def case_torch_optimizer_misuse(comm) -> dict:
                 setattr(optimizer_module, name, real)
                 del coordinator.submit_one
             out["same_after"][key + "_first"] = same(model)
+        elif key == "twice_average":  # both passes' gradients, averaged: the mean of their sums over ranks
+            twin = [a + b for a, b in zip(_averaged_grads(comm, model, 0), _averaged_grads(comm, model, 1))]
+            loss(model, 0).backward()
+            attempt(key, lambda m=model: loss(m, 1).backward())
+            out["twice_average_reduced"] = all(torch.allclose(p.grad, w, rtol=1e-5, atol=1e-7)
+                                               for p, w in zip(model.parameters(), twin))
+            opt.step()
         elif key == "zero_grad":
             loss(model, 0).backward()
             attempt(key, opt.zero_grad)
@@ -435,12 +445,15 @@ def case_torch_optimizer_recovery(comm) -> dict:
 
     coordinator.submit_one = flaky
     try:
-        loss(model, 0).backward()
+        where = "backward"  # (an average's reductions are waited for when the backward pass ends)
         try:
+            loss(model, 0).backward()
+            where = "step"
             opt.step()
             out["errors"]["failed_wait"] = ""
         except RuntimeError as exc:
             out["errors"]["failed_wait"] = str(exc)
+            out["errors"]["failed_wait_from"] = where
     finally:
         del coordinator.submit_one
     out["errors"]["failed_wait_calls"] = len(calls)
@@ -452,11 +465,11 @@ def case_torch_optimizer_recovery(comm) -> dict:
     # a layer that the second of 2 accumulated passes skips (its gradient: the first pass's)
     model = tiny_model()
     opt = wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2)
-    first = next(iter(model.parameters()))
+    name, first = next(iter(model.named_parameters()))
     loss(model, 0).backward()
-    first.requires_grad_(False)
-    loss(model, 1).backward()
-    first.requires_grad_(True)
+    x, y = batches(1, tl.size(), 1)[tl.rank()][0]  # the second pass with the first layer's weight detached
+    skipped = torch.func.functional_call(model, {name: first.detach()}, (x,))
+    torch.nn.functional.cross_entropy(skipped, y).backward()
     opt.step()
     out["same_after"]["skipped_layer"] = same(model)
     opt.zero_grad()
@@ -921,8 +934,8 @@ def case_torch_parameters_that_change(comm) -> dict:
 
     tl_optimizer.allgather = failing
     try:
-        emb(torch.tensor([tl.rank(), 4])).sum().backward()
-        try:
+        try:  # (an average's gathers run when the backward pass ends)
+            emb(torch.tensor([tl.rank(), 4])).sum().backward()
             opt.step()
             out["errors"]["sparse_gather"] = ""
         except RuntimeError as exc:
@@ -963,6 +976,124 @@ def case_torch_parameters_that_change(comm) -> dict:
     opt.synchronize()
     out["ok"]["names_as_dict"] = _grads_are(model, want)
     opt.step()
+    tl.shutdown()
+    return out
+
+
+def case_torch_between_backward_and_step(comm) -> dict:
+    """Code that reads the gradients between ``backward()`` and ``step()``, as plain torch scripts do,
+    against autograd's gradients averaged over ranks: torch.amp's GradScaler (an inf on one rank makes
+    every rank skip that step and lower its scale alike; its unscale_ reads the reduced gradients), a
+    closure's backward (SGD, and LBFGS calling it several times), and a GAN's two optimizers, whose
+    generator pass sends gradients of the discriminator's parameters too."""
+    torch.set_num_threads(1)
+    tl.init(comm)
+    out: dict = {"errors": {}, "ok": {}}
+    same = functools.partial(_same_weights, comm)
+
+    model = tiny_model()
+    opt = tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), load_profile=False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    try:
+        for step in range(3):
+            opt.zero_grad()
+            before = [p.detach().clone() for p in model.parameters()]
+            want = _averaged_grads(comm, model, step)
+            loss = _step_loss(model, step)
+            if step == 1 and tl.rank() == 1:
+                loss = loss * float("inf")  # (this rank's gradients overflow)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            if step != 1:
+                out["ok"][f"amp_unscaled_grads_{step}"] = all(
+                    torch.allclose(p.grad, w, rtol=1e-5, atol=1e-7) for p, w in zip(model.parameters(), want))
+            scaler.step(opt)
+            scaler.update()
+            moved = any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
+            out["ok"][f"amp_step_{step}"] = moved == (step != 1) and same(model)
+            out["ok"][f"amp_scale_{step}"] = len(set(comm.allgather(scaler.get_scale()))) == 1
+        out["amp_scale"] = scaler.get_scale()
+        out["errors"]["amp"] = ""
+    except Exception as exc:  # noqa: BLE001 - the error is the result
+        out["errors"]["amp"] = f"{type(exc).__name__}: {exc}"
+
+    for name in ("sgd", "lbfgs"):
+        model = tiny_model()
+        base = (torch.optim.SGD(model.parameters(), lr=0.1) if name == "sgd"
+                else torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3))
+        opt = tl.DistributedOptimizer(base, load_profile=False)
+        try:
+            for step in range(2):
+                want = _averaged_grads(comm, model, step)
+                seen = []
+
+                def closure(step=step, model=model, opt=opt, seen=seen):
+                    opt.zero_grad()
+                    loss = _step_loss(model, step)
+                    loss.backward()
+                    seen.append([p.grad.clone() for p in model.parameters()])
+                    return loss
+
+                before = [p.detach().clone() for p in model.parameters()]
+                opt.step(closure)
+                if name == "sgd":  # one closure call: the step is the averaged gradient's
+                    out["ok"][f"closure_sgd_{step}"] = all(
+                        torch.allclose(b - 0.1 * w, p, rtol=1e-5, atol=1e-6)
+                        for b, w, p in zip(before, want, model.parameters()))
+                else:  # the first call's gradients (at the weights before the step) are the average
+                    out["ok"][f"closure_lbfgs_{step}"] = all(
+                        torch.allclose(g, w, rtol=1e-5, atol=1e-7) for g, w in zip(seen[0], want))
+                out["ok"][f"closure_{name}_same_{step}"] = same(model)
+            out["errors"][f"closure_{name}"] = ""
+        except Exception as exc:  # noqa: BLE001
+            out["errors"][f"closure_{name}"] = f"{type(exc).__name__}: {exc}"
+
+    torch.manual_seed(5)
+    gen, disc = torch.nn.Linear(3, 4), torch.nn.Linear(4, 1)
+    opt_g = tl.DistributedOptimizer(torch.optim.SGD(gen.parameters(), lr=0.1), load_profile=False)
+    opt_d = tl.DistributedOptimizer(torch.optim.SGD(disc.parameters(), lr=0.1), load_profile=False)
+    try:
+        for step in range(3):
+            g = torch.Generator().manual_seed(100 * step + tl.rank())
+            noise, real = torch.randn(4, 3, generator=g), torch.randn(4, 4, generator=g)
+            opt_d.zero_grad()
+            (disc(gen(noise).detach()).mean() - disc(real).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-disc(gen(noise)).mean()).backward()  # (reaches the discriminator's parameters too)
+            opt_g.step()
+        out["ok"]["gan_same"] = same(gen) and same(disc)
+        out["errors"]["gan"] = ""
+    except Exception as exc:  # noqa: BLE001
+        out["errors"]["gan"] = f"{type(exc).__name__}: {exc}"
+
+    # an embedding with sparse gradients that rank 1 does not use in step 1: it sends an empty sparse
+    # gradient (dense zeros there met the other rank's gathers, and stalled), and the step gets rank 0's
+    # gradient over 2, as autograd computes it
+    import copy
+
+    torch.manual_seed(6)
+    emb, head = torch.nn.Embedding(10, 3, sparse=True), torch.nn.Linear(3, 1)
+    opt = tl.DistributedOptimizer(torch.optim.SGD([*emb.parameters(), *head.parameters()], lr=0.1),
+                                  load_profile=False)
+    try:
+        for step in range(3):
+            opt.zero_grad()
+            skip = step == 1 and tl.rank() == 1
+            twin, twin_head = copy.deepcopy(emb), copy.deepcopy(head)
+            if not skip:
+                twin_head(twin(torch.tensor([1, 2 + tl.rank()]))).sum().backward()
+            local = torch.zeros(10, 3) if skip else twin.weight.grad.to_dense()
+            want = sum(comm.allgather(local)) / tl.size()
+            h = torch.ones(2, 3) if skip else emb(torch.tensor([1, 2 + tl.rank()]))
+            head(h).sum().backward()
+            got = emb.weight.grad
+            out["ok"][f"sparse_{step}"] = got.is_sparse and torch.allclose(got.to_dense(), want)
+            opt.step()
+        out["ok"]["sparse_same"] = same(emb)
+        out["errors"]["sparse"] = ""
+    except Exception as exc:  # noqa: BLE001
+        out["errors"]["sparse"] = f"{type(exc).__name__}: {exc}"
     tl.shutdown()
     return out
 

@@ -185,6 +185,7 @@ def test_optimizer_recovers_from_what_training_scripts_meet():
     results = run_ok("torch_optimizer_recovery", 2, limit_s=200)
     for rank, res in enumerate(results):
         assert res["errors"]["failed_wait"] == "injected reduction failure", (rank, res)
+        assert res["errors"]["failed_wait_from"] == "backward", (rank, res)  # (op Average: waited for there)
         assert res["errors"]["failed_wait_calls"] > 1, (rank, res)  # the others went out
         assert res["scheduler_lr"] == 0.025 and res["scheduler_warnings"] == [], (rank, res)
         assert all(res["same_after"].values()) and len(res["same_after"]) == 6, (rank, res["same_after"])
@@ -206,6 +207,18 @@ def test_parameters_frozen_or_unfrozen_after_wrapping_and_two_optimizers_reduce_
         assert all(res["ok"].values()) and len(res["ok"]) == 11, (rank, res["ok"])
 
 
+def test_gradients_read_between_backward_and_step_are_reduced_as_in_plain_torch_loops():
+    """torch.amp's GradScaler, closures (SGD, LBFGS) and a GAN's two optimizers, as their plain torch
+    loops are written (tests/mpi_torch_cases.py::case_torch_between_backward_and_step).  Before, the
+    scaler checked un-reduced gradients (ranks skipped different steps, then zero_grad() refused and the
+    others stalled), a closure stepped on this rank's own gradients, and the GAN's zero_grad() refused.
+    And an embedding's sparse gradient that one rank does not compute in a step: it sent dense zeros."""
+    for rank, res in enumerate(run_ok("torch_between_backward_and_step", 2, limit_s=200)):
+        assert res["errors"] == {"amp": "", "closure_sgd": "", "closure_lbfgs": "", "gan": "", "sparse": ""}, (rank, res)
+        assert all(res["ok"].values()) and len(res["ok"]) == 21, (rank, res["ok"])
+        assert res["amp_scale"] == 8.0, (rank, res)  # halved once, at the step every rank skipped
+
+
 def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
     """Each refusal, and a submit that raised (its gradient, or its group's, goes out again at step()),
     leaves an optimizer whose next steps give every rank the same weights."""
@@ -215,6 +228,8 @@ def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
         assert "computed more than backward_passes_per_step=1 times before step()" in err["twice"], (rank, err)
         assert "computed more than backward_passes_per_step=1" in err["twice_grouped"], (rank, err)
         assert err["zero_grad"].startswith("zero_grad() called after backward() but before step()"), (rank, err)
+        # an average: the second pass adds to the reduced gradients, and the step gets both passes' average
+        assert err["twice_average"] == "" and res["twice_average_reduced"], (rank, err)
         assert err["partial"] == "" and res["partial_reduced"], (rank, err)  # as Horovod: what was accumulated
         for key in ("submit_fails", "group_submit_fails", "predivided_submit_fails", "accumulated_submit_fails"):
             assert err[key] == "injected submit failure", (rank, key, err)
@@ -223,7 +238,7 @@ def test_optimizer_misuse_is_refused_and_the_optimizer_stays_usable():
         # the failed gradient went out again at step(), scaled once (divided by the predivide factor once)
         assert res["grads_averaged"] == {k: True for k in ("submit_fails", "group_submit_fails",
                                                           "predivided_submit_fails")}, (rank, res)
-        assert all(res["same_after"].values()) and len(res["same_after"]) == 12, (rank, res["same_after"])
+        assert all(res["same_after"].values()) and len(res["same_after"]) == 13, (rank, res["same_after"])
 
 
 def test_the_wrapped_optimizer_across_its_life_matches_plain_torch():

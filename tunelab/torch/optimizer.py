@@ -4,9 +4,12 @@ The returned optimizer is an instance of a subclass of the user's optimizer clas
 ``isinstance`` checks and LR schedulers keep working).  A post-accumulate-grad hook on
 every parameter counts backward passes; on the ``backward_passes_per_step``-th it
 submits that gradient's allreduce right away (or, for parameters in a group, the whole
-group once its last member is ready).  ``step()`` waits for the reductions, then runs the
-wrapped optimizer.  Gradients are averaged over ranks; the accumulated passes add up, as in
-Horovod (whose recipe divides each sub-batch's loss by their count).
+group once its last member is ready).  With ``op=Average`` (the default) the reductions are waited
+for when the backward pass that sent them ends, as torch DDP does, so code between ``backward()``
+and ``step()`` (GradScaler's inf check, gradient clipping, a closure's loss) reads reduced gradients;
+with ``op=Sum`` ``step()`` waits for them, as in Horovod.  Then ``step()`` runs the wrapped
+optimizer.  Gradients are averaged over ranks; the accumulated passes add up, as in Horovod (whose
+recipe divides each sub-batch's loss by their count).
 
 Horovod's options: ``gradient_predivide_factor`` f divides gradients by f before the sum and
 multiplies by f / size() after it (Average only); ``sparse_as_dense`` turns sparse gradients
@@ -68,6 +71,14 @@ class _DistributedMixin:
         self._tl_direct = compression is Compression.none and self._tl_predivide == 1.0
         self._tl_passes = backward_passes_per_step
         self._tl_op = op
+        # An average is linear: a backward pass after the reduction (a second loss before step(), a
+        # GAN's generator pass reaching the discriminator's parameters) adds local gradients to
+        # reduced ones, and reducing that sum again gives the average of all the passes.  So the
+        # reductions are waited for when each backward pass ends (queued on autograd's engine once a
+        # pass), and code before step() reads reduced gradients.  A sum is not (the reduced part
+        # would be counted once per rank): it keeps Horovod's wait in step().
+        self._tl_at_backward_end = op == Average
+        self._tl_end_queued = False
         # One rank in all: the allreduce of a gradient is the gradient (a sum or an average over one
         # rank), so nothing goes to the coordinator.  On a GPU a rank of its own pays for every engine
         # call in host time during backward (the coordinator's thread holds the GIL that the autograd
@@ -148,14 +159,26 @@ class _DistributedMixin:
                                f"backward_passes_per_step={self._tl_passes} times before step()")
         slot.count += 1
         self._tl_synchronized = False  # a new backward pass: an earlier synchronize() is not this step's
+        if self._tl_at_backward_end and not self._tl_end_queued:
+            _queue_at_backward_end(self)
+            self._tl_end_queued = True
         if slot.count == self._tl_passes:
             self._tl_submit(p, slot)
+
+    def _tl_backward_ended(self) -> None:
+        """The backward pass that counted a gradient ended: when it sent any (its last accumulated pass),
+        wait for the step's reductions (:meth:`synchronize`; an error raises from ``backward()``)."""
+        self._tl_end_queued = False
+        if not self._tl_superseded and any(slot.submitted for slot in self._tl_slots.values()):
+            self.synchronize()
 
     def _tl_submit(self, p: torch.nn.Parameter, slot: _Slot) -> None:
         """Hand ``p``'s gradient over (marked as sent only once it is: a submit that raised is tried
         again by synchronize())."""
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+        if p.grad is None:  # (no gradient this step: zeros, of the layout its gradients have had)
+            p.grad = torch.zeros_like(p) if slot.sparse is None else _empty_sparse(p, *slot.sparse)
+        elif p.grad.is_sparse:
+            slot.sparse = (p.grad.sparse_dim(), p.grad.dense_dim())
         op = self._tl_sent_op()
         if self._tl_sends_nothing():
             if p.grad.is_sparse and self._tl_sparse_as_dense:
@@ -286,6 +309,7 @@ class _DistributedMixin:
 
     def _tl_reset(self) -> None:
         """Every parameter back to no backward pass counted, nothing sent."""
+        self._tl_end_queued = False  # (a pass that raised never ran its end: the next one queues anew)
         self._tl_sparse.clear()
         for slot in self._tl_slots.values():
             slot.count, slot.submitted, slot.scaled, slot.frozen, slot.handle = 0, False, False, False, None
@@ -300,7 +324,7 @@ class _DistributedMixin:
         values = allgather(g.values().contiguous(), name=f"{name}.values")
         if self._tl_op == Average:
             values = values / _rt.current().topology.size
-        return torch.sparse_coo_tensor(indices, values, g.shape).coalesce()
+        return torch.sparse_coo_tensor(indices, values, g.shape, check_invariants=True).coalesce()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -318,8 +342,13 @@ class _DistributedMixin:
                                "over the same parameters (use that one)")
 
     def step(self, closure: Any = None) -> Any:
+        """Wait for the step's reductions, then step the wrapped optimizer.  With a ``closure`` (LBFGS),
+        the gradients it computes are reduced before the wrapped optimizer reads them, each time it
+        calls it."""
         self._tl_check_current()
-        if not self._tl_synchronized and not self._tl_skip:
+        if closure is not None:
+            closure = _reducing_closure(self, closure)
+        elif not self._tl_synchronized and not self._tl_skip:
             self.synchronize()
         self._tl_synchronized = False
         result = super(self.__class__, self).step(closure)
@@ -333,6 +362,29 @@ class _DistributedMixin:
                                "gradients are still being reduced")
         self._tl_reset()  # the passes counted so far are zeroed with the gradients they summed
         return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def _queue_at_backward_end(opt: Any) -> None:
+    """Run ``opt``'s :meth:`_tl_backward_ended` when the running backward pass ends (autograd's final
+    callbacks: before ``backward()`` returns, in the order queued), holding ``opt`` weakly."""
+    me = weakref.ref(opt)
+
+    def ended() -> None:
+        o = me()
+        if o is not None:
+            o._tl_backward_ended()
+
+    torch.autograd.Variable._execution_engine.queue_callback(ended)
+
+
+def _reducing_closure(opt: Any, closure: Any) -> Any:
+    """``closure`` followed by the wait for the gradients its backward pass sent."""
+    def reduced() -> Any:
+        loss = closure()
+        opt.synchronize()
+        return loss
+
+    return reduced
 
 
 # Each parameter's DistributedOptimizer, by the parameter's id: (the parameter, the optimizer), both held
@@ -384,12 +436,22 @@ class _Slot:
     passes counted, whether its gradient was scaled and went out (submitted, or set aside as sparse, or
     left out as frozen), its handle."""
 
-    __slots__ = ("count", "frozen", "group", "handle", "name", "scaled", "submitted")
+    __slots__ = ("count", "frozen", "group", "handle", "name", "scaled", "sparse", "submitted")
 
     def __init__(self, name: str, group: int | None) -> None:
         self.name, self.group = name, group
         self.count, self.submitted, self.scaled, self.frozen = 0, False, False, False
         self.handle: Handle | None = None
+        # (sparse dims, dense dims) of its sparse gradients once it has had one (an embedding's): a step
+        # that gives it none sends an empty sparse gradient, which the other ranks' gathers expect
+        self.sparse: tuple[int, int] | None = None
+
+
+def _empty_sparse(p: torch.nn.Parameter, sparse_dim: int, dense_dim: int) -> torch.Tensor:
+    """A sparse gradient of ``p`` with no entries, laid out as its earlier ones."""
+    indices = torch.empty((sparse_dim, 0), dtype=torch.long, device=p.device)
+    values = torch.empty((0, *p.shape[sparse_dim:sparse_dim + dense_dim]), dtype=p.dtype, device=p.device)
+    return torch.sparse_coo_tensor(indices, values, p.shape, check_invariants=True)
 
 
 def _given_names(named_parameters: Any) -> dict | None:
