@@ -1,5 +1,6 @@
 """Bad input found by an audit of every command: one line, the right exit status, nothing destroyed, no hang."""
 
+import functools
 import json
 import os
 import shutil
@@ -949,6 +950,20 @@ def test_json_nested_too_deeply_is_one_line_not_a_recursion_traceback(tmp_path, 
     one_line_error(proc, 2, "nested too deeply")
 
 
+@pytest.mark.parametrize("args", [
+    ("report", "--bench", "/dev/zero", "--out", "{tmp}/r.html"),
+    ("model", "fit", "/dev/zero", "--out", "{tmp}/m.json"),
+    ("model", "predict", "--model-file", "/dev/zero", "--hosts", "1", "--ranks-per-host", "2", "--no-report"),
+    ("bench", "tuner", "--landscape", "/dev/zero", "--seeds", "1", "--no-report"),
+    ("profiles", "import", "/dev/zero"),
+])
+def test_an_endless_input_is_one_line_not_all_of_memory(tmp_path, args):
+    """Inputs were read whole: /dev/zero filled the host's memory until the kernel killed the command."""
+    argv = [a.format(tmp=tmp_path) for a in args]
+    proc = tunelab(*argv, env={"TUNELAB_HOME": str(tmp_path / "home")}, timeout=60)
+    one_line_error(proc, 2, "longer than 256 MiB")
+
+
 @pytest.mark.parametrize("flag", ["--sizes", "--check-sizes"])
 def test_a_size_of_hundreds_of_digits_is_a_usage_error(model_file, flag):
     extra = ["--check", str(DATA / "report-allreduce.json")] if flag == "--check-sizes" else []
@@ -985,6 +1000,9 @@ def test_an_export_that_import_would_refuse_is_refused_naming_the_profile(tmp_pa
     (lambda d: d["profiles"][0]["hardware_facts"].update(memory_bytes=10 ** 400), "holds a number past 2**63"),
     (lambda d: d["profiles"][0]["best"].update(default_score=1e-320), "with a finite ratio"),
     (lambda d: d["profiles"][0].update(world_size="two"), "world_size is missing or not an integer"),
+    # (imported, such facts made every later export a RecursionError traceback)
+    (lambda d: d["profiles"][0]["hardware_facts"].update(x=functools.reduce(lambda v, _: [v], range(900), [])),
+     "nests lists or objects more than 32 levels deep"),
 ])
 def test_an_import_the_store_could_not_read_back_is_refused(tmp_path, change, fragment):
     bad = damaged_copy(DATA / "report-profile-export.json", change, tmp_path)

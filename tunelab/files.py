@@ -29,10 +29,18 @@ def json_loads(text: str | bytes) -> Any:
         raise ValueError("nested too deeply to read") from None
 
 
+JSON_MAX_BYTES = 256 << 20  # larger than any file tunelab writes by far; /dev/zero would fill memory
+
+
 def read_json(path: Path | str) -> Any:
     """The JSON document in the file at ``path`` (UTF-8, a byte-order mark allowed): OSError where it
-    cannot be read, ValueError where it is not UTF-8, not JSON or nested too deeply."""
-    return json_loads(Path(path).read_text(encoding="utf-8-sig"))
+    cannot be read, ValueError where it is not UTF-8, not JSON, nested too deeply, or longer than
+    ``JSON_MAX_BYTES`` (read that far and no further: a pipe, ``<(...)``, is read as it comes)."""
+    with open(path, "rb") as f:
+        data = f.read(JSON_MAX_BYTES + 1)
+    if len(data) > JSON_MAX_BYTES:
+        raise ValueError(f"longer than {JSON_MAX_BYTES >> 20} MiB: not a file tunelab wrote")
+    return json_loads(data.decode("utf-8-sig"))
 
 
 def unwritable(path: Path) -> str | None:

@@ -161,6 +161,22 @@ def _huge_number(value: object) -> bool:
     return False
 
 
+MAX_DEPTH = 32  # objects within objects in an export's facts (a host's are a few levels deep)
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether lists and objects in ``value`` nest more than ``limit`` levels (a store holding such facts
+    could not be exported: copying them recurses once a level)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= limit:
+                return True
+            stack += [(w, depth + 1) for w in (v.values() if isinstance(v, dict) else v)]
+    return False
+
+
 def _check_fields(obj: object, fields: dict, where: str) -> None:
     if not isinstance(obj, dict):
         raise InvalidExport(f"{where} must be an object")
@@ -178,3 +194,5 @@ def _check_fields(obj: object, fields: dict, where: str) -> None:
                 raise InvalidExport(f"{where}.{name} holds a number JSON cannot (NaN or infinity)") from None
             if _huge_number(value):
                 raise InvalidExport(f"{where}.{name} holds a number past 2**63 (the store's and the tables' range)")
+            if _deeper_than(value, MAX_DEPTH):
+                raise InvalidExport(f"{where}.{name} nests lists or objects more than {MAX_DEPTH} levels deep")

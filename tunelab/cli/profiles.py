@@ -173,8 +173,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.file} is not a tunelab profiles export (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{args.file} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    except ValueError:  # (nested too deeply to read)
-        raise UsageError(f"{args.file} is not a tunelab profiles export (nested too deeply)") from None
+    except ValueError as exc:  # (nested too deeply to read, or far too long)
+        raise UsageError(f"{args.file} is not a tunelab profiles export ({exc})") from None
     try:
         validate_export(data)  # (before the store is made: a file refused leaves no empty store behind)
         store = _store(create=True)
