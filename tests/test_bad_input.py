@@ -979,6 +979,26 @@ def _store_with_a_profile(tmp_path):
     return home
 
 
+@pytest.mark.parametrize("sql", ["UPDATE meta SET value = '99999999999999999999' WHERE key = 'last_profile_id'",
+                                 "UPDATE profiles SET id = 9223372036854775807"])
+def test_a_store_whose_ids_ran_out_is_one_line_and_kept(tmp_path, sql):
+    """A new profile's id past SQLite's integers (an edited or damaged store) was an OverflowError
+    traceback; the store is left as it was."""
+    import hashlib
+    import sqlite3
+
+    home = _store_with_a_profile(tmp_path)
+    db = home / "profiles.sqlite"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute(sql)
+    conn.execute("UPDATE profiles SET hardware_hash = 'another-host'")  # (the import makes a new profile)
+    conn.close()  # (the last connection's close writes the log into the file)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    proc = tunelab("profiles", "import", str(DATA / "report-profile-export.json"), env={"TUNELAB_HOME": str(home)})
+    one_line_error(proc, 1, "past what SQLite can number")
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
 def test_an_export_that_import_would_refuse_is_refused_naming_the_profile(tmp_path):
     """A trial dated in the future (a host whose clock was wrong) passes through the store; `profiles
     import` refuses such a file, so the export names the profile rather than write a backup that cannot

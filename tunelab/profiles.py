@@ -463,6 +463,9 @@ def _insert_profile(conn: sqlite3.Connection, key: tuple, hardware_name: str, fa
     given = int(row[0]) if row is not None and str(row[0]).isdigit() else 0
     highest = conn.execute("SELECT MAX(id) FROM profiles").fetchone()[0] or 0
     new_id = max(given, int(highest)) + 1
+    if new_id >= 2 ** 63:  # (SQLite's integers end there: the store's ids were damaged or edited)
+        raise StoreError(f"the store's profile ids have reached {new_id - 1}, past what SQLite can number: "
+                         "export the profiles, delete the store and import them (they are numbered anew)")
     conn.execute("INSERT INTO profiles (id, hardware_hash, model_signature, framework, world_size, hardware_name,"
                  " hardware_facts, model_name, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  (new_id, *key, hardware_name, facts_json, model_name, created, updated))
