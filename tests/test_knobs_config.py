@@ -129,3 +129,15 @@ def test_an_emulated_links_latency_overlaps_pieces_sent_back_to_back():
         assert link.bytes_through == 50_000
     finally:
         link.close()
+
+
+def test_a_timeline_path_keeps_braces_other_than_rank(tmp_path):
+    """``{rank}`` is filled in and any other brace is part of the name (``str.format`` read ``{x}`` as a
+    field: ``TUNELAB_TIMELINE=tl-{rank}-{x}.json`` failed every rank with ``KeyError: 'x'``)."""
+    from tunelab.engine.timeline import Timeline
+
+    for rank in (0, 1):
+        tl = Timeline.for_rank(str(tmp_path / "tl-{rank}-{x}-{0}-{.json"), rank)
+        tl.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tl-0-{x}-{0}-{.json", "tl-1-{x}-{0}-{.json"]
+    assert Timeline.for_rank(str(tmp_path / "only-rank-0-{x}.json"), 1) is None

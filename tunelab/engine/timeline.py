@@ -27,11 +27,12 @@ class Timeline:
     @classmethod
     def for_rank(cls, path: str | None, rank: int) -> Timeline | None:
         """A timeline for this rank: ``path`` as given on rank 0, or with ``{rank}`` filled in on every
-        rank when it contains that placeholder; other ranks record nothing."""
+        rank when it contains that placeholder (any other brace is part of the name); other ranks record
+        nothing."""
         if not path:
             return None
         if "{rank}" in path:
-            return cls(path.format(rank=rank), rank)
+            return cls(path.replace("{rank}", str(rank)), rank)
         return cls(path, rank) if rank == 0 else None
 
     def _now_us(self) -> float:
