@@ -788,6 +788,8 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(tmp_path):
     (["tune", "--model", "x" * 300, "--no-report"], "file name too long"),
     (["bench", "allreduce", "--np", "1", "--json", "x" * 300 + ".json"], "file name too long"),
     (["bench", "kernels", "--backend", "cpu", "--sizes", "1000GiB", "--no-report"], "does not fit in memory here"),
+    # (a size the allocator lets through got the ranks killed by the kernel, with no error said)
+    (["bench", "allreduce", "--np", "2", "--sizes", "1KiB,1000GiB", "--no-report"], "on 2 ranks does not fit in memory"),
 ])
 def test_more_bad_flags_are_usage_errors(args, fragment):
     one_line_error(tunelab(*args), 2, fragment)

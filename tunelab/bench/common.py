@@ -15,21 +15,31 @@ if TYPE_CHECKING:
     from ..engine.engine import Engine
 
 
+CHUNK = 1 << 20  # elements made at a time: the int64 work stays a few MiB whatever the size
+
+
 def exact_input(count: int, rank: int, world: int, dtype: np.dtype, salt: int = 0) -> np.ndarray:
     """Small integers whose sum over ``world`` ranks is exact in every supported dtype and in any
     order (|sum| stays within bfloat16's 8-bit significand), so results can be compared bit for bit."""
-    span = max(2, min(16, 512 // max(1, world)))
-    i = np.arange(count, dtype=np.int64)
-    values = (i * 7 + rank * 13 + salt * 5) % span - span // 2
-    return values.astype(dtype)
+    return _chunked(count, dtype, lambda i: _values(i, rank, world, salt))
 
 
 def exact_sum(count: int, world: int, dtype: np.dtype, salt: int = 0) -> np.ndarray:
     """The reference sum of ``exact_input`` over all ranks, computed in int64 by numpy."""
-    total = np.zeros(count, dtype=np.int64)
-    for r in range(world):
-        total += exact_input(count, r, world, np.dtype(np.int64), salt)
-    return total.astype(dtype)
+    return _chunked(count, dtype, lambda i: sum(_values(i, r, world, salt) for r in range(world)))
+
+
+def _values(i: np.ndarray, rank: int, world: int, salt: int) -> np.ndarray:
+    span = max(2, min(16, 512 // max(1, world)))
+    return (i * 7 + rank * 13 + salt * 5) % span - span // 2
+
+
+def _chunked(count: int, dtype: np.dtype, values: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """An array of ``count`` elements of ``dtype``, ``values(indices)`` (int64) made a chunk at a time."""
+    out = np.empty(count, dtype=dtype)
+    for start in range(0, count, CHUNK):
+        out[start:start + CHUNK] = values(np.arange(start, min(count, start + CHUNK), dtype=np.int64)).astype(dtype)
+    return out
 
 
 def count_wrong(result: np.ndarray, expected: np.ndarray) -> int:

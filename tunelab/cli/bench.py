@@ -97,7 +97,9 @@ def _run_allreduce(args: argparse.Namespace) -> int:
               "algorithms": args.algorithms or list(ALGORITHMS), "algorithms_given": args.algorithms is not None,
               "link_gbps": args.link_gbps, "link_latency_us": args.link_latency_us, "device": args.device}
     with lab_session(args.lab) as lab:
-        result = run_job("bench-allreduce", params, job_ranks(lab, args.np), lab=lab)
+        ranks = job_ranks(lab, args.np)
+        _refuse_sizes_memory_cannot_hold(max(args.sizes), ranks)
+        result = run_job("bench-allreduce", params, ranks, lab=lab)
     add_link_bound(result["rows"], result["hardware"])
     add_ratios(result["rows"])
     hw = result["hardware"]
@@ -118,6 +120,25 @@ def _run_allreduce(args: argparse.Namespace) -> int:
     rows = [{**r, "size_h": format_size(r["size"])} for r in result["rows"]]
     print(format_table(rows, [*columns, ("wrong", "#wrong", "d")]))
     return finish(args, result, "allreduce", "bench", bad=(r["algorithm"] for r in result["rows"] if r["wrong"]))
+
+
+ALLREDUCE_HOST_BYTES_PER_BYTE = 4  # a rank's input, output and reference at a size, and some slack
+
+
+def _refuse_sizes_memory_cannot_hold(size: int, ranks: int) -> None:
+    """A usage error before anything starts where ``ranks`` ranks of this machine, each holding its
+    arrays at ``size``, exceed the memory available (the kernel kills a process whose allocation it let
+    through, which no error reports).  Not under the user's mpiexec, whose ranks may be on other hosts."""
+    from ..launch import RANK_MEMORY_MIB, available_memory_bytes, job_size
+
+    available = available_memory_bytes()
+    if available is None or job_size() is not None:
+        return
+    each = (RANK_MEMORY_MIB << 20) + ALLREDUCE_HOST_BYTES_PER_BYTE * size
+    if ranks * each > available:
+        raise UsageError(f"--sizes {format_size(size)} on {ranks} ranks does not fit in memory here: each rank "
+                         f"holds about {each / 2**30:.1f} GiB and {available / 2**30:.1f} GiB is available; "
+                         "give smaller --sizes or fewer ranks")
 
 
 # ---- bench fusion ---------------------------------------------------------------------------------
