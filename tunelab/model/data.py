@@ -18,6 +18,7 @@ the machine's oversubscription is ``world_size / cpu_cores`` unless the hardware
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,8 @@ def load_bench(path: Path, link_gbps: float | None = None) -> list[Observation]:
     if doc.get("device") == "cuda" or any(str(n).startswith("device kernels:") for n in notes):
         raise ModelInputError(f"{path}: a --device cuda run; the scale model costs the engine's host path "
                               f"only (its device path takes other routes and copies)")
-    latency = hw.get("link_latency_us")
-    if isinstance(latency, (int, float)) and not isinstance(latency, bool) and latency > 0:
+    latency = _number(hw, "link_latency_us", 0.0, 1e6, path)
+    if latency is not None and latency > 0:
         raise ModelInputError(f"{path}: recorded behind an emulated link latency of {latency:g} us, which the "
                               "model does not cost (it would be read as a repeat of the same run without it)")
     topo, knobs = _topology(path, hw, link_gbps)
@@ -158,6 +159,21 @@ def _topology(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[
         raise ModelInputError(f"{path}: hardware facts unusable ({type(exc).__name__}: {exc})") from None
 
 
+def _number(facts: dict[str, Any], name: str, low: float, high: float, path: Path, prefix: str = "",
+            whole: bool = False) -> float | None:
+    """``facts[name]``: None where absent, else a number from ``low`` to ``high`` (a whole one with
+    ``whole``), or ModelInputError naming the field (true, "50", NaN or -2 cores were read as facts)."""
+    value = facts.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high or (whole and value != int(value)):
+        kind = "a whole number" if whole else "a number"
+        span = f" from {low:g} to {high:g}" if math.isfinite(low) else ""
+        raise ModelInputError(f"{path}: hardware {prefix}{name} must be {kind}{span}, got {value!r:.40}")
+    return value
+
+
 def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tuple[Topology, Knobs]:
     """The file's topology and knobs; KeyError, TypeError, ValueError or AttributeError on facts that
     are missing or of the wrong kind (:func:`_topology` names them)."""
@@ -176,16 +192,18 @@ def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tup
     elif nodes > world:  # (a node holds at least one rank; and a list of 1e12 nodes is never built)
         raise ValueError(f"nodes must be 1 .. world_size ({world}), got {nodes}")
     sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
-    cores = int(hw.get("cpu_cores") or 0)
+    cores = int(_number(hw, "cpu_cores", 1, 1 << 20, path, whole=True) or 0)
     # a file from before recursive doubling existed recorded no doubling_max_bytes: it ran rings
     knobs = Knobs(**{"doubling_max_bytes": 0, **(hw.get("knobs") or {})})
     if len(set(sizes)) != 1 or sum(sizes) != world:
         raise ModelInputError(f"{path}: the model needs the same ranks on every host, got {sizes}")
     lab = hw.get("lab") if isinstance(hw.get("lab"), dict) else None
-    gbps = next((g for g in (hw.get("link_gbps"), (lab or {}).get("link_gbps"), link_gbps) if g is not None), None)
+    gbps = next((g for g in (_number(hw, "link_gbps", -math.inf, math.inf, path),  # (its range: check_link)
+                             _number(lab or {}, "link_gbps", -math.inf, math.inf, path, "lab."), link_gbps)
+                 if g is not None), None)
     if gbps is not None:
         check_link(gbps=float(gbps))
-    per_machine = int(hw.get("ranks_per_machine") or world)
+    per_machine = int(_number(hw, "ranks_per_machine", 1, world, path, whole=True) or world)
     over = per_machine / cores if cores else 1.0
     # Emulated nodes slow only the engine's cross-node bytes; in a lab every system crosses the link.
     on_link = lab is not None or hw.get("link_gbps") is None
@@ -193,7 +211,8 @@ def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tup
     if lab is not None and nodes > 1 and gbps:  # tc's token bucket in front of every lab link
         from ..lab.spec import bucket
 
-        recorded = lab.get("burst_bytes")  # files from before it was recorded ran the formula's bucket
+        recorded = _number(lab, "burst_bytes", 0, 1 << 40, path, "lab.")  # (files from before it was
+        # recorded ran the formula's bucket)
         burst = bucket(float(gbps))[0] if recorded is None else float(recorded)
         burst_s = burst * 8.0 / (float(gbps) * 1e9)
     return Topology(nodes, sizes[0], link_name(gbps) if nodes > 1 else "none", max(1.0, over), on_link,
