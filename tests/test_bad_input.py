@@ -678,8 +678,13 @@ def test_a_killed_rank_stops_the_job_with_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("change,fragment", [
-    (lambda d: d.update(discard_steps="x"), "discard_steps must be an integer >= 0"),
-    (lambda d: d.update(measure_steps=0), "measure_steps must be an integer >= 1"),
+    (lambda d: d.update(discard_steps="x"), "discard_steps must be an integer from 0 to 100000"),
+    (lambda d: d.update(measure_steps=0), "measure_steps must be an integer from 1 to 100000"),
+    (lambda d: d.update(measure_steps=10 ** 12), "measure_steps must be an integer from 1 to 100000"),
+    (lambda d: d["points"][0].update(steps_s=[[1e-300] * 3]), "every step time one from 1e-09 to 1e+06 s"),
+    (lambda d: d["points"][0].update(steps_s=[[1e300] * 3]), "every step time one from 1e-09 to 1e+06 s"),
+    (lambda d: d["points"][0].update(scores=[1e308]), "a score that is not a positive number up to 1e+12"),
+    (lambda d: d["points"][1].update(steps_s=[]), "point 1 has no recorded steps, and others have"),
     (lambda d: d.update(block_seconds=-1), "block_seconds must be a positive number of seconds"),
     (lambda d: d["space"].update(names=["nope"]), "space.names has 'nope'"),
     (lambda d: d["space"].update(names="segment_bytes"), "space.names is not a list of knob names"),

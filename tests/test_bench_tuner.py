@@ -506,7 +506,7 @@ def test_bad_cli_input_is_one_line(tmp_path):
     cases = [(["--landscape", str(bad)], "not a landscape file"), (["--drift", "2"], "fraction"),
              (["--landscape", str(tmp_path / "binary.json")], "is not a landscape JSON file"),
              (["--landscape", str(tmp_path / "zero.json")], "samples_per_step must be a number in (0, 1e6]"),
-             (["--landscape", str(tmp_path / "zero-step.json")], "samples_per_step and every step time must be positive"),
+             (["--landscape", str(tmp_path / "zero-step.json")], "samples_per_step must be a positive number and every step time one from"),
              (["--landscape", "no-such-landscape"], "No such file"),
              (["--hosts", "4", "--model-noise", "0.1"], "--hosts, --model-noise describe the scale model's objective")]
     for args, fragment in cases:

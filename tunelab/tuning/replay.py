@@ -99,11 +99,18 @@ class Landscape:
             scores = [np.asarray(p["scores"], dtype=np.float64) for p in points]
         except (KeyError, TypeError, ValueError) as exc:
             raise TunelabError(f"landscape {where}: not a landscape file ({type(exc).__name__}: {exc})") from None
-        if not points or any(s.size == 0 for s in scores) or any(not np.all(np.isfinite(s) & (s > 0)) for s in scores):
-            raise TunelabError(f"landscape {where}: no measured points, or a score that is not a positive number")
+        if not points or any(s.size == 0 for s in scores) \
+                or any(not np.all(np.isfinite(s) & (s > 0) & (s <= MAX_SCORE)) for s in scores):
+            raise TunelabError(f"landscape {where}: no measured points, or a score that is not a positive number "
+                               f"up to {MAX_SCORE:g} samples/s")
+        low, high = STEP_TIME_RANGE_S
         if not (math.isfinite(per_step) and per_step > 0) \
-                or any(p.size and not np.all(np.isfinite(p) & (p > 0)) for p in pools):
-            raise TunelabError(f"landscape {where}: samples_per_step and every step time must be positive numbers")
+                or any(p.size and not np.all(np.isfinite(p) & (p >= low) & (p <= high)) for p in pools):
+            raise TunelabError(f"landscape {where}: samples_per_step must be a positive number and every step "
+                               f"time one from {low:g} to {high:g} s")
+        bare = [i for i, p in enumerate(pools) if p.size == 0]
+        if bare and len(bare) < len(pools):  # (the replay would drop every point's steps for the scores)
+            raise TunelabError(f"landscape {where}: point {bare[0]} has no recorded steps, and others have")
         seen: dict[Knobs, int] = {}
         for i, k in enumerate(knobs):  # (the replay answers the first; the truth might be the other)
             if seen.setdefault(k, i) != i:
@@ -196,6 +203,11 @@ class Landscape:
         return float(np.mean(np.log(self.samples_per_step / pool))) if pool.size else math.log(self.means[i])
 
 
+MAX_BLOCK_STEPS = 100_000     # steps a recorded block measured or discarded
+STEP_TIME_RANGE_S = (1e-9, 1e6)  # a recorded step time: 1 ns .. 1e6 s (as the scale model reads times)
+MAX_SCORE = 1e12              # samples/s a recorded block can mean
+
+
 def _header_problem(doc: object) -> str | None:
     """What is wrong with a landscape file's top level (None when nothing): the searched knob names, how
     its blocks were measured, its scenario's name and the samples per step."""
@@ -212,8 +224,8 @@ def _header_problem(doc: object) -> str | None:
         return f"space.names has {unknown[0]!r}, not a searched knob ({', '.join(SCALES)})"
     for key, low in (("discard_steps", 0), ("measure_steps", 1)):
         value = doc.get(key, low)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            return f"{key} must be an integer >= {low}, got {value!r}"
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_BLOCK_STEPS:
+            return f"{key} must be an integer from {low} to {MAX_BLOCK_STEPS}, got {value!r:.40}"
     seconds = doc.get("block_seconds")
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                                 or not 0 < seconds < math.inf):
