@@ -232,7 +232,9 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
     one_line_error(proc, 2, "the model predicts up to")
     for extra, fragment in ((["--scenario", "no-such-scenario"], "no scenario named"),
                             (["--check", str(tmp_path / "missing.json")], "no such file"),
-                            (["--check-sizes", "1MiB"], "give --check too")):
+                            (["--check-sizes", "1MiB"], "give --check too"),
+                            (["--check", str(DATA / "report-allreduce.json"), "--check-sizes", "3KiB"],
+                             "--check: no measurement at the sizes given (3KiB)")):
         proc = tunelab("model", "predict", "--model-file", str(model_file), "--hosts", "1", "--ranks-per-host", "2",
                        "--no-report", *extra)
         one_line_error(proc, 2, fragment)

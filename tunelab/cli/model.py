@@ -166,6 +166,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
     work = Workload.from_scenario(args.scenario) if args.scenario else None
     checked = load_many(args.check, combine="all") if args.check else []
+    _at_sizes(checked, args.check_sizes, "--check")  # (sizes the files lack: refused before any table)
     model, topo = _topology(model, args)
     _refuse_unpredictable(model, topo)
     step_rows = _step_rows(model, args.check_steps, args.scenario, work, topo.link) if args.check_steps else []
