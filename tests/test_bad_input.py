@@ -187,6 +187,12 @@ def test_tuning_one_rank_is_a_usage_error(tmp_path):
     proc = tunelab("tune", "--model", "resnet50", "--np", "1", env={"TUNELAB_HOME": str(tmp_path)})
     one_line_error(proc, 2, "tune needs 2 or more ranks")
     assert not any(tmp_path.iterdir())
+    # a replay scenario of one rank too (it ran, and stored a profile of a job that sends nothing)
+    scenario = tmp_path.parent / f"{tmp_path.name}-one.toml"
+    scenario.write_text(tiny_replay(np=1))
+    one_line_error(tunelab("tune", "--scenario", str(scenario), env={"TUNELAB_HOME": str(tmp_path)}), 2,
+                   "tune needs 2 or more ranks")
+    assert not any(tmp_path.iterdir())
 
 
 # ---- model files ------------------------------------------------------------------------------------------
@@ -900,6 +906,13 @@ def lab_model_file(tmp_path_factory):
                   *map(str, sorted(LAB_RUNS.glob("lat-H*.json"))), "--out", str(out))
     assert fit.returncode == 0, fit.stderr
     return out
+
+
+def test_a_model_objective_of_one_rank_is_refused(lab_model_file):
+    """``bench tuner --model-file M --hosts 1`` (one rank a host by default) scored a landscape of one rank:
+    identical points plus noise."""
+    proc = tunelab("bench", "tuner", "--model-file", str(lab_model_file), "--hosts", "1", "--no-report")
+    one_line_error(proc, 2, "--hosts 1 with 1 rank a host is one rank")
 
 
 def test_a_size_past_any_job_is_blamed_on_the_question_not_the_model(lab_model_file):
