@@ -128,12 +128,15 @@ class ScaleModel:
         usage error) when that is ambiguous."""
         from .costs import link_name
 
+        if not self.links:  # (giving --link-gbps would not help: there is no link to derive it from)
+            raise ModelError("the model was fitted on runs within one host: it has no link between hosts "
+                             "to predict across (fit it on runs of 2 or more hosts, e.g. on the lab)")
         if link_gbps is not None:
             link = link_name(link_gbps)
             return self.with_link(link, link_gbps), link
         if len(self.links) == 1:
             return self, self.links[0]
-        raise ModelError(f"give --link-gbps: the model has links {', '.join(self.links) or 'none'}")
+        raise ModelError(f"give --link-gbps: the model has links {', '.join(self.links)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "values": self.values, "points": self.points, "sources": self.sources,
