@@ -332,6 +332,15 @@ def case_tf_gradient_gaps(comm) -> dict:
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(a) + (2.0 * tf.reduce_sum(b) if r == 1 else 0.0) + 3.0 * tf.reduce_sum(c)
     out: dict = {}
+    # the tape's unconnected_gradients=ZERO, through the wrapper used as a context manager: zeros where
+    # a branch is not taken, so every rank reduces every gradient (the wrapper took neither)
+    try:
+        with tl.DistributedGradientTape(tf.GradientTape()) as zero_tape:
+            zero_loss = tf.reduce_sum(a) + (2.0 * tf.reduce_sum(b) if r == 1 else 0.0) + 3.0 * tf.reduce_sum(c)
+        zero = zero_tape.gradient(zero_loss, [a, b, c], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        out["zero_grads"] = [g.numpy().tolist() for g in zero]
+    except Exception as exc:  # noqa: BLE001 (the error is the finding)
+        out["zero_grads"] = f"{type(exc).__name__}: {exc}"
     try:
         grads = tl.DistributedGradientTape(tape).gradient(loss, [a, b, c])
         out["grads"] = [None if g is None else g.numpy().tolist() for g in grads]

@@ -81,6 +81,9 @@ def test_tf_integer_average_with_postscale_and_a_mixed_groups_gradient_follow_ho
 def test_a_gradient_none_on_one_rank_only_leaves_the_others_their_own_peers():
     r0, r1 = run_case("tf_gradient_gaps", 2, 120).results
     assert r0 is not None and r1 is not None
+    # the tape's unconnected_gradients=ZERO (through the wrapper as a context manager): b's average is
+    # rank 1's 2 over 2 ranks, and nothing stalls
+    assert r0["zero_grads"] == r1["zero_grads"] == [[1.0, 1.0], [1.0, 1.0], [3.0, 3.0]], (r0, r1)
     if "grads" in r0:  # (rank 0 gives none for b: it may finish before the stall is seen)
         assert r0["grads"] == [[1.0, 1.0], None, [3.0, 3.0]], r0  # c: its own 3, not (3 + 2) / 2
     else:

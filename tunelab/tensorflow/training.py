@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # (typing's from Python 3.11; tunelab runs on 3.10)
 
 from .. import runtime as _rt
 from ..reduce_ops import Average
@@ -78,7 +81,9 @@ class DistributedGradientTape:
     inside a ``tf.function`` trace reuse the first lookup."""
 
     def __init__(self, tape: tf.GradientTape, compression: type = Compression.none, op: str = Average,
-                 sparse_as_dense: bool = False, load_profile: bool = True, model_name: str = "") -> None:
+                 sparse_as_dense: bool = False, load_profile: bool = True, model_name: str = "",
+                 device_dense: str = "", device_sparse: str = "") -> None:
+        # (device_dense, device_sparse: Horovod's, accepted and unused, as DistributedOptimizer does)
         self._tape, self._compression, self._op = tape, compression, op
         self._sparse_as_dense = sparse_as_dense
         self._profile_pending, self._model_name = load_profile, model_name
@@ -86,11 +91,25 @@ class DistributedGradientTape:
     def __getattr__(self, item: str) -> Any:
         return getattr(self._tape, item)
 
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None) -> Any:
+    def __enter__(self) -> Self:
+        """``with hvd.DistributedGradientTape(tf.GradientTape()) as tape:`` records on the wrapped tape,
+        and ``tape`` is this wrapper."""
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> Any:
+        return self._tape.__exit__(*exc)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = None) -> Any:
+        """The wrapped tape's gradients, averaged (``op``) over ranks.  ``unconnected_gradients``
+        (``tf.UnconnectedGradients.ZERO``) as the tape takes it: zeros where a source does not reach
+        ``target`` on some rank, which every rank then reduces alike."""
         if self._profile_pending:
             self._profile_pending = False
             _load_profile(tf.nest.flatten(sources), self._model_name)
-        grads = self._tape.gradient(target, sources, output_gradients)
+        grads = self._tape.gradient(target, sources, output_gradients,
+                                    unconnected_gradients=unconnected_gradients or tf.UnconnectedGradients.NONE)
         flat = reduce_gradients(tf.nest.flatten(grads, expand_composites=False), "tape.gradients", self._op,
                                 self._compression, self._sparse_as_dense)
         return tf.nest.pack_sequence_as(grads, _report_step(flat, lambda: variables_signature(tf.nest.flatten(sources))))
