@@ -246,6 +246,36 @@ def _run_script(script, tmp_path) -> subprocess.CompletedProcess:
                           timeout=300, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
 
 
+def test_the_keras_wrapper_keeps_an_optimizers_own_schedule_callable_rate_and_state(tmp_path):
+    """The wrapper was rebuilt from the optimizer's config: a schedule class of the user's own (not
+    registered with Keras) and a callable rate could not be rebuilt (TypeError, ValueError), and an
+    optimizer that had stepped lost its state (iterations 3 became 0, Adam's moments zeros).  Each is
+    checked against the same optimizer unwrapped, stepping on one rank."""
+    script = tmp_path / "keep.py"
+    script.write_text(
+        "import numpy as np, tensorflow as tf, keras\nimport tunelab.tensorflow.keras as hvd\nhvd.init()\n"
+        "class Warm(keras.optimizers.schedules.LearningRateSchedule):\n"
+        "    def __init__(self, base): self.base = base\n"
+        "    def __call__(self, step): return self.base * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / 10.0)\n"
+        "    def get_config(self): return {'base': self.base}\n"
+        "def run(make, wrap, warm_steps):\n"
+        "    v = keras.Variable(np.ones(3, 'float32'))\n"
+        "    opt = make()\n"
+        "    for k in range(warm_steps): opt.apply([tf.constant([1.0, 2.0, 3.0])], [v])\n"
+        "    if wrap: opt = hvd.DistributedOptimizer(opt, load_profile=False)\n"
+        "    for k in range(3): opt.apply([tf.constant([0.5, -1.0, 2.0])], [v])\n"
+        "    return int(opt.iterations.numpy()), v.numpy().tolist()\n"
+        "for name, make, warm in (('schedule', lambda: keras.optimizers.SGD(Warm(0.1)), 0),\n"
+        "                         ('callable', lambda: keras.optimizers.SGD(learning_rate=lambda: 0.05), 0),\n"
+        "                         ('stepped', lambda: keras.optimizers.Adam(0.1), 3)):\n"
+        "    print(name, run(make, True, warm) == run(make, False, warm), run(make, True, warm)[0])\n"
+        "hvd.shutdown()\n")
+    proc = _run_script(script, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "schedule True 3" in proc.stdout and "callable True 3" in proc.stdout, proc.stdout
+    assert "stepped True 6" in proc.stdout, proc.stdout
+
+
 def test_a_model_saved_with_the_distributed_optimizer_loads_with_its_optimizer_state(tmp_path):
     """Keras records an optimizer by its class's module and name; the wrapper's were tunelab's, where no
     such class is, and a checkpoint of a model compiled with it could not be loaded.  It saves as the

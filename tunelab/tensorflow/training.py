@@ -200,6 +200,15 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     cls = type(base.__name__, (base,), {"apply": apply, "build": build, "_tunelab_distributed": True,
                                         "__module__": base.__module__, "__qualname__": base.__qualname__})
     config = optimizer.get_config()
+    # A learning rate schedule of the user's own (its class not registered with Keras) or a callable one
+    # cannot go through the config: the copy is made with a number, then given the same object.
+    inner = optimizer.inner_optimizer if scaler else optimizer
+    own_rate = getattr(inner, "_learning_rate", None)
+    if isinstance(own_rate, keras.optimizers.schedules.LearningRateSchedule) or \
+            (callable(own_rate) and not isinstance(own_rate, keras.Variable)):
+        (config["inner_optimizer"]["config"] if scaler else config)["learning_rate"] = 0.0
+    else:
+        own_rate = None
     if passes > 1:
         # (a loss scaler's inner optimizer accumulates; its own config takes no such setting)
         accumulating = config["inner_optimizer"]["config"] if scaler else config
@@ -208,7 +217,30 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         accumulating["gradient_accumulation_steps"] = passes
     if name is not None:
         config["name"] = name
-    return cls.from_config(config)
+    wrapped = cls.from_config(config)
+    if own_rate is not None:
+        (wrapped.inner_optimizer if scaler else wrapped).learning_rate = own_rate
+    if optimizer.built:  # it stepped already (resumed): the copy takes its state (iterations, slots)
+        _take_state(wrapped, optimizer, list(optimizer._trainable_variables), "the optimizer")
+    return wrapped
+
+
+def _take_state(wrapped: Any, built: Any, variables: list, what: str) -> None:
+    """Build ``wrapped`` (a DistributedOptimizer) on ``variables`` as ``built`` was, and give it
+    ``built``'s state.  Its own build, not the wrapper's: the profile is looked up at the first step,
+    where every rank comes.  ValueError when the states do not match."""
+    import keras
+
+    base = type(wrapped).__mro__[1]
+    with keras.name_scope(wrapped.name, caller=wrapped):
+        base.build(wrapped, variables)
+    wrapped.built = True
+    mine, theirs = list(wrapped.variables), list(built.variables)
+    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
+        raise ValueError(f"{what}'s state does not fit its distributed copy ({len(theirs)} variables against "
+                         f"{len(mine)})")
+    for new, old in zip(mine, theirs):
+        new.assign(old)
 
 
 def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None, custom_objects: dict | None = None,
@@ -245,18 +277,6 @@ def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None, c
     if distributed.get("backward_passes_per_step", saved) != saved:
         raise ValueError(f"{filepath}: the saved optimizer accumulates {saved} passes, not "
                          f"backward_passes_per_step={distributed['backward_passes_per_step']}")
-    wrapped = DistributedOptimizer(loaded, compression=compression, **distributed)
-    if loaded.built:
-        variables = list(model.trainable_variables)
-        base = type(wrapped).__mro__[1]  # the optimizer's own build: the profile waits for the first step
-        with keras.name_scope(wrapped.name, caller=wrapped):
-            base.build(wrapped, variables)
-        wrapped.built = True
-        mine, theirs = list(wrapped.variables), list(loaded.variables)
-        if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
-            raise ValueError(f"{filepath}: the loaded optimizer's state does not fit its distributed copy "
-                             f"({len(theirs)} variables against {len(mine)})")
-        for new, old in zip(mine, theirs):
-            new.assign(old)
+    wrapped = DistributedOptimizer(loaded, compression=compression, **distributed)  # (its state taken)
     model.optimizer = wrapped
     return model
