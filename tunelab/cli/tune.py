@@ -95,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
               "model_file": str(args.model_file.resolve()) if args.model_file else None}
     with scenario_session(args.lab, scenario) as lab:
         np_ = scenario_ranks(lab, args.np, scenario)
-        if np_ == 1:
-            raise UsageError("tune needs 2 or more ranks: one rank's gradients are already their own allreduce, "
-                             "so no knob changes what a step sends (--np 2 or more)")
+        if np_ == 1 and scenario.workload == "train":
+            raise UsageError("tune needs 2 or more ranks to train: one rank's gradients are already their own "
+                             "allreduce, so tunelab sends nothing and no knob changes a step (--np 2 or more)")
         if not inside_mpi_job():
             check_ranks_fit(np_)  # before the header, which would name them
         print(f"# tuning {scenario.name}: {scenario.model} "
