@@ -1077,6 +1077,23 @@ def case_topology(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_init_twice(comm: MPI.Comm) -> dict:
+    """A second init(): with no settings, or the same ones, it returns the running runtime; with other
+    settings it is refused with the settings named (they were dropped without a word)."""
+    from tunelab import runtime
+
+    rt = runtime.init(comm, timeout_s=20.0, cycle_time_ms=5.0)
+    out = {"same": runtime.init(comm) is rt and runtime.init(comm, timeout_s=20.0, cycle_time_ms=5.0) is rt}
+    try:
+        runtime.init(comm, timeout_s=30.0, cycle_time_ms=7.0)
+        out["other"] = "no error"
+    except Exception as exc:  # noqa: BLE001 - the error is the result
+        out["other"] = f"{type(exc).__name__}: {exc}"
+    out["sum"] = rt.coordinator.submit("x", np.full(2, comm.rank + 1.0, np.float32)).wait(20).tolist()
+    runtime.shutdown()
+    return out
+
+
 def case_fingerprint(comm: MPI.Comm) -> dict:
     """This rank's own CPU affinity and the job's fingerprint (hash, usable cores) as a tuning job sees it."""
     from tunelab import runtime

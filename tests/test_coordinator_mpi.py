@@ -166,3 +166,10 @@ def test_a_timeline_rank_0_cannot_write_fails_init_on_every_rank_and_the_next_in
         assert res["error"].startswith("TunelabError: " + ("" if rank == 0 else "rank 0: ")
                                        + f"cannot write the timeline {tmp_path}/a-file/timeline.json"), (rank, res)
         assert res["after"] == [n * (n + 1) / 2], (rank, res)
+
+
+def test_a_second_init_with_other_settings_is_refused_naming_them():
+    for res in run_ok("init_twice", 2, limit_s=60):
+        assert res["same"] and res["sum"] == [3.0, 3.0], res
+        assert res["other"].startswith("UsageError: tunelab is initialized already, with other settings: "), res
+        assert "cycle_time_ms=7.0 (running: 5.0)" in res["other"] and "timeout_s=30.0 (running: 20.0)" in res["other"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import itertools
 import sys
 import uuid
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import EngineConfig, load_engine_config
-from .errors import CollectiveTimeoutError, RankMismatchError, TunelabError
+from .errors import CollectiveTimeoutError, RankMismatchError, TunelabError, UsageError
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -469,7 +470,23 @@ def init(comm: MPI.Comm | None = None, **settings: object) -> Runtime:
     if _current is None:
         _current = Runtime(comm, load_engine_config(**settings))
         atexit.register(_shutdown_at_exit)
+    elif settings:  # (settings that differ from the running ones were dropped without a word)
+        _check_same_settings(_current.config, load_engine_config(**settings))
     return _current
+
+
+def _check_same_settings(running: EngineConfig, wanted: EngineConfig) -> None:
+    """UsageError naming what ``wanted`` changes from the ``running`` runtime's settings."""
+    if wanted == running:
+        return
+    changed = [f"{name}={getattr(wanted.knobs, name)!r} (running: {getattr(running.knobs, name)!r})"
+               for name in running.knobs.as_dict() if getattr(wanted.knobs, name) != getattr(running.knobs, name)]
+    changed += [f"{f.name}={getattr(wanted, f.name)!r} (running: {getattr(running, f.name)!r})"
+                for f in dataclasses.fields(running) if f.name not in ("knobs", "pinned")
+                and getattr(wanted, f.name) != getattr(running, f.name)]
+    raise UsageError("tunelab is initialized already, with other settings: "
+                     + ("; ".join(changed) or "other knobs pinned")
+                     + " (call shutdown() first, or set_knobs() to change knobs while it runs)")
 
 
 def current() -> Runtime:
