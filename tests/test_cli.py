@@ -356,7 +356,9 @@ def test_human_size_against_hand_written_spellings():
     from tunelab.units import human_size
 
     cases = {600: "600 B", 1024: "1 KiB", 1536: "1.5 KiB", 102228128: "97.5 MiB", 3 << 30: "3 GiB",
-             1023 << 10: "1023 KiB", 5 << 40: "5 TiB"}
+             1023 << 10: "1023 KiB", 5 << 40: "5 TiB",
+             # three digits that round up to 1000 are the whole number, not "1e+03 MiB"
+             int(999.7 * 2 ** 20): "1000 MiB", int(999.3 * 2 ** 20): "999 MiB"}
     assert {n: human_size(n) for n in cases} == cases
 
 

@@ -67,7 +67,8 @@ def human_size(nbytes: float) -> str:
     for suffix, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
         if nbytes >= mult or suffix == "B":
             value = nbytes / mult
-            return f"{value:.3g} {suffix}" if value < 1000 else f"{value:.0f} {suffix}"
+            text = f"{value:.3g}"  # (three digits, or the whole number where that needs an exponent:
+            return f"{text if 'e' not in text else f'{value:.0f}'} {suffix}"  # 999.7 MiB is "1000 MiB")
     raise AssertionError("unreachable")
 
 

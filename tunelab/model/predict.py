@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..knobs import Knobs
+from ..units import human_size
 from .costs import BASELINES, Topology
 from .fit import ScaleModel
 from .step import Workload, simulate_step
@@ -53,7 +54,7 @@ def allreduce_table(model: ScaleModel, topo: Topology, sizes: Sequence[int],
     rows = []
     for size in sizes:
         for algo in algorithms_for(model, topo):
-            t = _finite(time_s(model, algo, topo, size, knobs), f"{algo} at {_fmt_bytes(size)}")
+            t = _finite(time_s(model, algo, topo, size, knobs), f"{algo} at {human_size(size)}")
             algbw = size / t / 1e9
             rows.append({"algorithm": algo if topo.hosts > 1 or algo != "flat" else "engine", "size": size,
                          "time_us": t * 1e6, "algbw_gbps": algbw,
@@ -84,18 +85,18 @@ class Crossover:
             else:
                 text = f"no crossover: {self.faster_below} is faster at every size searched"
         elif len(self.sizes) == 1:
-            text = f"crossover at {_fmt_bytes(self.sizes[0])}: {self.faster_below} below, {self.faster_above} above"
+            text = f"crossover at {human_size(self.sizes[0])}: {self.faster_below} below, {self.faster_above} above"
         else:  # each crossing is a change of winner, so the winners alternate between them
             flip = {"flat": "hierarchical", "hierarchical": "flat"}
-            spans, winner = [f"{self.faster_below} below {_fmt_bytes(self.sizes[0])}"], self.faster_below
+            spans, winner = [f"{self.faster_below} below {human_size(self.sizes[0])}"], self.faster_below
             for lo, hi in itertools.pairwise(self.sizes):
                 winner = flip.get(winner, winner)
-                spans.append(f"{winner} from {_fmt_bytes(lo)} to {_fmt_bytes(hi)}")
-            spans.append(f"{self.faster_above} above {_fmt_bytes(self.sizes[-1])}")
-            text = f"crossovers at {', '.join(_fmt_bytes(s) for s in self.sizes)}: {', '.join(spans)}"
+                spans.append(f"{winner} from {human_size(lo)} to {human_size(hi)}")
+            spans.append(f"{self.faster_above} above {human_size(self.sizes[-1])}")
+            text = f"crossovers at {', '.join(human_size(s) for s in self.sizes)}: {', '.join(spans)}"
         if self.onset is not None and self.faster_above != "tie":
             bound = "at most " if self.onset_below_range else ""
-            text += f"; {self.faster_above} faster by > 10 % from {bound}{_fmt_bytes(self.onset)} on"
+            text += f"; {self.faster_above} faster by > 10 % from {bound}{human_size(self.onset)} on"
         return text
 
 
@@ -132,9 +133,9 @@ def crossover(model: ScaleModel, topo: Topology, knobs: Knobs | None = None,
     knobs = knobs or Knobs()
     steps = round(math.log2(high / low) * points_per_octave)
     sizes = [low * 2 ** (s / points_per_octave) for s in range(steps + 1)]
-    diff = [math.log(_finite(model.time_s("flat", topo, int(s), knobs, route), f"flat at {_fmt_bytes(s)}")
+    diff = [math.log(_finite(model.time_s("flat", topo, int(s), knobs, route), f"flat at {human_size(s)}")
                      / _finite(model.time_s("hierarchical", topo, int(s), knobs, route),
-                               f"hierarchical at {_fmt_bytes(s)}")) for s in sizes]
+                               f"hierarchical at {human_size(s)}")) for s in sizes]
     found = []
     for (s0, d0), (s1, d1) in zip(zip(sizes, diff), zip(sizes[1:], diff[1:])):
         if (d0 < 0) != (d1 < 0) and d0 != d1:
@@ -186,10 +187,3 @@ def _finite(t: float, what: str) -> float:
 
 
 LONGEST_S = 1e6  # no collective nor step takes days: a model that predicts it has values no fit makes
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= mult:
-            return f"{n / mult:.3g} {unit}"
-    return f"{n:.0f} B"
