@@ -243,7 +243,9 @@ def test_prediction_sizes_and_checks_are_refused_before_any_table(model_file, tm
                             (["--hosts", "2", "--ranks-per-host", "2", "--oversubscription", "1e300"],
                              "expected at most 1024 ranks a core"),
                             # fitted on runs with a core per rank: it cannot say what two ranks a core cost
-                            (["--hosts", "1", "--ranks-per-host", "2", "--oversubscription", "2"], "no fitted")):
+                            (["--hosts", "1", "--ranks-per-host", "2", "--oversubscription", "2"], "no fitted"),
+                            (["--hosts", "1", "--ranks-per-host", "2", "--link-gbps", "10"],
+                             "--link-gbps is the link between hosts, and --hosts 1 has none")):
         proc = tunelab("model", "predict", "--model-file", str(model_file), "--no-report", *extra)
         one_line_error(proc, 2, fragment)
         assert proc.stdout.strip() == "", proc.stdout

@@ -202,6 +202,9 @@ def _topology(model: Any, args: argparse.Namespace) -> tuple[Any, Any]:
     link = "none"
     if args.hosts > 1:
         model, link = model.for_link(args.link_gbps)
+    elif args.link_gbps is not None:  # (it was ignored: the answer read as one for that link)
+        raise UsageError("--link-gbps is the link between hosts, and --hosts 1 has none: leave it out, or "
+                         "give --hosts 2 or more")
     return model, Topology(args.hosts, args.ranks_per_host, link, args.oversubscription)
 
 
