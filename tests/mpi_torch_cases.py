@@ -472,6 +472,14 @@ def case_torch_optimizer_recovery(comm) -> dict:
     torch.nn.functional.cross_entropy(skipped, y).backward()
     opt.step()
     out["same_after"]["skipped_layer"] = same(model)
+    # ... and frozen for the second pass (its first pass's gradient is sent when that pass ends)
+    opt.zero_grad()
+    loss(model, 0).backward()
+    first.requires_grad_(False)
+    loss(model, 1).backward()
+    first.requires_grad_(True)
+    opt.step()
+    out["same_after"]["frozen_layer"] = same(model)
     opt.zero_grad()
     for step in range(2):
         loss(model, step).backward()
@@ -987,7 +995,7 @@ def case_torch_between_backward_and_step(comm) -> dict:
     closure's backward (SGD, and LBFGS calling it several times), and a GAN's two optimizers, whose
     generator pass sends gradients of the discriminator's parameters too."""
     torch.set_num_threads(1)
-    tl.init(comm)
+    tl.init(comm, timeout_s=20.0)
     out: dict = {"errors": {}, "ok": {}}
     same = functools.partial(_same_weights, comm)
 
@@ -1066,6 +1074,27 @@ def case_torch_between_backward_and_step(comm) -> dict:
         out["errors"]["gan"] = ""
     except Exception as exc:  # noqa: BLE001
         out["errors"]["gan"] = f"{type(exc).__name__}: {exc}"
+
+    # two optimizers, each with a layer no rank uses, whose blocks the ranks run in different orders, or
+    # one of which a rank does not run at all: every optimizer sends its rest before any waits (each
+    # waiting in turn, a rank waited for zeros its peer sent only after its own first wait)
+    torch.manual_seed(7)
+    blocks = [torch.nn.Linear(4, 4) for _ in range(4)]
+    opts = [tl.DistributedOptimizer(torch.optim.SGD([*blocks[2 * i].parameters(), *blocks[2 * i + 1].parameters()],
+                                                    lr=0.1), load_profile=False) for i in range(2)]
+    for layout in ("crossed", "skipped"):
+        try:
+            x = torch.randn(2, 4, generator=torch.Generator().manual_seed(tl.rank()))
+            a, b = blocks[0], blocks[2]
+            y = (b(a(x)) if tl.rank() == 0 else a(b(x))) if layout == "crossed" else (b(x) if tl.rank() == 0 else a(b(x)))
+            y.sum().backward()
+            for o in opts:
+                o.step()
+                o.zero_grad()
+            out["ok"][f"two_optimizers_{layout}"] = all(same(m) for m in blocks)
+            out["errors"][f"two_optimizers_{layout}"] = ""
+        except Exception as exc:  # noqa: BLE001
+            out["errors"][f"two_optimizers_{layout}"] = f"{type(exc).__name__}: {exc}"
 
     # an embedding with sparse gradients that rank 1 does not use in step 1: it sends an empty sparse
     # gradient (dense zeros there met the other rank's gathers, and stalled), and the step gets rank 0's

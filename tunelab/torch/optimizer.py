@@ -56,7 +56,7 @@ class _DistributedMixin:
         # process makes, "grad.opt<k>." for the k-th (an encoder's and a decoder's optimizer stepping after
         # one backward would otherwise both send "grad.param.0", and the engine would pair the two).  Every
         # rank makes its optimizers in the same order, so every rank counts the same k.
-        made = next(_MADE)
+        made = self._tl_made = next(_MADE)
         self._tl_prefix = "grad." if made == 1 else f"grad.opt{made}."
         self._tl_groups = _parameter_groups(params, groups)
         self._tl_group_of = {p: gi for gi, members in enumerate(self._tl_groups) for p in members}
@@ -78,7 +78,7 @@ class _DistributedMixin:
         # pass), and code before step() reads reduced gradients.  A sum is not (the reduced part
         # would be counted once per rank): it keeps Horovod's wait in step().
         self._tl_at_backward_end = op == Average
-        self._tl_end_queued = False
+        self._tl_end_task: int | None = None  # the backward pass (autograd graph task) it ends with
         # One rank in all: the allreduce of a gradient is the gradient (a sum or an average over one
         # rank), so nothing goes to the coordinator.  On a GPU a rank of its own pays for every engine
         # call in host time during backward (the coordinator's thread holds the GIL that the autograd
@@ -159,18 +159,14 @@ class _DistributedMixin:
                                f"backward_passes_per_step={self._tl_passes} times before step()")
         slot.count += 1
         self._tl_synchronized = False  # a new backward pass: an earlier synchronize() is not this step's
-        if self._tl_at_backward_end and not self._tl_end_queued:
-            _queue_at_backward_end(self)
-            self._tl_end_queued = True
+        if self._tl_at_backward_end:
+            task = torch._C._current_graph_task_id()
+            if self._tl_end_task != task:
+                _end_with_backward(self, task)
+                self._tl_end_task = task
         if slot.count == self._tl_passes:
             self._tl_submit(p, slot)
 
-    def _tl_backward_ended(self) -> None:
-        """The backward pass that counted a gradient ended: when it sent any (its last accumulated pass),
-        wait for the step's reductions (:meth:`synchronize`; an error raises from ``backward()``)."""
-        self._tl_end_queued = False
-        if not self._tl_superseded and any(slot.submitted for slot in self._tl_slots.values()):
-            self.synchronize()
 
     def _tl_submit(self, p: torch.nn.Parameter, slot: _Slot) -> None:
         """Hand ``p``'s gradient over (marked as sent only once it is: a submit that raised is tried
@@ -255,6 +251,13 @@ class _DistributedMixin:
         self._tl_check_current()
         if self._tl_synchronized:
             return
+        self._tl_send_rest()
+        self._tl_finish()
+
+    def _tl_send_rest(self) -> None:
+        """Submit every gradient not sent yet (synchronize's first half: where several optimizers end a
+        backward pass together, each sends its rest before any waits, so no rank waits for a peer that
+        waits on another optimizer first)."""
         if any(p.requires_grad for p in self._tl_untracked):
             self._tl_adopt([p for p in self._tl_untracked if p.requires_grad])
         slots = self._tl_slots
@@ -263,8 +266,8 @@ class _DistributedMixin:
                 slot = slots[p]
                 if slot.submitted:
                     continue
-                if not p.requires_grad:
-                    slot.submitted = slot.frozen = True
+                if not p.requires_grad and slot.count == 0:  # (frozen; one that counted passes this step
+                    slot.submitted = slot.frozen = True  # before its layer was frozen sends what it has)
                     if slot.group is not None:  # its group goes out without it
                         self._tl_group_member(p, slot.group, self._tl_sent_op())
                     continue
@@ -276,6 +279,10 @@ class _DistributedMixin:
             with contextlib.suppress(BaseException):
                 self._tl_drain()
             raise
+
+    def _tl_finish(self) -> None:
+        """Wait for the step's reductions and finish them (synchronize's second half)."""
+        slots = self._tl_slots
         self._tl_drain()
         try:
             if self._tl_predivide != 1.0 and not self._tl_sends_nothing():
@@ -309,7 +316,6 @@ class _DistributedMixin:
 
     def _tl_reset(self) -> None:
         """Every parameter back to no backward pass counted, nothing sent."""
-        self._tl_end_queued = False  # (a pass that raised never ran its end: the next one queues anew)
         self._tl_sparse.clear()
         for slot in self._tl_slots.values():
             slot.count, slot.submitted, slot.scaled, slot.frozen, slot.handle = 0, False, False, False, None
@@ -364,17 +370,50 @@ class _DistributedMixin:
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
-def _queue_at_backward_end(opt: Any) -> None:
-    """Run ``opt``'s :meth:`_tl_backward_ended` when the running backward pass ends (autograd's final
-    callbacks: before ``backward()`` returns, in the order queued), holding ``opt`` weakly."""
-    me = weakref.ref(opt)
+# The optimizers whose gradients the running backward pass counted (held weakly), and whether the one
+# callback that ends it is queued.  One callback for all: each optimizer waiting in a callback of its own,
+# in the order its first hook fired, could wait on one rank for a peer waiting on another optimizer,
+# whose unused parameters' zeros that peer sends only when that wait ends.
+_ENDING: list[weakref.ref] = []
+_END_TASK: list[int | None] = [None]  # the graph task whose end is queued (a pass that raised never ends)
 
-    def ended() -> None:
-        o = me()
-        if o is not None:
-            o._tl_backward_ended()
 
-    torch.autograd.Variable._execution_engine.queue_callback(ended)
+def _end_with_backward(opt: Any, task: int) -> None:
+    """Wait for ``opt``'s reductions when the running backward pass, graph task ``task``, ends
+    (autograd's final callbacks, before ``backward()`` returns)."""
+    if _END_TASK[0] != task:
+        _ENDING.clear()  # (left by a pass that raised: its optimizers' steps were reset or are refused)
+        torch.autograd.Variable._execution_engine.queue_callback(_backward_ended)
+        _END_TASK[0] = task
+    _ENDING.append(weakref.ref(opt))
+
+
+def _backward_ended() -> None:
+    """The backward pass ended: every optimizer it sent gradients of (its last accumulated pass) sends
+    the rest of them, and only then waits, all in the order they were made (the same on every rank: a
+    sparse gradient's gathers are collectives).  The first error raises from ``backward()``, after the
+    others are waited for."""
+    opts = [o for o in (ref() for ref in _ENDING) if o is not None]
+    _ENDING.clear()
+    _END_TASK[0] = None
+    ending = []
+    for o in sorted({id(o): o for o in opts}.values(), key=lambda o: o._tl_made):
+        o._tl_end_task = None
+        if not o._tl_superseded and not o._tl_synchronized and any(s.submitted for s in o._tl_slots.values()):
+            ending.append(o)
+    error: BaseException | None = None
+    failed: set[int] = set()
+    for stage in ("_tl_send_rest", "_tl_finish"):
+        for o in ending:
+            if id(o) in failed:
+                continue
+            try:
+                getattr(o, stage)()
+            except BaseException as exc:  # noqa: BLE001 (raised below, after every other optimizer's)
+                error = error or exc
+                failed.add(id(o))  # (its step was reset: the next one starts clean)
+    if error is not None:
+        raise error
 
 
 def _reducing_closure(opt: Any, closure: Any) -> Any:
