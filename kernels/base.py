@@ -67,8 +67,9 @@ def check_factor(dtype: Any, factor: float) -> None:
 
 
 def check_pre(pre: float, kind: int) -> None:
-    """ValueError unless ``pre`` (the factor a sum is scaled by before it rounds to its dtype) is 1, or a
-    power of two for a half type (exact: it only moves the exponent, so the sum's bits are kept)."""
+    """ValueError unless ``pre`` (the factor each source is scaled by, and rounded to its dtype, before
+    a sum) is 1, or a power of two for a half type (it only moves the exponent: exact above the type's
+    smallest normal, rounded below it as the staged path's packing rounds)."""
     if pre != 1.0 and not (kind and pre > 0 and math.frexp(pre)[0] == 0.5):
         raise ValueError(f"a sum's pre-scale must be 1, or a power of two for a half type, not {pre!r}")
 

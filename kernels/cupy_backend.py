@@ -192,10 +192,18 @@ extern "C" __global__ void reduce_bcast_half(const i64* table, int nrows, int ns
             }
             done = words * 8;
         }
+        // pre (a power of two) scales each source, rounded to the half type as the staged path's packing
+        // rounds it, so that a float16 average's sum past 65504 is not inf; the sum rounds once, then
+        // scales as unpacking does
         for (i64 i = done + first; i < n; i += step) {
             float acc = half_to_f32(((const u16*)row[1])[i], kind);
-            for (int j = 1; j < nsrc; ++j) acc = combine<float, float>(acc, half_to_f32(((const u16*)row[1 + j])[i], kind), op);
-            u16 h = f32_to_half(acc * pre, kind);  // pre: a power of two (exact), before the rounding
+            if (pre != 1.0f) acc = half_to_f32(f32_to_half(acc * pre, kind), kind);
+            for (int j = 1; j < nsrc; ++j) {
+                float v = half_to_f32(((const u16*)row[1 + j])[i], kind);
+                if (pre != 1.0f) v = half_to_f32(f32_to_half(v * pre, kind), kind);
+                acc = combine<float, float>(acc, v, op);
+            }
+            u16 h = f32_to_half(acc, kind);
             if (scaled) h = f32_to_half(half_to_f32(h, kind) * factor, kind);
             for (int j = 0; j < ndst; ++j) ((u16*)row[1 + nsrc + j])[i] = h;
         }
@@ -439,7 +447,7 @@ class CupyBackend(DeviceArrayOps):
                      op: ReduceOp, factor: float | None, stream: Any = None, pre: float = 1.0) -> None:
         """One launch over ``table`` (rows: count, ``nsrc`` sources, ``ndst`` destinations): every
         destination of a row receives ``op`` over its sources (times ``factor`` if given).  ``pre``
-        (a power of two; half types only) scales the sum before it is rounded to the dtype."""
+        (a power of two; half types only) scales each source, rounded to the dtype, before the sum."""
         if not table.rows or max_count <= 0:
             return
         name, kind = np.dtype(dtype).name, half_kind(dtype)

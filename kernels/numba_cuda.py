@@ -207,12 +207,19 @@ def _reduce_bcast_half(table, nsrc, ndst, kind, op, pre, factor, scaled):
     for r in range(cuda.blockIdx.y, table.shape[0], cuda.gridDim.y):
         n = table[r, 0]
         for i in range(first, n, step):
+            # pre (a power of two, the part of an average taken before the sum, so that a float16 sum
+            # past 65504 does not become inf) scales each source, rounded to the half type as the
+            # staged path's packing rounds it; the sum rounds once, then scales as unpacking does
             acc = _half_to_f32(_ld(table[r, 1], i, bits), kind)
+            if pre != 1.0:
+                acc = _half_to_f32(_f32_to_half(acc * pre, kind), kind)
             for j in range(1, nsrc):
-                acc = _combine(acc, _half_to_f32(_ld(table[r, 1 + j], i, bits), kind), op)
-            h = _f32_to_half(acc * pre, kind)  # (pre: a power of two, exact; the part of an average
-            if scaled:  # taken before rounding, so a float16 sum past 65504 does not become inf) then,
-                # as unpacking does, the rounded sum scales in float32
+                v = _half_to_f32(_ld(table[r, 1 + j], i, bits), kind)
+                if pre != 1.0:
+                    v = _half_to_f32(_f32_to_half(v * pre, kind), kind)
+                acc = _combine(acc, v, op)
+            h = _f32_to_half(acc, kind)
+            if scaled:
                 h = _f32_to_half(_half_to_f32(h, kind) * factor, kind)
             for j in range(ndst):
                 _st(table[r, 1 + nsrc + j], i, h, bits)
@@ -447,7 +454,7 @@ class NumbaCudaBackend(DeviceArrayOps):
                      op: ReduceOp, factor: float | None, stream: Any = 0, pre: float = 1.0) -> None:
         """One launch over ``table`` (rows: count, ``nsrc`` sources, ``ndst`` destinations): every
         destination of a row receives ``op`` over its sources (times ``factor`` if given).  ``pre``
-        (a power of two; half types only) scales the sum before it is rounded to the dtype."""
+        (a power of two; half types only) scales each source, rounded to the dtype, before the sum."""
         if not table.rows or max_count <= 0:
             return
         grid = self._row_grid(table.rows, max_count, 1)

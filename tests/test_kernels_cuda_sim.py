@@ -242,19 +242,22 @@ def reduce_bcast_writes_the_reduction_to_every_destination_like_the_cpu_path() -
 
 @check
 def reduce_bcast_scales_a_float16_average_before_its_sum_rounds() -> None:
-    """``pre`` (1/4 for three ranks) scales the float32 sum before it rounds to float16, then ``factor``
-    (4/3) as unpacking does: sums past 65504 give numpy's average, not inf.  A ``pre`` that is not a
-    power of two, or one for a type that is not half, is refused."""
+    """``pre`` (1/4 for three ranks) scales each source, rounded to float16 as the staged path packs it,
+    then their sum rounds, then ``factor`` (4/3) scales it as unpacking does: sums past 65504 give numpy's
+    average, not inf, and sources near the smallest normal round as packing rounds them.  A ``pre`` that
+    is not a power of two, or one for a type that is not half, is refused."""
     gpu, _ = _backends()
     rng = np.random.default_rng(11)
     srcs = [(1024.0 * rng.integers(-9, 10, 37)).astype(np.float16) for _ in range(3)]
     for s in srcs:
         s[:2] = 60416.0
+        s[2:8] = rng.uniform(6.2e-5, 2.4e-4, 6).astype(np.float16)
     dsts = [np.zeros(37, np.float16) for _ in range(2)]
     table = np.array([[37, *_addrs(srcs), *_addrs(dsts)]], np.int64)
     gpu.reduce_bcast(gpu.upload_table(table), 3, 2, 37, np.dtype(np.float16), ReduceOp.SUM, 4 / 3, pre=0.25)
-    total = np.sum([x.astype(np.float64) for x in srcs], axis=0)
-    want = (total.astype(np.float32) * np.float32(1 / 3)).astype(np.float16)
+    packed = [(x.astype(np.float32) * np.float32(0.25)).astype(np.float16).astype(np.float32) for x in srcs]
+    want = ((packed[0] + packed[1] + packed[2]).astype(np.float16).astype(np.float32)
+            * np.float32(4 / 3)).astype(np.float16)
     assert want[0] == 60416.0
     for out in dsts:
         assert _same_bits(out, want)

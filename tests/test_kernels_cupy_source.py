@@ -123,18 +123,26 @@ def test_reduce_bcast_writes_every_destination_scaled_like_unpacking(lib, name):
 
 @pytest.mark.parametrize("off", [0, 1])
 def test_a_float16_average_whose_sum_passes_65504_is_scaled_before_it_rounds(lib, off):
-    """Three sources of multiples of 1024 up to 9216 sum past float16's 65504: the sum times ``pre``
-    (1/4) rounds first, then ``factor`` (4/3) scales it, so the average is that of numpy, not inf."""
+    """Three sources of multiples of 1024 up to 9216 sum past float16's 65504: each times ``pre`` (1/4),
+    rounded to float16 as the staged path packs it, then their sum, then ``factor`` (4/3), so the average
+    is numpy's, not inf; sources near float16's smallest normal (6.1e-5) are rounded by that packing
+    too (a sum scaled once differs there)."""
     rng = np.random.default_rng(off)
     count = 41
     srcs = [(1024.0 * rng.integers(-9, 10, count + 8)).astype(np.float16)[off:off + count] for _ in range(3)]
     srcs[0][:3] = srcs[1][:3] = srcs[2][:3] = np.float16(60416.0)  # (sum 181248: inf if rounded first)
+    for x in srcs:  # (times 1/4: below the smallest normal)
+        x[3:9] = rng.uniform(6.2e-5, 2.4e-4, 6).astype(np.float16)
     dsts = [np.zeros(count + 8, np.float16)[off:off + count] for _ in range(2)]
     table = np.array([[count, *_addrs(srcs), *_addrs(dsts)]], np.int64)
     lib.host_reduce_bcast_half(_ptr(table), 1, 3, 2, 1, 0, ctypes.c_float(0.25), ctypes.c_float(4 / 3), 1, 2, 1, 4)
-    total = np.sum([x.astype(np.float64) for x in srcs], axis=0)
-    want = (total.astype(np.float32) * np.float32(1 / 3)).astype(np.float16)
+    packed = [(x.astype(np.float32) * np.float32(0.25)).astype(np.float16).astype(np.float32) for x in srcs]
+    want = ((packed[0] + packed[1] + packed[2]).astype(np.float16).astype(np.float32)
+            * np.float32(4 / 3)).astype(np.float16)
     assert np.isfinite(want).all() and want[0] == np.float16(60416.0)
+    once = ((np.sum([x.astype(np.float32) for x in srcs], axis=0) * np.float32(0.25)).astype(np.float16)
+            .astype(np.float32) * np.float32(4 / 3)).astype(np.float16)
+    assert not np.array_equal(once[3:9], want[3:9])  # (the inputs do tell the two apart)
     for o in dsts:
         assert np.array_equal(o.view(np.uint16), want.view(np.uint16))
 
