@@ -1089,6 +1089,11 @@ def case_init_twice(comm: MPI.Comm) -> dict:
         out["other"] = "no error"
     except Exception as exc:  # noqa: BLE001 - the error is the result
         out["other"] = f"{type(exc).__name__}: {exc}"
+    try:  # the same values, one knob now pinned: named too (it was "other knobs pinned")
+        runtime.init(comm, timeout_s=20.0, cycle_time_ms=5.0, segment_bytes=rt.config.knobs.segment_bytes)
+        out["pinned"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["pinned"] = f"{type(exc).__name__}: {exc}"
     out["sum"] = rt.coordinator.submit("x", np.full(2, comm.rank + 1.0, np.float32)).wait(20).tolist()
     runtime.shutdown()
     return out

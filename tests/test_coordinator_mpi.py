@@ -173,3 +173,4 @@ def test_a_second_init_with_other_settings_is_refused_naming_them():
         assert res["same"] and res["sum"] == [3.0, 3.0], res
         assert res["other"].startswith("UsageError: tunelab is initialized already, with other settings: "), res
         assert "cycle_time_ms=7.0 (running: 5.0)" in res["other"] and "timeout_s=30.0 (running: 20.0)" in res["other"]
+        assert "segment_bytes pinned (running: not pinned)" in res["pinned"], res

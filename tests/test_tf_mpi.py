@@ -269,11 +269,20 @@ def test_the_keras_wrapper_keeps_an_optimizers_own_schedule_callable_rate_and_st
         "                         ('callable', lambda: keras.optimizers.SGD(learning_rate=lambda: 0.05), 0),\n"
         "                         ('stepped', lambda: keras.optimizers.Adam(0.1), 3)):\n"
         "    print(name, run(make, True, warm) == run(make, False, warm), run(make, True, warm)[0])\n"
+        "v = keras.Variable(np.ones(3, 'float32'))\n"
+        "opt = keras.optimizers.SGD(0.1, momentum=0.9)\n"
+        "opt.apply([tf.constant([1.0, 2.0, 3.0])], [v])\n"
+        "w = hvd.DistributedOptimizer(opt, backward_passes_per_step=2, load_profile=False)\n"
+        "state = {x.path: x.numpy().tolist() for x in w.variables}\n"
+        "of = lambda end: next(v for k, v in state.items() if k.endswith(end))\n"
+        "print('accumulating', of('_momentum') == opt.variables[-1].numpy().tolist(), of('_gradient_accumulator'))\n"
         "hvd.shutdown()\n")
     proc = _run_script(script, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "schedule True 3" in proc.stdout and "callable True 3" in proc.stdout, proc.stdout
     assert "stepped True 6" in proc.stdout, proc.stdout
+    # with backward_passes_per_step the copy has accumulators the optimizer lacks: they start at zero
+    assert "accumulating True [0.0, 0.0, 0.0]" in proc.stdout, proc.stdout
 
 
 def test_a_model_saved_with_the_distributed_optimizer_loads_with_its_optimizer_state(tmp_path):

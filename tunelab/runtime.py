@@ -484,8 +484,11 @@ def _check_same_settings(running: EngineConfig, wanted: EngineConfig) -> None:
     changed += [f"{f.name}={getattr(wanted, f.name)!r} (running: {getattr(running, f.name)!r})"
                 for f in dataclasses.fields(running) if f.name not in ("knobs", "pinned")
                 and getattr(wanted, f.name) != getattr(running, f.name)]
-    raise UsageError("tunelab is initialized already, with other settings: "
-                     + ("; ".join(changed) or "other knobs pinned")
+    pinned = [name for name in sorted(wanted.pinned ^ running.pinned)  # (the same values, set explicitly
+              if getattr(wanted.knobs, name) == getattr(running.knobs, name)]  # on one side only)
+    changed += [f"{name} {'pinned' if name in wanted.pinned else 'not pinned'} (running: "
+                f"{'pinned' if name in running.pinned else 'not pinned'})" for name in pinned]
+    raise UsageError("tunelab is initialized already, with other settings: " + "; ".join(changed)
                      + " (call shutdown() first, or set_knobs() to change knobs while it runs)")
 
 

@@ -192,7 +192,7 @@ def _topology_of(path: Path, hw: dict[str, Any], link_gbps: float | None) -> tup
     elif nodes > world:  # (a node holds at least one rank; and a list of 1e12 nodes is never built)
         raise ValueError(f"nodes must be 1 .. world_size ({world}), got {nodes}")
     sizes = [int(x) for x in (per_node if isinstance(per_node, list) else [per_node] * nodes)]
-    cores = int(_number(hw, "cpu_cores", 1, 1 << 20, path, whole=True) or 0)
+    cores = int(_number(hw, "cpu_cores", 0, 1 << 20, path, whole=True) or 0)  # (0: not known)
     # a file from before recursive doubling existed recorded no doubling_max_bytes: it ran rings
     knobs = Knobs(**{"doubling_max_bytes": 0, **(hw.get("knobs") or {})})
     if len(set(sizes)) != 1 or sum(sizes) != world:

@@ -235,11 +235,13 @@ def _take_state(wrapped: Any, built: Any, variables: list, what: str) -> None:
     with keras.name_scope(wrapped.name, caller=wrapped):
         base.build(wrapped, variables)
     wrapped.built = True
-    mine, theirs = list(wrapped.variables), list(built.variables)
-    if [tuple(v.shape) for v in mine] != [tuple(v.shape) for v in theirs]:
-        raise ValueError(f"{what}'s state does not fit its distributed copy ({len(theirs)} variables against "
-                         f"{len(mine)})")
-    for new, old in zip(mine, theirs):
+    # by path: the copy may hold more (backward_passes_per_step's accumulators, which start at zero)
+    mine = {v.path: v for v in wrapped.variables}
+    for old in built.variables:
+        new = mine.get(old.path)
+        if new is None or tuple(new.shape) != tuple(old.shape):
+            raise ValueError(f"{what}'s state does not fit its distributed copy ({old.path} "
+                             f"{list(old.shape)} has no counterpart)")
         new.assign(old)
 
 
