@@ -960,33 +960,22 @@ def _deep(folder):
     return path
 
 
+@pytest.mark.parametrize("source,fragment", [("deep", "nested too deeply"),
+                                             # (read whole, /dev/zero filled memory until the kernel killed it)
+                                             ("endless", "longer than 256 MiB")])
 @pytest.mark.parametrize("args", [
-    ("report", "--bench", "{deep}", "--out", "{tmp}/r.html"),
-    ("report", "--tune", "{deep}", "--out", "{tmp}/r.html"),
-    ("model", "fit", "{deep}", "--out", "{tmp}/m.json"),
-    ("model", "predict", "--model-file", "{deep}", "--hosts", "1", "--ranks-per-host", "2", "--no-report"),
-    ("bench", "tuner", "--landscape", "{deep}", "--seeds", "1", "--no-report"),
-    ("profiles", "import", "{deep}"),
+    ("report", "--bench", "{src}", "--out", "{tmp}/r.html"),
+    ("report", "--tune", "{src}", "--out", "{tmp}/r.html"),
+    ("model", "fit", "{src}", "--out", "{tmp}/m.json"),
+    ("model", "predict", "--model-file", "{src}", "--hosts", "1", "--ranks-per-host", "2", "--no-report"),
+    ("bench", "tuner", "--landscape", "{src}", "--seeds", "1", "--no-report"),
+    ("profiles", "import", "{src}"),
 ])
-def test_json_nested_too_deeply_is_one_line_not_a_recursion_traceback(tmp_path, args):
-    deep = _deep(tmp_path)
-    argv = [a.format(deep=deep, tmp=tmp_path) for a in args]
-    proc = tunelab(*argv, env={"TUNELAB_HOME": str(tmp_path / "home")})
-    one_line_error(proc, 2, "nested too deeply")
-
-
-@pytest.mark.parametrize("args", [
-    ("report", "--bench", "/dev/zero", "--out", "{tmp}/r.html"),
-    ("model", "fit", "/dev/zero", "--out", "{tmp}/m.json"),
-    ("model", "predict", "--model-file", "/dev/zero", "--hosts", "1", "--ranks-per-host", "2", "--no-report"),
-    ("bench", "tuner", "--landscape", "/dev/zero", "--seeds", "1", "--no-report"),
-    ("profiles", "import", "/dev/zero"),
-])
-def test_an_endless_input_is_one_line_not_all_of_memory(tmp_path, args):
-    """Inputs were read whole: /dev/zero filled the host's memory until the kernel killed the command."""
-    argv = [a.format(tmp=tmp_path) for a in args]
+def test_json_nested_too_deeply_or_endless_is_one_line(tmp_path, args, source, fragment):
+    src = _deep(tmp_path) if source == "deep" else "/dev/zero"
+    argv = [a.format(src=src, tmp=tmp_path) for a in args]
     proc = tunelab(*argv, env={"TUNELAB_HOME": str(tmp_path / "home")}, timeout=60)
-    one_line_error(proc, 2, "longer than 256 MiB")
+    one_line_error(proc, 2, fragment)
 
 
 @pytest.mark.parametrize("flag", ["--sizes", "--check-sizes"])
