@@ -261,7 +261,13 @@ def _ddp_phase(comm: Any, model: Any, x: Any, y: Any, p: dict) -> tuple[float, l
         devices = [x.device] if x.device.type == "cuda" else None
         # default 25 MiB buckets; broadcasts rank 0's weights once; no buffer broadcast every step (torch's
         # default): BatchNorm statistics stay local to each rank, as tunelab's (and Horovod's) do
-        ddp = DistributedDataParallel(model, device_ids=devices, broadcast_buffers=False)
+        import inspect
+
+        # (torch 2.13 renamed it, with a warning on every run; the new name still syncs once at init,
+        # which changes nothing here: every rank builds the same model)
+        quiet = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        ddp = DistributedDataParallel(model, device_ids=devices,
+                                      **({"forward_sync_buffers": False} if quiet else {"broadcast_buffers": False}))
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         total, per_step = _timed(comm, _train_step(ddp, opt, x, y), p["steps"], p["warmup"])
         return total, per_step, _weights_identical(comm, model)
