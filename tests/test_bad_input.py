@@ -916,7 +916,7 @@ def test_a_size_past_any_job_is_blamed_on_the_question_not_the_model(lab_model_f
     range (refit it), though the fitted model was sound."""
     proc = tunelab("model", "predict", "--model-file", str(lab_model_file), "--hosts", "4", "--ranks-per-host",
                    "2", "--link-gbps", "1", "--no-report", "--sizes", "99999GiB")
-    one_line_error(proc, 2, "days) for flat at 1e+05 GiB, past the longest time it answers for (1e+06 s): ask "
+    one_line_error(proc, 2, "days) for flat at 97.7 TiB, past the longest time it answers for (1e+06 s): ask "
                             "for smaller sizes or fewer ranks")
 
 

@@ -129,11 +129,12 @@ def _refuse_sizes_memory_cannot_hold(size: int, ranks: int) -> None:
     """A usage error before anything starts where ``ranks`` ranks of this machine, each holding its
     arrays at ``size``, exceed the memory available (the kernel kills a process whose allocation it let
     through, which no error reports).  Not under the user's mpiexec, whose ranks may be on other hosts."""
-    from ..launch import RANK_MEMORY_MIB, available_memory_bytes, job_size
+    from ..launch import RANK_MEMORY_MIB, available_memory_bytes, check_ranks_fit, job_size
 
     available = available_memory_bytes()
     if available is None or job_size() is not None:
         return
+    check_ranks_fit(ranks)  # (too many ranks is said as such, whatever the sizes)
     each = (RANK_MEMORY_MIB << 20) + ALLREDUCE_HOST_BYTES_PER_BYTE * size
     if ranks * each > available:
         raise UsageError(f"--sizes {format_size(size)} on {ranks} ranks does not fit in memory here: each rank "
