@@ -167,7 +167,6 @@ class _DistributedMixin:
         if slot.count == self._tl_passes:
             self._tl_submit(p, slot)
 
-
     def _tl_submit(self, p: torch.nn.Parameter, slot: _Slot) -> None:
         """Hand ``p``'s gradient over (marked as sent only once it is: a submit that raised is tried
         again by synchronize())."""
