@@ -498,17 +498,18 @@ def _model_landscapes(args: argparse.Namespace) -> list[Landscape]:
     from ..model.tuner import recorded_landscape
 
     # a bad file, an ambiguous link or a parameter the topology needs but was not fitted: usage errors
+    hosts, per_host = args.hosts or [2], args.ranks_per_host or 1
     model, link = ScaleModel.load(args.model_file), "none"
-    if any(h > 1 for h in args.hosts or [2]):  # (within one host there is no link to name)
+    if any(h > 1 for h in hosts):  # (within one host there is no link to name)
         model, link = model.for_link(args.link_gbps)
-    alone = [h for h in (args.hosts or [2]) if h * (args.ranks_per_host or 1) < 2]
+    alone = [h for h in hosts if h * per_host < 2]
     if alone:
-        raise UsageError(f"--hosts {alone[0]} with {args.ranks_per_host or 1} rank a host is one rank, whose "
+        raise UsageError(f"--hosts {alone[0]} with {per_host} rank a host is one rank, whose "
                          "gradients are their own allreduce: no knob changes its step (2 ranks or more)")
     work = Workload.from_scenario(args.scenario or MODEL_SCENARIO)
     noise = 0.03 if args.model_noise is None else args.model_noise
-    return [recorded_landscape(model, work, Topology(h, args.ranks_per_host or 1, link if h > 1 else "none"), noise,
-                               seed=h) for h in (args.hosts or [2])]
+    return [recorded_landscape(model, work, Topology(h, per_host, link if h > 1 else "none"), noise, seed=h)
+            for h in hosts]
 
 
 def shipped_landscapes() -> list[str]:

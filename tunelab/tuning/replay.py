@@ -103,7 +103,8 @@ class Landscape:
                 or any(not np.all(np.isfinite(s) & (s > 0) & (s <= MAX_SCORE)) for s in scores):
             raise TunelabError(f"landscape {where}: no measured points, or a score that is not a positive number "
                                f"up to {MAX_SCORE:g} samples/s")
-        low, high = STEP_TIME_RANGE_S
+        from ..model.data import MAX_TIME_S as high  # (a recorded step's time, as the scale model reads one)
+        from ..model.data import MIN_TIME_S as low
         if not (math.isfinite(per_step) and per_step > 0) \
                 or any(p.size and not np.all(np.isfinite(p) & (p >= low) & (p <= high)) for p in pools):
             raise TunelabError(f"landscape {where}: samples_per_step must be a positive number and every step "
@@ -204,7 +205,6 @@ class Landscape:
 
 
 MAX_BLOCK_STEPS = 100_000     # steps a recorded block measured or discarded
-STEP_TIME_RANGE_S = (1e-9, 1e6)  # a recorded step time: 1 ns .. 1e6 s (as the scale model reads times)
 MAX_SCORE = 1e12              # samples/s a recorded block can mean
 
 
