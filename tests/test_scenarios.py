@@ -38,7 +38,7 @@ def test_every_shipped_scenario_loads_by_name_and_by_path(name):
 
 def test_shipped_scenarios_carry_their_specific_settings():
     assert dataclasses.asdict(load_scenario("resnet50")) | {"path": None} == dataclasses.asdict(
-        Scenario("resnet50", "train", "resnet50", budget_samples=20))
+        Scenario("resnet50", "train", "resnet50", budget_samples=20, time_budget_s=120.0))
     two_nodes = load_scenario("resnet50-2nodes")
     assert (two_nodes.np, two_nodes.ranks_per_node) == (4, 2)
     bert = load_scenario("bert")

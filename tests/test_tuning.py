@@ -483,10 +483,33 @@ def test_second_long_blocks_find_a_planted_optimum_that_fast_noisy_steps_hide():
     assert found[1.0] >= found[None] + 3, found
 
 
-def test_time_budget_and_pinned_everything_end_exploration():
+def test_a_time_budget_ends_the_search_near_it_with_a_decision():
+    """``time_budget_s`` bounds the whole search (warm-up, exploration, re-measurement), not exploration
+    alone: the decision comes within the budget and a block of it, after re-measuring when exploration
+    left a finalist, and a budget too long to bind changes nothing (the same blocks, bit for bit)."""
     land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
-    d = run(land, 0, plan=Plan(budget_samples=1000, time_budget_s=20.0)).decisions[0]
-    assert d.stop_reason == "time budget of 20 s spent" and not d.converged
+    free = run(land, 0, plan=Plan(budget_samples=1000))
+    assert free.decisions[0].seconds > 60.0  # (so that the budgets below bind)
+    remeasured = timed = 0
+    for budget, seed in itertools.product((20.0, 40.0, 60.0), range(4)):
+        driver = run(land, seed, plan=Plan(budget_samples=1000, time_budget_s=budget))
+        d = driver.decisions[0]
+        timed += d.stop_reason.startswith(f"time budget of {budget:g} s spent") and not d.converged
+        one_block = max(s.seconds for s in driver.samples) * 1.5  # (its discarded step included)
+        assert d.seconds <= budget + one_block, (budget, seed, d.seconds)
+        remeasured += any(s.phase == "remeasure" for s in driver.samples)
+        assert d.interval is None or not d.adopted or d.interval.low >= 1.01  # still the lock's rule
+    assert timed >= 10 and remeasured >= 8  # the budget ended most, and left re-measurement its time
+    plain = run(land, 1, plan=Plan(budget_samples=20))
+    roomy = run(land, 1, plan=Plan(budget_samples=20, time_budget_s=1e6))
+    assert [(s.knobs, s.logs) for s in plain.samples] == [(s.knobs, s.logs) for s in roomy.samples]
+    assert plain.decisions == roomy.decisions
+    with pytest.raises(ValueError, match="time_budget_s=0"):
+        Plan(time_budget_s=0.0)
+
+
+def test_pinned_everything_ends_exploration():
+    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     pinned = search_space({"fusion_threshold_bytes": MiB, "cycle_time_ms": 2.0, "segment_bytes": MiB}, 1)
     driver = Driver(pinned, lambda e: make_strategy("tunelab", pinned, e), Plan())
     for _ in range(20):

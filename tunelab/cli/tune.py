@@ -45,8 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="blocks to explore, the default's reference blocks included (default: the "
                              "scenario's budget_samples; 20 where it sets none)")
     budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
-                        help="also end exploration after this many seconds of training, if the scenario's "
-                             "block budget has not ended it first")
+                        help="end the search within about this many seconds of training (warm-up and "
+                             "re-measurement included): exploration stops while a round of re-measurement "
+                             "still fits, if the scenario's block budget has not stopped it first")
     tune.add_argument("--seed", type=seed_type, default=0,
                       help="seeds the search strategy (default 0): the same seed proposes the same knobs for the same measurements")
     tune.add_argument("--knob", type=knob, action="append", default=[], metavar="NAME=VALUE",
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"# tuning {scenario.name}: {scenario.model} "
               f"({scenario.framework if scenario.workload == 'train' else 'replay'}) on {np_} ranks, "
               + f"budget {counted(scenario.budget_samples, 'exploration block')} (the default's included)"
-              + (f" or {scenario.time_budget_s:g} s of exploration, whichever ends first" if scenario.time_budget_s else "")
+              + (f" or {scenario.time_budget_s:g} s of tuning, whichever ends first" if scenario.time_budget_s else "")
               + (f", pinned {', '.join(scenario.knobs)}" if scenario.knobs else ""), flush=True)
         if lab is not None:
             print(f"# on the lab: {lab.describe()}", flush=True)

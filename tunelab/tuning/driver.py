@@ -202,7 +202,7 @@ class Driver:
         with no warm-up step timed (a watching driver without warm-up steps) it stays ``measure_steps``."""
         return self._block_steps if self._block_steps is not None else self.plan.measure_steps
 
-    def _choose_remeasure_steps(self, finalists: list[Knobs]) -> int:
+    def _choose_remeasure_steps(self, finalists: list[Knobs] | None) -> int:
         """Steps of each re-measurement block, chosen once as re-measurement starts: ``plan.remeasure_steps``
         if set; else enough that the step-noise part of one round's paired ratio (a finalist's block
         and a reference block; the block-level noise between blocks does not shrink with more steps)
@@ -212,10 +212,11 @@ class Driver:
         plan = self.plan
         if plan.remeasure_steps is not None:
             return plan.remeasure_steps
-        if plan.remeasure_sigma is None or not finalists:
+        if plan.remeasure_sigma is None or finalists == []:
             return self.block_steps
         model = self.noise()
-        worst = max(model.step_var.get(k, model.pooled_var) for k in finalists)
+        # (finalists None: a configuration not known yet, at the pooled step variance)
+        worst = max(model.step_var.get(k, model.pooled_var) for k in finalists) if finalists else model.pooled_var
         need = (worst + model.step_var.get(self.default, model.pooled_var)) / plan.remeasure_sigma ** 2
         most = max(self.block_steps, plan.remeasure_max_steps or 4 * self.block_steps)
         return int(min(most, max(self.block_steps, math.ceil(need))))
@@ -316,9 +317,9 @@ class Driver:
             return "every knob is pinned"
         if self._explored >= self.plan.budget_samples:
             return f"budget of {counted(self.plan.budget_samples, 'exploration block')} spent"
-        t0 = self._epoch_start[0]
-        if self.plan.time_budget_s is not None and self.elapsed_s - t0 >= self.plan.time_budget_s:
-            return f"time budget of {self.plan.time_budget_s:g} s spent"
+        if self._time_left() < self._reserve_s():
+            return (f"time budget of {self.plan.time_budget_s:g} s spent"
+                    + (f" (its last {self._time_left():.0f} s left to re-measure)" if self._time_left() > 0 else ""))
         if self.strategy.converged():
             return "converged (no meaningful expected improvement)"
         if self._stint >= self._stint_goal and self._since_ref == 0:
@@ -375,7 +376,7 @@ class Driver:
                 return self._lock(pick, iv,
                                   f"{what} clear the minimum gain ({1 + self.plan.min_gain:.2f}x) "
                                   f"with an interval simultaneous over the {explored} configurations explored")
-        self._remeasure_steps = self._choose_remeasure_steps(self._finalists)
+        self._remeasure_steps = self._fit_steps(self._choose_remeasure_steps(self._finalists), len(self._finalists))
         self._remeasures += 1
         return self._queue_round()
 
@@ -457,6 +458,9 @@ class Driver:
         unpaired = [k for k, iv in scored if iv is None] if self._round < self.plan.max_rounds else []
         scored = [(k, iv) for k, iv in scored if iv is not None]
         if not scored:
+            if unpaired and self._time_left() < self._round_s(len(unpaired), self._remeasure_steps):
+                return self._lock(None, None, "no finalist could be paired with the reference before the time "
+                                              f"budget of {self.plan.time_budget_s:g} s ran out")
             if unpaired:
                 self._finalists = unpaired
                 return self._queue_round()
@@ -473,13 +477,60 @@ class Driver:
         if not self._finalists:
             forced, self._forced = self._forced, None
             if forced is None and self._explored < self.plan.budget_samples \
-                    and not self.stop_reason.startswith(("budget", "time")):
+                    and not self.stop_reason.startswith(("budget", "time")) and self._time_left() >= self._reserve_s():
                 return self._resume_explore()
             return self._lock(None, (best_k, recorded), f"no finalist can reach the minimum gain ({goal:.2f}x)")
         if self._round >= self.plan.max_rounds:
             return self._lock(None, (best_k, recorded),
                               f"no finalist cleared the minimum gain ({goal:.2f}x) in {self._round} rounds")
+        if self._time_left() < self._round_s(len(self._finalists), self._remeasure_steps):
+            return self._lock(None, (best_k, recorded),
+                              f"no finalist cleared the minimum gain ({goal:.2f}x) in {counted(self._round, 'round')} "
+                              f"before the time budget of {self.plan.time_budget_s:g} s ran out")
         return self._queue_round()
+
+    # ---- the time budget ------------------------------------------------------------------------------
+    def _time_left(self) -> float:
+        """Seconds of this search's time budget (``plan.time_budget_s``, from the search's start) left;
+        inf without one."""
+        if self.plan.time_budget_s is None:
+            return math.inf
+        return self.plan.time_budget_s - (self.elapsed_s - self._epoch_start[0])
+
+    def _round_s(self, finalists: int, steps: int) -> float:
+        """What a round of re-measurement of ``finalists`` blocks of ``steps`` measured steps is expected
+        to take, with its reference blocks and every block's discarded steps, at this search's mean step
+        so far (0 before a block was measured: nothing tells it yet)."""
+        return self._blocks_s(finalists + math.ceil(finalists / self.plan.reference_every), steps)
+
+    def _blocks_s(self, blocks: int, steps: int) -> float:
+        epoch = [s for s in self.samples if s.epoch == self.epoch]
+        measured = sum(s.steps for s in epoch)
+        step_s = sum(s.seconds for s in epoch) / measured if measured else 0.0
+        return blocks * (steps + self.plan.discard_steps) * step_s
+
+    def _reserve_s(self) -> float:
+        """What one more exploration block needs left: itself, the reference block that closes exploration
+        after it, and one round of re-measurement at the steps the noise asks for now, or as many as take
+        a third of the budget where that is fewer (not fewer than a block's).  A time budget ends exploration
+        when less than this is left, so that the search ends near the budget with a decision, not in the
+        middle of one; re-measurement then measures as many steps as fit (:meth:`_fit_steps`)."""
+        if self.plan.time_budget_s is None:
+            return -math.inf
+        # (the finalist is not known yet; the strategy is not asked, which would move its random state)
+        steps = self._choose_remeasure_steps(None)
+        steps = self._fit_steps(steps, self.plan.finalists, self.plan.time_budget_s / 3)
+        return self._blocks_s(2, self.block_steps) + self._round_s(self.plan.finalists, steps)
+
+    def _fit_steps(self, steps: int, finalists: int, seconds: float | None = None) -> int:
+        """``steps`` for each re-measurement block, fewer where a round of them would not fit in ``seconds``
+        (the time budget left by default), not fewer than an exploration block's."""
+        seconds = self._time_left() if seconds is None else seconds
+        one = self._round_s(finalists, 1) - self._round_s(finalists, 0)  # a round's seconds per measured step
+        if not math.isfinite(seconds) or one <= 0:
+            return steps
+        fit = math.floor((seconds - self._round_s(finalists, 0)) / one)
+        return max(self.block_steps, min(steps, fit))
 
     def _resume_explore(self) -> tuple[Knobs, str, str] | None:
         """Every finalist dropped with budget left: explore again (what was re-measured is told)."""

@@ -20,7 +20,9 @@ class Plan:
                                        # raised to ceil(block_seconds / the fastest warm-up step), once per
                                        # run (None: measure_steps as given)
     budget_samples: int = 14        # most blocks measured in exploration, the reference's included
-    time_budget_s: float | None = None
+    time_budget_s: float | None = None  # seconds of training a search may take, from its start (warm-up,
+                                        # discarded steps and every block): exploration ends while one round of
+                                        # re-measurement still fits, and rounds stop when the next would not
     reference_every: int = 3        # candidate blocks between two blocks of the reference
     explore_first: int | None = None  # candidates before exploration may stop early (None: searched knobs + 2)
     explore_more: int = 2           # candidates after a failed re-measurement before it may stop again
@@ -60,6 +62,8 @@ class Plan:
             bad.append(f"remeasure_sigma={self.remeasure_sigma}")
         if self.block_seconds is not None and not (math.isfinite(self.block_seconds) and self.block_seconds > 0):
             bad.append(f"block_seconds={self.block_seconds}")
+        if self.time_budget_s is not None and not (math.isfinite(self.time_budget_s) and self.time_budget_s > 0):
+            bad.append(f"time_budget_s={self.time_budget_s}")
         if not (isinstance(self.reference_every, int) and self.reference_every >= 1):
             bad.append(f"reference_every={self.reference_every}")
         if not 0 < self.confidence < 1:
