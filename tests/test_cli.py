@@ -264,8 +264,9 @@ def test_bench_allreduce_on_nodes_of_unequal_size_leaves_hierarchical_out_unless
 def test_bench_fusion_reports_three_modes_and_the_bound(tmp_path):
     path = tmp_path / "fu.json"
     proc = tunelab("bench", "fusion", "--np", "2", "--iters", "1", "--warmup", "0", "--json", str(path),
-                   "--no-report")
+                   "--no-report", "--knob", "fusion_threshold_bytes=off")
     assert proc.returncode == 0, proc.stderr
+    assert "fusion_threshold=off " in proc.stdout.splitlines()[0]  # (as every command prints knobs)
     data = json.loads(path.read_text())
     rows = data["rows"]
     assert data["hardware"]["world_size"] == 2 and data["hardware"]["cpu_cores"] >= 1  # (as every benchmark's)

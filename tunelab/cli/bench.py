@@ -84,7 +84,6 @@ def _run_allreduce(args: argparse.Namespace) -> int:
         raise UsageError("--link-gbps emulates the link between emulated nodes: give --ranks-per-node too")
     _check_lab_flags(args)
     from ..dtypes import dtype_from_name
-    from ..units import format_size
 
     itemsize = dtype_from_name(args.dtype).itemsize
     odd = [s for s in args.sizes if s % itemsize]
@@ -156,6 +155,7 @@ def _add_fusion(bsub: argparse._SubParsersAction) -> None:
 
 def _run_fusion(args: argparse.Namespace) -> int:
     from ..bench.common import format_table
+    from ..knobs import knob_text
     from ..lab import job_ranks
     from ..lab import session as lab_session
     from ..launch import run_job
@@ -166,7 +166,7 @@ def _run_fusion(args: argparse.Namespace) -> int:
         result = run_job("bench-fusion", params, job_ranks(lab, args.np), lab=lab)
     knobs = result["knobs"]
     print(f"# fusion  model={result['model']}  np={result['world_size']}  "
-          f"fusion_threshold={format_size(knobs['fusion_threshold_bytes'])}  iters={args.iters}")
+          f"fusion_threshold={knob_text('fusion_threshold_bytes', knobs['fusion_threshold_bytes'])}  iters={args.iters}")
     print(format_table(result["rows"], [("mode", "mode", ""), ("tensors", "tensors", "d"),
                                         ("bytes", "bytes", "d"), ("time_us", "time_us", ".0f"),
                                         ("time_us_p10", "p10_us", ".0f"), ("time_us_p90", "p90_us", ".0f"),

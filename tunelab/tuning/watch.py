@@ -1,6 +1,6 @@
 """Retune for auto-loaded jobs: a training job that loaded its tuned profile keeps watching it.
 
-With the ``retune`` setting (``TUNELAB_RETUNE=1``, or ``retune=True`` to ``tunelab.init``), a job whose
+With the ``retune`` setting (``TUNELAB_RETUNE=1``, or ``retune=True`` to ``tunelab.torch.init`` or ``tunelab.tensorflow.init``), a job whose
 framework adapter loaded a stored profile hands every finished training step to :class:`ProfileWatch`
 (``Runtime.step_done``).  Rank 0 times the steps and feeds a tuning driver started *locked* on the
 loaded knobs (:meth:`.driver.Driver.watching`): its first blocks set the interval watched, and when
