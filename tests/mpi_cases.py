@@ -336,6 +336,15 @@ def case_mismatch(comm: MPI.Comm, ranks_per_node: int | None = None) -> dict:
         "count": lambda: engine.allreduce_batch([np.ones(3, np.float32)] * (1 + (r == last))),
         "op": lambda: engine.allreduce(np.ones(3, np.float32), "max" if r == last else "sum"),
         "route": lambda: engine.allreduce(np.ones(100 if r == last else 1 << 18, np.float32)),
+        # Engine.set_knobs on the last rank alone: another fusion threshold (other buckets, the same
+        # tensors), no one-shot (a small call takes the long route there), other pieces
+        "fusion": lambda: _knobs_on(engine, r == last, lambda: engine.allreduce_batch(
+            [np.ones(1000, np.float32), np.ones(3000, np.float32), np.ones(500, np.float32)]),
+            fusion_threshold_bytes=4096),
+        "oneshot": lambda: _knobs_on(engine, r == last, lambda: engine.allreduce(np.ones(100, np.float32)),
+                                     oneshot_max_bytes=0, doubling_max_bytes=0),
+        "segment": lambda: _knobs_on(engine, r == last, lambda: engine.allreduce(np.ones(1 << 18, np.float32)),
+                                     segment_bytes=8192),
     }
     out = {}
     for kind, call in calls.items():
@@ -350,6 +359,17 @@ def case_mismatch(comm: MPI.Comm, ranks_per_node: int | None = None) -> dict:
                      "recovered": bool((after == sum(range(comm.size))).all())}
     engine.close()
     return out
+
+
+def _knobs_on(engine: Engine, changed: bool, call, **knobs: object) -> object:
+    """``call()`` with ``knobs`` set on this rank first where ``changed``; the knobs of before afterwards."""
+    before = engine.knobs
+    if changed:
+        engine.set_knobs(**knobs)
+    try:
+        return call()
+    finally:
+        engine.set_knobs(before)
 
 
 def case_one_rank_invalid(comm: MPI.Comm, ranks_per_node: int | None = None) -> dict:

@@ -70,7 +70,8 @@ def test_disagreeing_ranks_get_one_clear_error_everywhere(n, ranks_per_node):
     """On one node and between (emulated) nodes, where small calls take a shorter route than large ones."""
     results = run_ok("mismatch", n, limit_s=120, ranks_per_node=ranks_per_node)
     expect = {"shape": "float32[100]", "dtype": "float64", "count": "number of tensors differs",
-              "op": "op differs", "route": "float32[262144]"}
+              "op": "op differs", "route": "float32[262144]", "fusion": "knobs in force",
+              "oneshot": "knobs in force", "segment": "knobs in force"}
     for kind, fragment in expect.items():
         messages = {res[kind]["message"] for res in results}
         assert len(messages) == 1, f"{kind}: ranks report different messages {messages}"

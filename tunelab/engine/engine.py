@@ -23,9 +23,11 @@ every rank before any result is written).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import numbers
 import os
 import warnings
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -56,6 +58,8 @@ OPS = {"sum": (ReduceOp.SUM, False), "average": (ReduceOp.SUM, True),
 _OP_CODES = {name: i for i, name in enumerate(OPS)}
 _NO_OP = len(OPS)  # the op code of a call whose op is not one (refused on that rank: Engine._refuse)
 _HEADER_LABELS = (("op", (*OPS, "not an op")), ("number of tensors", None),
+                  ("the knobs in force (a code of them: Engine.set_knobs called on some ranks only, or with "
+                   + "other values)", None),
                   ("arguments", ("invalid (an error on that rank)", "valid")))
 _VALID, _INVALID = 1, 0  # a header's last field: whether this rank's arguments were valid
 _PLAN_CACHE_SIZE = 256
@@ -160,6 +164,7 @@ class Engine:
         self._small: dict[tuple, _SmallCall] = {}
         self._calls = 0
         self._knobs = Knobs()
+        self._knob_code = 0  # (set with the knobs: a call's header carries it, so ranks agree on them too)
         self.set_knobs(self.config.knobs)
 
     def _emulated_link(self) -> EmulatedLink | None:
@@ -213,6 +218,9 @@ class Engine:
                 self._stop(exc, "a knob change (the device one-shot staging's allocation)")
                 raise
         self._knobs = new
+        # every knob shapes what a call does (the route, the buckets, the pieces): a rank that changed
+        # them alone would pair its calls with differently planned ones, so every call agrees on them
+        self._knob_code = zlib.crc32(repr(dataclasses.astuple(new)).encode())
         return new
 
     def check_knobs(self, knobs: Knobs) -> None:
@@ -273,7 +281,7 @@ class Engine:
             if not verify:
                 raise
             found = _OP_LOOKUP.get(op) if isinstance(op, str) else None
-            self._refuse(exc, (_NO_OP if found is None else _OP_CODES[found[0]], n, _VALID), [])
+            self._refuse(exc, (_NO_OP if found is None else _OP_CODES[found[0]], n, self._knob_code, _VALID), [])
         if verify and n == 1 and not on_device[0] and groups_[0] is None and self._small_host_call(arrays[0]):
             small = self._small_call(arrays[0].dtype, arrays[0].shape, name)
             return [self._short_route(small, arrays[0], outs_[0])]
@@ -281,7 +289,7 @@ class Engine:
         what = f"allreduce call #{self._calls}"
         if verify:
             try:
-                agree(self.topology.world, (_OP_CODES[name], n, _VALID), rows, self.config.timeout_s, what,
+                agree(self.topology.world, (_OP_CODES[name], n, self._knob_code, _VALID), rows, self.config.timeout_s, what,
                       _HEADER_LABELS, self.barrier if self.topology.num_nodes == 1 else None, self._spin_s)
             except CollectiveTimeoutError as exc:
                 self._stop(exc, what)
@@ -523,7 +531,7 @@ class Engine:
         """Everything a one-tensor one-shot call of this kind needs, computed once (cached)."""
         name, kop, average = _op(op)
         code = _safe_code(dtype)
-        header, row = (_OP_CODES[name], 1, _VALID), (code, -1, *shape)
+        header, row = (_OP_CODES[name], 1, self._knob_code, _VALID), (code, -1, *shape)
         error: Exception | None = None
         try:
             _check_reducible(dtype, code, average)
