@@ -14,6 +14,10 @@ def test_stalled_tensor_is_named_on_every_rank(n):
     for rank, res in enumerate(results):
         assert "stalled for more than 3 s" in res["message"], (rank, res)
         assert "'lonely' (submitted by ranks [0], missing on ranks " in res["message"]
+        # and what only each other rank submitted (its probes, named by the time), each set of ranks once
+        for other in range(1, n):
+            assert res["message"].count(f"(submitted by ranks [{other}], missing on ranks ") == 1, res["message"]
+        assert res["message"].index("'lonely'") < res["message"].index("'probe")  # (fewest submitters first)
         assert res["elapsed_s"] < 30
 
 

@@ -620,15 +620,21 @@ class Coordinator:
 
     def _report_stall(self, pending: list[_Request], now: float) -> None:
         everyone = self._allgather(sorted(r.name for r in pending), "the stall report")
-        problems = []
+        # by the ranks that submitted them: one line names the first tensor of each such set (those that
+        # fewest ranks submitted first), so that a model one rank holds more of than the others shows
+        # both what is missing there and what only that rank has
+        by_ranks: dict[tuple[int, ...], list[str]] = {}
         for name in sorted(set().union(*map(set, everyone))):
-            have = [rank for rank, names in enumerate(everyone) if name in names]
+            have = tuple(rank for rank, names in enumerate(everyone) if name in names)
             if len(have) < self.size:
-                missing = [rank for rank in range(self.size) if rank not in have]
-                problems.append(f"{name!r} (submitted by ranks {have}, missing on ranks {missing})")
+                by_ranks.setdefault(have, []).append(name)
+        problems = []
+        for have, names in sorted(by_ranks.items(), key=lambda item: (len(item[0]), item[0])):
+            missing = [rank for rank in range(self.size) if rank not in have]
+            more = f" and {len(names) - 1} more like it" if len(names) > 1 else ""
+            problems.append(f"tensor {names[0]!r} (submitted by ranks {list(have)}, missing on ranks {missing}){more}")
         if problems:
-            more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
-            raise StallError(f"stalled for more than {self.stall_timeout_s:g} s: tensor {problems[0]}{more}")
+            raise StallError(f"stalled for more than {self.stall_timeout_s:g} s: {'; '.join(problems)}")
 
     def _zeros(self, i: int) -> _Request:
         """A joined rank's contribution to tensor ``i``: zeros of its dtype and shape, in device memory
