@@ -1128,6 +1128,7 @@ def case_torch_between_backward_and_step(comm) -> dict:
 
 
 from mpi_torch_parity_cases import (  # noqa: F401  (dispatched by mpi_cases.py)
+    case_torch_inplace_autograd,
     case_torch_optimizer_lifecycle,
     case_torch_optimizer_options,
     case_torch_parity,

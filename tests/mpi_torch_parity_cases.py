@@ -486,3 +486,45 @@ def case_torch_optimizer_lifecycle(comm) -> dict:
     out["next_object"] = tl.broadcast_object({"x": r}, root_rank=0)
     tl.shutdown()
     return out
+
+
+def case_torch_inplace_autograd(comm) -> dict:
+    """In-place collectives on tensors a backward pass saved: each raises torch's own "modified by an
+    inplace operation" at backward, as ``w.mul_(2)`` would, instead of a gradient computed with the
+    reduced values (the engine writes through views torch does not see).  A parameter broadcast through
+    ``broadcast_parameters`` (its ``.data``) and gradients reduced in place leave backward alone, and the
+    gradient is then autograd's own, 2w with w from rank 0."""
+    torch.set_num_threads(1)
+    tl.init(comm)
+    r = tl.rank()
+    out: dict = {}
+
+    def saved_then(write) -> str:
+        w = torch.full((3,), float(r + 1), requires_grad=True)
+        y = (w * w).sum()  # saves w
+        with torch.no_grad():
+            write(w)
+        try:
+            y.backward()
+        except RuntimeError as exc:
+            return str(exc).split(":")[0]
+        return f"no error: grad {w.grad.tolist()}"
+
+    out["allreduce_"] = saved_then(lambda w: tl.allreduce_(w, op=tl.Sum, name="w.allreduce"))
+    out["grouped_allreduce_"] = saved_then(lambda w: tl.grouped_allreduce_([w], op=tl.Sum, name="w.grouped"))
+    out["allreduce_scaled"] = saved_then(lambda w: tl.allreduce_(w, op=tl.Sum, name="w.scaled", postscale_factor=0.5))
+    out["broadcast_"] = saved_then(lambda w: tl.broadcast_(w, 0, name="w.broadcast"))
+    out["torch_mul_"] = saved_then(lambda w: w.mul_(2))  # (the reference: torch's own in-place op)
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(float(r + 1))
+    x = torch.ones(1, 2)
+    tl.broadcast_parameters(model.named_parameters(), 0)
+    out["parameters_after_broadcast"] = model.weight.tolist()
+    model.zero_grad()
+    loss = (model(x) ** 2).sum()
+    loss.backward()
+    tl.allreduce_(model.weight.grad, op=tl.Average, name="grad.w")
+    out["grad_after_allreduce_"] = model.weight.grad.tolist()
+    tl.shutdown()
+    return out

@@ -279,3 +279,17 @@ def test_an_error_the_script_caught_is_one_line_at_exit_and_the_rank_exits_clean
     assert proc.stdout.count("StallError") == 2, proc.stdout  # (the ranks' lines may interleave)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.count("tunelab: at exit, after an error: stalled for more than 3 s") == 2, proc.stderr
+
+
+def test_in_place_collectives_on_tensors_a_backward_saved_raise_as_torch_in_place_ops_do():
+    """The engine writes through views torch does not see; autograd's version counter moves anyway, so
+    a backward that saved the tensor raises torch's own error (it computed with the reduced values)."""
+    for res in run_ok("torch_inplace_autograd", 2, limit_s=120):
+        torch_says = res["torch_mul_"]
+        assert torch_says.startswith("one of the variables needed for gradient computation"), res
+        for call in ("allreduce_", "grouped_allreduce_", "allreduce_scaled", "broadcast_"):
+            assert res[call] == torch_says, (call, res)
+        # broadcast_parameters writes .data, as Horovod users' loops expect; a gradient reduced in place
+        # is autograd's: d/dw (w . x)^2 = 2 (w . x) x with rank 0's w = [1, 1], x = [1, 1]
+        assert res["parameters_after_broadcast"] == [[1.0, 1.0]], res
+        assert res["grad_after_allreduce_"] == [[4.0, 4.0]], res

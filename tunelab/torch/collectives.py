@@ -64,6 +64,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) ->
     _rt.current().broadcast_(to_numpy(work), root_rank, name or "tensor")
     if work.data_ptr() != tensor.data_ptr():
         tensor.detach().copy_(work)
+    else:  # (written through a view torch does not see: its version moves as an in-place op's would;
+        torch.autograd.graph.increment_version(tensor)  # a Parameter's .data has a counter of its own)
     return tensor
 
 

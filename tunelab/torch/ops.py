@@ -45,6 +45,15 @@ class Handle:
         return self._out[0] if self._single else self._out
 
 
+def _written(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors``, which the engine wrote in place through views torch does not see: their version
+    counters move as an in-place torch op's would, so a backward pass that saved one of them before
+    raises torch's own error, instead of computing with the reduced values."""
+    for t in tensors:
+        torch.autograd.graph.increment_version(t)
+    return tensors
+
+
 def _integer_average(t: torch.Tensor, world: int, postscale: float = 1.0) -> torch.Tensor:
     """Horovod's average of integers, with its postscale in the same factor (``postscale / world`` in
     double precision, one truncation; scaling the truncated average again truncated twice)."""
@@ -74,7 +83,7 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
                 inner = [rt.coordinator.submit_one(names[0], view, op)]
             else:
                 inner = rt.coordinator.submit_group(names, [view], op, [view], group=group)
-            return Handle(inner, [t], lambda res: res, group is None)
+            return Handle(inner, [t], _written, group is None)
     packed = [compression.compress(_scale(t.detach() if t.requires_grad else t, prescale))  # (gradients need none)
               for t in tensors]
     srcs = [c.contiguous().reshape(1) if c.dim() == 0 else c.contiguous() for c, _ in packed]  # 0-d as [1]
@@ -92,7 +101,7 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
     single = group is None and len(tensors) == 1
     if all(direct) and compression is Compression.none and not any(int_avg) and postscale == 1.0:
         # reduced in place, nothing to undo: what a gradient hook submits (no work when it is waited on)
-        return Handle(inner, results, lambda res: list(tensors), single)
+        return Handle(inner, results, lambda res: _written(list(tensors)), single)
 
     def finish(res: list[torch.Tensor]) -> list[torch.Tensor]:
         if any(int_avg):  # (all of them: checked above) the postscale goes into the average's factor
@@ -106,6 +115,8 @@ def _submit(tensors: Sequence[torch.Tensor], names: list[str], op: str, compress
         for t, o, d in zip(tensors, outs, direct):
             if not d or postscale != 1.0:  # (reduced in place, then scaled into a new tensor)
                 t.detach().copy_(o)
+            else:
+                _written([t])
         return list(tensors)
 
     return Handle(inner, results, finish, single)
