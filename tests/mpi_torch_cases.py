@@ -1133,3 +1133,93 @@ from mpi_torch_parity_cases import (  # noqa: F401  (dispatched by mpi_cases.py)
     case_torch_optimizer_options,
     case_torch_parity,
 )
+
+
+def case_torch_profile_setting(comm, env_home: str) -> dict:
+    """Jobs with nowhere to look for the store (no HOME, no passwd entry, no TUNELAB_HOME), and jobs under
+    each profile setting: an id of another world size's profile, an id of another model's profile,
+    ``load_profile=False`` with an id, and off (from TUNELAB_PROFILE) with the job's own profile stored."""
+    import contextlib
+    import io
+    import os
+    import pwd
+    import time
+
+    from tunelab.knobs import Knobs
+    from tunelab.profiles import ProfileKey
+
+    torch.set_num_threads(1)
+    out: dict = {}
+
+    def build(model, name, **kwargs):
+        """(rank 0's log, what was raised) of building the model's optimizer, and the knobs after a cycle."""
+        buf = io.StringIO()
+        raised = None
+        with contextlib.redirect_stdout(buf):
+            try:
+                tl.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model_name=name, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                raised = f"{type(exc).__name__}: {exc}"
+        tl.allreduce(torch.ones(1), name=f"apply.{name}")  # (set knobs take effect at the coordinator's next cycle)
+        knobs = tl._rt.current().engine.knobs.as_dict()
+        return buf.getvalue().strip(), raised, {k: knobs[k] for k in ("cycle_time_ms", "segment_bytes")}
+
+    # no home to find the store under: a warning on rank 0, default knobs, no rank fails
+    saved = {k: os.environ.pop(k) for k in ("HOME", "TUNELAB_HOME", "XDG_DATA_HOME", "TUNELAB_PROFILE")
+             if k in os.environ}
+    real_getpwuid = pwd.getpwuid
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    pwd.getpwuid = no_entry
+    try:
+        tl.init(comm)
+        out["no_home"] = build(tiny_model(), "tiny")
+        tl.shutdown()
+    finally:
+        pwd.getpwuid = real_getpwuid
+        os.environ.update(saved)
+    os.environ["TUNELAB_HOME"] = env_home
+
+    model = tiny_model()
+    tl.init(comm)
+    rt = tl._rt.current()
+    signature = tl.model_signature(model)
+    ids = {}
+    if tl.rank() == 0:
+        from tunelab.profiles import ProfileStore
+
+        store = ProfileStore()
+        for name, key, knobs in (
+                ("bigger", ProfileKey(rt.profile_key(signature, "torch").hardware_hash, signature, "torch", 4),
+                 Knobs(cycle_time_ms=2.0)),
+                ("other", rt.profile_key("other-model-sig", "torch"), Knobs(cycle_time_ms=3.0, segment_bytes=1 << 16)),
+                ("own", rt.profile_key(signature, "torch"), Knobs(cycle_time_ms=5.0))):
+            ids[name] = store.upsert_profile(key, "test hardware", {}, name)
+            store.set_best(ids[name], knobs.as_dict(), 125.0, 100.0, 0.01, "tune-run", gain_interval=(1.25, 1.1, 1.4))
+    ids = comm.bcast(ids, root=0)
+    out["ids"] = ids
+    tl.shutdown()
+
+    start = time.monotonic()
+    tl.init(comm, profile=ids["bigger"])  # another world size's: refused on every rank, at once
+    out["bigger"] = build(model, "tiny")
+    out["bigger_s"] = time.monotonic() - start
+    tl.shutdown()
+
+    tl.init(comm, profile=ids["other"])  # another model's: warned, loaded; load_profile=False still wins
+    out["not_loaded"] = build(tiny_model(1), "tiny", load_profile=False)
+    out["other"] = build(model, "tiny")
+    out["other_again"] = build(torch.nn.Linear(3, 2), "second")  # (once a job)
+    tl.shutdown()
+
+    os.environ["TUNELAB_PROFILE"] = "off"  # the job's own profile is stored: not looked up
+    try:
+        tl.init(comm)
+        out["off"] = build(model, "tiny")
+        out["off_again"] = build(torch.nn.Linear(3, 2), "second")
+        tl.shutdown()
+    finally:
+        del os.environ["TUNELAB_PROFILE"]
+    return out

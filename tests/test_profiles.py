@@ -712,11 +712,15 @@ def test_a_damaged_row_is_one_line_naming_the_profile_and_delete_recovers(tmp_pa
     conn.commit()
     conn.close()
     before = (home / FILE_NAME).read_bytes()
-    command = ["show", str(a)] if table != "profiles" else ["list"]
-    damaged = cli(home, *command)
+    damaged = cli(home, "show", str(a))
     one_error_line(damaged, 1, f"profile {a} is damaged ({fragment}")
     assert damaged.stdout == "", damaged.stdout  # nothing of the profile printed before the error
+    listed = cli(home, "list")  # the list goes on: the damaged row is listed as such
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+    gains = [line.split()[-1] for line in listed.stdout.splitlines()[3:]]  # (a's row, then b's)
+    assert gains == ["1.030]" if table == "trials" else "damaged", "n/a"], listed.stdout
     one_error_line(cli(home, "export"), 1, f"profiles delete {a} --yes")
+    assert json.loads(cli(home, "export", str(b)).stdout)["profiles"][0]["framework"] == "tensorflow"
     assert (home / FILE_NAME).read_bytes() == before  # refused, not rewritten
     assert cli(home, "delete", str(a), "--yes").returncode == 0
     assert cli(home, "list").returncode == 0 and cli(home, "show", str(b)).returncode == 0
@@ -809,3 +813,172 @@ def test_a_store_write_gives_up_after_its_own_busy_timeout(tmp_path):
         holder.close()
     assert not ok and writer.broken and waited < 5, waited
     assert "locked by another process (waited 0.5 s)" in lines[0] and "training goes on" in lines[0], lines
+
+
+# -- a store to read only, damaged rows, what a command cannot write ----------------------------
+
+def _bound_by_file_modes():
+    """A command prefix under which file modes bind this process's children as any user's (root's
+    DAC override dropped): none needed for another user; root needs setpriv, else the test is skipped."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    prefix = [shutil.which("setpriv") or "setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+    try:
+        works = subprocess.run([*prefix, "true"], check=False, capture_output=True, timeout=30).returncode == 0
+    except OSError:
+        works = False
+    if not works:
+        pytest.skip("root, and setpriv cannot drop the DAC override: file modes would not bind")
+    return prefix
+
+
+def test_a_read_only_store_loads_lists_shows_and_exports_and_a_write_says_where_it_cannot(tmp_path):
+    """A site-wide store, or one baked into a container image: its directory and file read-only to the
+    job's user.  Its WAL mode made every reader open it to write ("attempt to write a readonly database",
+    a job then trained on the default knobs); now what only reads opens it read-only, and a write says
+    that the directory is not writable, in one line."""
+    prefix = _bound_by_file_modes()
+    home = tmp_path / "site"
+    store = ProfileStore(home / FILE_NAME)
+    a, b = populated(store)
+    expected = store.export()
+    last = sqlite3.connect(home / FILE_NAME)  # (a reader leaves the WAL's side files; the last writer to close
+    last.execute("SELECT COUNT(*) FROM meta").fetchone()  # removes them: an image's store has none to read by)
+    last.close()
+    assert (home / FILE_NAME).read_bytes()[18:20] == b"\x02\x02"  # (WAL mode, as every store is)
+    assert sorted(p.name for p in home.iterdir()) == [FILE_NAME]
+    before = (home / FILE_NAME).read_bytes()
+    env = {**os.environ, "TUNELAB_HOME": str(home)}
+
+    def run(*args):
+        return subprocess.run([*prefix, sys.executable, *args], check=False, capture_output=True, text=True,
+                              timeout=60, env=env, stdin=subprocess.DEVNULL)
+
+    lookup = ("from types import SimpleNamespace as N; from tunelab.runtime import Runtime; "
+              "from tunelab.config import load_engine_config; from tunelab.profiles import ProfileKey; "
+              f"key = ProfileKey(*{KEY.params()!r}); "
+              "job = N(topology=N(size=2), config=load_engine_config({}), _knobs_from='', "
+              "profile_key=lambda s, f: key); print(Runtime._lookup_profile(job, key.model_signature, 'torch', 'r')[0])")
+    (tmp_path / "x.json").write_text(json.dumps(expected))
+    (home / FILE_NAME).chmod(0o444)
+    home.chmod(0o555)
+    try:
+        job = run("-c", lookup)
+        listed, shown = run("-m", "tunelab.cli", "profiles", "list"), run("-m", "tunelab.cli", "profiles", "show", str(a))
+        exported = run("-m", "tunelab.cli", "profiles", "export")
+        deleted = run("-m", "tunelab.cli", "profiles", "delete", str(b), "--yes")
+        imported = run("-m", "tunelab.cli", "profiles", "import", str(tmp_path / "x.json"))
+        left = sorted(p.name for p in home.iterdir())
+    finally:
+        home.chmod(0o755)
+        (home / FILE_NAME).chmod(0o644)
+    assert job.stdout.startswith(f"tunelab: loaded tuned profile {a} for r / torch / 2 ranks: "), (job.stdout, job.stderr)
+    assert listed.returncode == 0 and listed.stdout.startswith("# 2 profiles in"), listed.stderr
+    assert shown.returncode == 0 and "segment_bytes: 3MiB" in shown.stdout, shown.stderr
+    assert exported.returncode == 0 and json.loads(exported.stdout) == expected, exported.stderr
+    for proc in (deleted, imported):
+        assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+        assert proc.stderr == f"tunelab: error: the profile store's directory is not writable: {home}\n", proc.stderr
+    assert left == [FILE_NAME] and (home / FILE_NAME).read_bytes() == before
+
+
+def test_one_damaged_row_leaves_the_other_profiles_usable(tmp_path):
+    """A profile whose facts are not an object (or whose world size is 0) made `export A` fail naming it,
+    `list` fail, and `tune` fail (it looked its key up among every summary, and its seed among them):
+    now an export reads only the profiles it names, `list` shows the row as damaged, a lookup by key
+    and the seed leave it out, and its key is the store's "damaged" error, never a bare ValueError."""
+    from tunelab.profile_records import DamagedProfileError
+    from tunelab.tuning.run import _profile_id
+
+    home = tmp_path / "home"
+    store = ProfileStore(home / FILE_NAME)
+    a, b = populated(store)
+    c = new_profile(store, ProfileKey(KEY.hardware_hash, KEY.model_signature, "torch", 4))  # (a seed of a's model)
+    expected = store.export([a])
+    conn = sqlite3.connect(home / FILE_NAME)
+    with conn:
+        conn.execute("UPDATE profiles SET hardware_facts = '[1]' WHERE id = ?", (b,))
+        conn.execute("UPDATE profiles SET world_size = 0 WHERE id = ?", (c,))
+    conn.close()
+    exported = cli(home, "export", str(a))
+    assert exported.returncode == 0 and json.loads(exported.stdout) == expected, exported.stderr
+    listed = cli(home, "list")
+    assert listed.returncode == 0 and listed.stderr == "", listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[3:]]
+    assert [(r[0], r[-1]) for r in rows] == [(str(a), "1.030]"), (str(b), "damaged"), (str(c), "damaged")]
+    assert rows[2][4] == "0"  # (its world size as stored)
+    one_error_line(cli(home, "show", str(b)), 1, f"profile {b} is damaged (its hardware facts are not a JSON object")
+    one_error_line(cli(home, "show", str(c)), 1, f"profile {c} is damaged (its world_size is 0")
+    assert [s.id for s in store.profiles()] == [a]
+    assert store.id_of(KEY) == a and _profile_id(store, KEY) == a  # (tune's lookup of its key)
+    assert store.nearest(ProfileKey(KEY.hardware_hash, KEY.model_signature, "torch", 8)).id == a
+    import dataclasses
+
+    with pytest.raises(DamagedProfileError, match=f"profile {a} is damaged"):
+        dataclasses.replace(store.get(a), world_size=0).key  # noqa: B018
+
+
+def test_an_import_whose_best_does_not_name_every_knob_is_refused(tmp_path):
+    """A best of ``{}`` imported, and a job applied nothing of it under its claimed gain: a best names
+    every knob it ran with (those added since the first profiles were stored may be missing: it ran
+    without them), else the import is refused as any invalid export (exit 2), before a store is made."""
+    store = ProfileStore(tmp_path / "home" / FILE_NAME)
+    a, _ = populated(store)  # (its best names the knobs of before the one-shot and doubling knobs)
+    every = "'fusion_threshold_bytes', 'cycle_time_ms', 'hierarchical', 'group_fusion', 'segment_bytes'"
+    for knobs, missing in (({}, every),
+                           ({k: v for k, v in KNOBS.items() if k != "cycle_time_ms"}, "'cycle_time_ms'")):
+        data = store.export([a])
+        data["profiles"][0]["best"]["knobs"] = knobs
+        (tmp_path / "x.json").write_text(json.dumps(data))
+        one_error_line(cli(tmp_path / "other", "import", str(tmp_path / "x.json")), 2,
+                       f"profiles[0].best.knobs lacks {missing}: a best config names every knob it was measured with")
+        assert not (tmp_path / "other").exists()
+    (tmp_path / "x.json").write_text(json.dumps(store.export([a])))
+    assert cli(tmp_path / "other", "import", str(tmp_path / "x.json")).returncode == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_output_that_cannot_be_written_is_one_error_line(tmp_path, unbuffered):
+    """`profiles export > /dev/full` (a full disk, a quota) printed a traceback: now one line, exit 1."""
+    import errno
+
+    home = tmp_path / "home"
+    a, _ = populated(ProfileStore(home / FILE_NAME))
+    env = {**os.environ, "TUNELAB_HOME": str(home), "PYTHONUNBUFFERED": unbuffered}
+    for args in (["export"], ["list"], ["show", str(a)]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "tunelab.cli", "profiles", *args], check=False, stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=60, env=env)
+        assert proc.returncode == 1 and proc.stderr == ("tunelab: error: cannot write standard output: "
+                                                        f"{os.strerror(errno.ENOSPC)}\n"), (args, proc.stderr)
+
+
+def test_a_profile_id_is_ascii_digits_only(tmp_path):
+    """`profiles delete 1_2 --yes` deleted profile 12 (int() reads "1_2", "١٢" and " 12" as 12)."""
+    home = tmp_path / "home"
+    store = ProfileStore(home / FILE_NAME)
+    ids = [new_profile(store, ProfileKey(KEY.hardware_hash, KEY.model_signature, "torch", n)) for n in range(1, 13)]
+    assert ids[-1] == 12
+    for text in ("1_2", "١٢", " 12", "+12", "12.0"):
+        one_error_line(cli(home, "delete", text, "--yes"), 2, f"expected a profile id (a positive integer), got {text!r}")
+        one_error_line(cli(home, "show", text), 2, "expected a profile id")
+    assert [s.id for s in store.profiles()] == ids
+    assert cli(home, "delete", "012", "--yes").returncode == 0 and store.get(12) is None
+
+
+def test_with_no_home_the_store_has_no_place_and_a_command_that_needs_it_says_so(tmp_path):
+    """A container under a uid with no passwd entry and no HOME: `tunelab profiles list` printed a
+    RuntimeError's traceback; it is a usage error now (set TUNELAB_HOME), one line, exit 2."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "TUNELAB_HOME", "XDG_DATA_HOME")}
+    script = ("import pwd, sys\n"
+              "def no_entry(uid):\n    raise KeyError(uid)\n"
+              "pwd.getpwuid = no_entry\n"
+              "from tunelab.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    for args in (["list"], ["show", "1"], ["export"]):
+        proc = subprocess.run([sys.executable, "-c", script, "profiles", *args], check=False, capture_output=True,
+                              text=True, timeout=60, env=env, cwd=tmp_path)
+        one_error_line(proc, 2, "cannot locate the profile store: HOME is unset and this user (uid ")
+        assert proc.stderr.rstrip().endswith("set TUNELAB_HOME to a directory for it"), proc.stderr

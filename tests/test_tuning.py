@@ -509,7 +509,6 @@ def test_a_time_budget_ends_the_search_near_it_with_a_decision():
 
 
 def test_pinned_everything_ends_exploration():
-    land = synthetic("peak", SPACE, GRID, peaked(PEAK), noise=0.03, seed=1)
     pinned = search_space({"fusion_threshold_bytes": MiB, "cycle_time_ms": 2.0, "segment_bytes": MiB}, 1)
     driver = Driver(pinned, lambda e: make_strategy("tunelab", pinned, e), Plan())
     for _ in range(20):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import StoreLocationError, UsageError
 from .knobs import SPECS, Knobs
 from .units import check_link
 
@@ -28,6 +28,7 @@ ENV_LINK_LATENCY_US = "TUNELAB_LINK_LATENCY_US"
 ENV_RETUNE = "TUNELAB_RETUNE"        # 1: a job that auto-loads its profile keeps watching it (retunes)
 ENV_LAB_DIR = "TUNELAB_LAB_DIR"      # where `tunelab lab up` keeps its state (default /run/tunelab-lab)
 ENV_LAB_STATE = "TUNELAB_LAB_STATE"  # set by the launcher in lab ranks: the state file of their lab
+ENV_PROFILE = "TUNELAB_PROFILE"      # which stored profile a job loads: auto (its own key's), off, or an id
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class EngineConfig:
     link_gbps: float | None = None     # emulated link between emulated nodes (None: not slowed)
     link_latency_us: float = 0.0
     retune: bool = False               # after auto-loading a profile, watch step time and retune when it moves
+    profile: str | int = "auto"        # the profile a job loads: "auto" (its key's), "off" (none), or a profile id
 
 
 def env_knobs(environ: Mapping[str, str]) -> dict[str, str]:
@@ -63,7 +65,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     knob_values = {k: v for k, v in merged.items() if k in SPECS}
     other = {k: v for k, v in merged.items() if k not in SPECS}
     unknown = set(other) - {"ranks_per_node", "timeout_s", "backend", "timeline", "link_gbps",
-                            "link_latency_us", "retune"}
+                            "link_latency_us", "retune", "profile"}
     if unknown:
         raise ValueError(f"unknown engine setting {min(unknown)!r}")
     rpn = other.get("ranks_per_node")
@@ -79,30 +81,50 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
                         backend=_backend(other.get("backend", "auto")), pinned=frozenset(knob_values),
                         timeline=str(other["timeline"]) if other.get("timeline") else None,
-                        link_gbps=gbps, link_latency_us=latency, retune=_flag("retune", other.get("retune", False)))
+                        link_gbps=gbps, link_latency_us=latency, retune=_flag("retune", other.get("retune", False)),
+                        profile=profile_choice("profile", other.get("profile", "auto")))
 
 
 def _expanded(text: str, variable: str) -> Path:
     try:
         return Path(text).expanduser()
-    except RuntimeError:  # ~user of a user this system does not know
-        from .errors import UsageError
+    except (RuntimeError, KeyError):  # ~user of a user this system does not know, or ~ with no home
+        user = text.split("/")[0]
+        if user == "~":
+            raise StoreLocationError(f"{variable}={text}: {_NO_HOME}") from None
+        raise StoreLocationError(f"{variable}={text}: no such user as {user!r} to expand") from None
 
-        raise UsageError(f"{variable}={text}: no such user as {text.split('/')[0]!r} to expand") from None
+
+# (a container run under a uid with no passwd entry and no HOME: nowhere to keep the store by default)
+_NO_HOME = ("no home directory to expand '~' to (HOME is unset and this user has no passwd entry): set "
+            f"{ENV_HOME} to a directory for the profile store")
 
 
 def tunelab_home(environ: Mapping[str, str] | None = None) -> Path:
     """Directory of tunelab's lasting data (the profile store): ``TUNELAB_HOME``, else the user's
     data dir (``$XDG_DATA_HOME/tunelab`` or ``~/.local/share/tunelab``), so every job on the host
-    finds the profiles earlier jobs tuned."""
+    finds the profiles earlier jobs tuned.  ``StoreLocationError`` (a usage error, and a StoreError)
+    where none can be told: ``~user`` of an unknown user, or no home (HOME unset, no passwd entry)."""
     env = os.environ if environ is None else environ
     if env.get(ENV_HOME):
         return _expanded(env[ENV_HOME], ENV_HOME)
     xdg = _expanded(env.get("XDG_DATA_HOME") or "", "XDG_DATA_HOME")
     if xdg.is_absolute():  # the XDG spec says relative values are to be ignored
         return xdg / "tunelab"
-    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    if env.get("HOME"):
+        home = Path(env["HOME"])
+    else:
+        try:
+            home = Path.home()
+        except (RuntimeError, KeyError, OSError):  # (no HOME, and no passwd entry for this uid)
+            raise StoreLocationError("cannot locate the profile store: HOME is unset and this user (uid "
+                                     f"{_uid()}) has no passwd entry: set {ENV_HOME} to a directory for it") from None
     return home / ".local" / "share" / "tunelab"
+
+
+def _uid() -> str:
+    getuid = getattr(os, "getuid", None)
+    return str(getuid()) if getuid is not None else "?"
 
 
 def lab_directory(environ: Mapping[str, str] | None = None) -> Path:
@@ -133,9 +155,10 @@ def check_environment(environ: Mapping[str, str] | None = None,
     variable and its value when one is not valid (what needs two settings together is checked later)."""
     env = os.environ if environ is None else environ
     variables = {"ranks_per_node": ENV_RANKS_PER_NODE, "timeout_s": ENV_TIMEOUT_S, "backend": ENV_BACKEND,
-                 "link_gbps": ENV_LINK_GBPS, "link_latency_us": ENV_LINK_LATENCY_US, "retune": ENV_RETUNE}
+                 "link_gbps": ENV_LINK_GBPS, "link_latency_us": ENV_LINK_LATENCY_US, "retune": ENV_RETUNE,
+                 "profile": ENV_PROFILE}
     checks = {"ranks_per_node": _positive_int, "timeout_s": _positive_float, "link_gbps": _link_setting,
-              "link_latency_us": _link_setting, "retune": _flag,
+              "link_latency_us": _link_setting, "retune": _flag, "profile": profile_choice,
               "backend": lambda name, value: _backend(value)}
     for name, value in _env_layer(env).items():
         if name in overridden:
@@ -167,7 +190,25 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
         layer["retune"] = environ[ENV_RETUNE]
     if environ.get(ENV_TIMELINE):
         layer["timeline"] = environ[ENV_TIMELINE]
+    if environ.get(ENV_PROFILE):
+        layer["profile"] = environ[ENV_PROFILE]
     return layer
+
+
+def profile_choice(name: str, value: object) -> str | int:
+    """Which stored profile a job loads (``TUNELAB_PROFILE``): "auto" (the one stored under the job's
+    own key: hardware, model, framework, world size), "off" (none: the job trains with its knobs as
+    given), or a profile id (that profile, whatever its key; refused where its world size is not the
+    job's).  In any case; an id in ASCII digits, as ``tunelab profiles list`` shows it."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2 ** 63:
+        return value
+    text = value.strip() if isinstance(value, str) else ""
+    if text.lower() in ("auto", "off"):
+        return text.lower()
+    if text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 19 and 1 <= int(text) < 2 ** 63:
+        return int(text)
+    raise ValueError(f"{name} must be auto, off or a profile id (a positive integer, as `tunelab profiles "
+                     f"list` shows it), got {value!r}")
 
 
 def _flag(name: str, value: object) -> bool:

@@ -77,6 +77,7 @@ def validate_export(data: object) -> list[dict]:
             optional = {k: v for k, v in _BEST_OPTIONAL.items() if p["best"].get(k) is not None}
             _check_fields(p["best"], optional, f"profiles[{i}].best")
             _check_knobs(p["best"]["knobs"], f"profiles[{i}].best.knobs")
+            _check_complete(p["best"]["knobs"], f"profiles[{i}].best.knobs")
             p["best"]["updated"] = _check_time(p["best"]["updated"], f"profiles[{i}].best.updated")
             b = p["best"]
             low, high = b.get("gain_low"), b.get("gain_high")
@@ -144,6 +145,18 @@ def _check_knobs(knobs: dict, where: str) -> None:
     except (TypeError, ValueError) as exc:
         raise InvalidExport(f"{where}: {exc}") from None
     knobs.update({name: read[name] for name in knobs})
+
+
+def _check_complete(knobs: dict, where: str) -> None:
+    """A best config names every knob it ran with: a job applies it as stored, and what it leaves out
+    would run at the job's own values, a configuration nobody measured.  Only a knob added since the
+    first profiles were stored (``ADDED_LATER``) may be missing: a best stored before it ran without it."""
+    from .knobs import ADDED_LATER, SPECS
+
+    missing = [name for name in SPECS if name not in knobs and name not in ADDED_LATER]
+    if missing:
+        raise InvalidExport(f"{where} lacks {', '.join(repr(m) for m in missing)}: a best config names every knob "
+                            "it was measured with")
 
 
 def _huge_number(value: object) -> bool:

@@ -51,10 +51,17 @@ class ProfileSummary:
     best_gain: float | None
     created: str
     updated: str
+    damage: str | None = None  # a row that cannot be read, listed anyway: why (its unreadable fields are None)
 
     @property
     def key(self) -> ProfileKey:
-        return ProfileKey(self.hardware_hash, self.model_signature, self.framework, self.world_size)
+        """The key it is stored under; a key field the store holds damaged (an empty hash, a world size
+        of 0) is :class:`DamagedProfileError` naming the profile, as any other damaged field."""
+        try:
+            return ProfileKey(self.hardware_hash, self.model_signature, self.framework, self.world_size)
+        except ValueError as exc:
+            raise DamagedProfileError(f"profile {self.id} is damaged ({exc}); delete that profile "
+                                      f"('tunelab profiles delete {self.id} --yes') or restore the file") from None
 
 
 @dataclass(frozen=True)
@@ -200,6 +207,41 @@ def best_from_row(row: sqlite3.Row, path: Path) -> Best:
             raise damaged(path, d["profile_id"], f"the {name} of its best config is {d[name]!r}")
     gain = ratio if estimate is None else float(estimate)
     return Best(**{**d, "knobs": knobs, "gain": gain, "estimate": estimate})
+
+
+_KEY_TEXTS = ("hardware_hash", "model_signature", "framework")
+_TEXTS = ("hardware_name", "model_name", "created", "updated")
+
+
+def summary_from_row(row: sqlite3.Row, path: Path) -> ProfileSummary:
+    """A profile's row (with its trial count and best's score and gain) as its summary; a field that is
+    not what the store writes (an empty or non-text key, a world size that is not a positive integer,
+    facts that are not a JSON object) is :class:`DamagedProfileError` naming the profile."""
+    d = dict(row)
+    pid = d["id"]
+    for name in (*_KEY_TEXTS, *_TEXTS):
+        value = d[name]
+        if not isinstance(value, str) or (name in _KEY_TEXTS and not value):
+            raise damaged(path, pid, f"its {name} is {value!r}")
+    size = d["world_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise damaged(path, pid, f"its world_size is {size!r}, not a positive integer")
+    facts = stored_object(path, d["hardware_facts"], pid, "its hardware facts are")
+    return ProfileSummary(**{**d, "hardware_facts": facts})
+
+
+def damaged_summary(row: sqlite3.Row, why: str) -> ProfileSummary:
+    """A damaged profile's row as a summary to list (``damage`` says why): its fields as stored where
+    they can be shown as such, None where not; its facts empty."""
+    d = dict(row)
+    size = d["world_size"]
+    score = d["best_score"]
+    return ProfileSummary(**{
+        **d, "hardware_facts": {}, "damage": why,
+        **{name: d[name] if isinstance(d[name], str) else None for name in (*_KEY_TEXTS, *_TEXTS)},
+        "world_size": size if isinstance(size, int) and not isinstance(size, bool) else None,
+        "best_score": score if _finite(score) else None,
+        "best_gain": d["best_gain"] if _finite(d["best_gain"]) else None})
 
 
 def stored_object(path: Path, text: object, profile_id: int, what: str) -> dict:

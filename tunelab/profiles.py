@@ -5,11 +5,16 @@ jobs may tune at once and any of them may be killed, so every write is one short
 WAL mode with a busy timeout: concurrent writers queue instead of failing, and a killed writer
 loses only the transaction it had not finished.  A file the store does not understand (corrupt,
 foreign, or written by a newer tunelab) is refused with ``StoreError`` and never modified.
+
+What only reads (a job's lookup, ``profiles list/show/export``) opens the file read-only, so a store
+baked into a container image or shared site-wide read-only loads and lists: where SQLite cannot make
+the WAL's side files in a directory it may not write, the file is read as it is (``immutable``).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -25,7 +30,7 @@ from .profile_export import (  # (InvalidExport: importable from here too, where
     InvalidExport,
     validate_export,
 )
-from .profile_records import (  # noqa: F401 (DamagedProfileError: importable from here, where it began)
+from .profile_records import (  # (DamagedProfileError: importable from here too, where it began)
     Best,
     DamagedProfileError,
     ImportResult,
@@ -34,9 +39,11 @@ from .profile_records import (  # noqa: F401 (DamagedProfileError: importable fr
     Trial,
     best_from_row,
     damaged,
+    damaged_summary,
     stored_count,
     stored_number,
     stored_object,
+    summary_from_row,
     to_json,
     trial_from_row,
 )
@@ -105,6 +112,7 @@ class ProfileStore:
         self.busy_timeout_s = BUSY_TIMEOUT_S  # how long a write waits for another process's lock
         self._absent = False  # no file yet, and opened to read: reads see an empty store in memory
         self._older = False   # an older schema, opened to read: read as it is, upgraded by the first write
+        self._immutable = False  # reads find no way to share the WAL (a read-only directory): the file as it is
         self._open_or_create(create)
 
     # -- writes (each one transaction) ---------------------------------------------------------
@@ -196,12 +204,22 @@ class ProfileStore:
             rows = conn.execute("SELECT * FROM trials WHERE profile_id = ? ORDER BY id", (profile_id,))
             return [trial_from_row(r, self.path) for r in rows.fetchall()]
 
-    def profiles(self) -> list[ProfileSummary]:
-        return self._summaries("ORDER BY p.id", ())
+    def profiles(self, with_damaged: bool = False) -> list[ProfileSummary]:
+        """Every profile that can be read, in id order.  A damaged row (``get`` of its id says what is
+        damaged) is left out, so that one row cannot stop the use of the others; ``with_damaged``: it is
+        listed too, as a summary whose ``damage`` says why (its unreadable fields None)."""
+        return self._summaries("ORDER BY p.id", (), "mark" if with_damaged else "skip")
 
     def get(self, profile_id: int) -> ProfileSummary | None:
+        """The profile's summary; :class:`DamagedProfileError` where its row cannot be read."""
         found = self._summaries("WHERE p.id = ?", (profile_id,))
         return found[0] if found else None
+
+    def id_of(self, key: ProfileKey) -> int | None:
+        """The id of the profile stored under ``key`` (found by its key: no other row is read)."""
+        with self._connect() as conn:
+            row = conn.execute(f"SELECT id FROM profiles WHERE {_KEY_WHERE}", key.params()).fetchone()
+        return None if row is None else int(row[0])
 
     def nearest(self, key: ProfileKey, hardware_facts: dict | None = None,
                 also: tuple[str, ...] = ()) -> ProfileSummary | None:
@@ -212,8 +230,9 @@ class ProfileStore:
         profile with a best config and many trials.  ``also``: other signatures of the same model (its
         key before a change of how signatures are computed).
         """
-        candidates = [s for sig in dict.fromkeys((key.model_signature, *also))
-                      for s in self._summaries("WHERE p.model_signature = ? AND p.framework = ?", (sig, key.framework))
+        candidates = [s for sig in dict.fromkeys((key.model_signature, *also))  # (damaged rows left out)
+                      for s in self._summaries("WHERE p.model_signature = ? AND p.framework = ?", (sig, key.framework),
+                                               "skip")
                       if s.key != key]
         if not candidates:
             return None
@@ -228,14 +247,20 @@ class ProfileStore:
     # -- export / import -----------------------------------------------------------------------
 
     def export(self, profile_ids: list[int] | None = None) -> dict:
-        """Profiles (all by default) with trials and best, as JSON-able data for ``import_``."""
-        summaries = self.profiles()
-        if profile_ids is not None:
-            by_id = {s.id: s for s in summaries}
-            missing = [i for i in profile_ids if i not in by_id]
-            if missing:
-                raise StoreError(f"no profile with id {missing[0]} in {self.path}")
-            summaries = [by_id[i] for i in dict.fromkeys(profile_ids)]
+        """Profiles (all by default, else those of ``profile_ids``, and only those read) with trials and
+        best, as JSON-able data for ``import_``.  A damaged profile among them is DamagedProfileError."""
+        if profile_ids is None:
+            try:
+                summaries = self._summaries("ORDER BY p.id", ())
+            except DamagedProfileError as exc:
+                raise DamagedProfileError(f"{exc} (the other profiles can be exported by id)") from None
+        else:
+            summaries = []
+            for i in dict.fromkeys(profile_ids):
+                found = self.get(i)
+                if found is None:
+                    raise StoreError(f"no profile with id {i} in {self.path}")
+                summaries.append(found)
         profiles = [self._export_one(s) for s in summaries]
         # the oldest version that holds them: a tunelab from before retune checks reads an export without
         # one (version 1), and one with them says it is newer, rather than that a trial's phase is wrong
@@ -296,7 +321,11 @@ class ProfileStore:
             if not create and not (self.path.exists() and self.path.stat().st_size > 0):
                 self._absent = True
                 return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except PermissionError:  # (EACCES, EPERM; a read-only file system is OSError EROFS: below)
+                raise StoreError(f"cannot create the profile store's directory {self.path.parent}: "
+                                 f"{folder} is not writable") from None
             existing = self.path.exists() and self.path.stat().st_size > 0
             if existing:
                 with open(self.path, "rb") as f:
@@ -305,7 +334,7 @@ class ProfileStore:
             raise StoreError(f"cannot use profile store {self.path}: {exc.strerror or exc}") from None
         if existing and magic != _SQLITE_MAGIC:
             raise StoreError(f"{self.path} is not a tunelab profile store (not an SQLite file; corrupt?)")
-        with self._connect() as conn:
+        with self._connect(write=create) as conn:
             version = self._schema_version(conn, existing)
             if version is not None and version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} has schema version {version}, newer than this tunelab "
@@ -359,9 +388,11 @@ class ProfileStore:
             raise StoreError(f"{self.path} has no valid schema version; not a tunelab profile store") from None
 
     @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
         """A fresh connection; any SQLite failure becomes a one-line ``StoreError`` naming the file.  A
-        store opened to read that does not exist is an empty one in memory, until some process creates it."""
+        store opened to read that does not exist is an empty one in memory, until some process creates it.
+        Reads (not ``write``) open the file read-only: a store in a directory this process may not write
+        (a site-wide one, one baked into an image) reads as any other."""
         if self._absent and self.path.exists() and self.path.stat().st_size > 0:
             self._absent = False
             self._open_or_create(create=False)  # created meanwhile: check it as any existing store
@@ -370,18 +401,47 @@ class ProfileStore:
                 conn = sqlite3.connect(":memory:", isolation_level=None)
                 for statement in _SCHEMA.split(";"):
                     conn.execute(statement)
-            else:
+            elif write:
                 conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+            else:
+                conn = self._reader()
         except sqlite3.Error as exc:
-            raise StoreError(_describe(self.path, exc, self.busy_timeout_s)) from None
+            raise StoreError(self._describe(exc, write)) from None
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("PRAGMA foreign_keys = ON")
             yield conn
         except sqlite3.Error as exc:
-            raise StoreError(_describe(self.path, exc, self.busy_timeout_s)) from None
+            raise StoreError(self._describe(exc, write)) from None
         finally:
             conn.close()
+
+    def _reader(self) -> sqlite3.Connection:
+        """A read-only connection (``mode=ro``).  A WAL store's readers share its ``-shm`` file, which
+        SQLite makes beside the store: where it cannot (a read-only directory or file system, and no
+        ``-shm`` left there), the file is opened ``immutable``, read as it is without that index."""
+        uri = Path(os.path.abspath(self.path)).as_uri()
+        if not self._immutable:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=self.busy_timeout_s, isolation_level=None)
+            try:
+                conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # (the WAL index is opened here)
+                return conn
+            except sqlite3.Error as exc:
+                conn.close()
+                if not _cannot_share_wal(exc):
+                    raise
+            self._immutable = True
+        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, isolation_level=None)
+
+    def _describe(self, exc: sqlite3.Error, write: bool) -> str:
+        """The one line for a failure: a write where this process may not write says so, by the place."""
+        if write and _cannot_share_wal(exc):
+            folder = self.path.parent
+            if not os.access(folder, os.W_OK):
+                return f"the profile store's directory is not writable: {folder}"
+            if self.path.exists() and not os.access(self.path, os.W_OK):
+                return f"the profile store is not writable (a read-only file): {self.path}"
+        return _describe(self.path, exc, self.busy_timeout_s)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -390,10 +450,10 @@ class ProfileStore:
             self._absent = False
             self._open_or_create(create=True)
         if self._older:  # opened to read an older schema, and now written: upgraded first
-            with self._connect() as conn:
+            with self._connect(write=True) as conn:
                 self._upgrade(conn)
             self._older = False
-        with self._connect() as conn:
+        with self._connect(write=True) as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -407,17 +467,33 @@ class ProfileStore:
         if conn.execute("UPDATE profiles SET updated = ? WHERE id = ?", (now, profile_id)).rowcount == 0:
             raise StoreError(f"no profile with id {profile_id} in {self.path}")
 
-    def _summaries(self, clause: str, params: tuple) -> list[ProfileSummary]:
+    def _summaries(self, clause: str, params: tuple, damaged_rows: str = "raise") -> list[ProfileSummary]:
+        """``damaged_rows``: "raise" (DamagedProfileError naming the first), "skip" or "mark" (listed with
+        ``damage`` set)."""
         with self._connect() as conn:
             rows = conn.execute(f"{_OLDER_SUMMARY_SQL if self._older else _SUMMARY_SQL} {clause}", params).fetchall()
-        return [ProfileSummary(**{**dict(r), "hardware_facts": stored_object(
-            self.path, r["hardware_facts"], r["id"], "its hardware facts are")}) for r in rows]
+        found = []
+        for r in rows:
+            try:
+                found.append(summary_from_row(r, self.path))
+            except DamagedProfileError as exc:
+                if damaged_rows == "raise":
+                    raise
+                if damaged_rows == "mark":
+                    found.append(damaged_summary(r, str(exc)))
+        return found
 
     def _facts_of(self, hardware_hash: str) -> dict:
+        """The facts stored for this hardware (of the first profile of it whose facts can be read)."""
         with self._connect() as conn:
-            row = conn.execute("SELECT hardware_facts, id FROM profiles WHERE hardware_hash = ? LIMIT 1",
-                               (hardware_hash,)).fetchone()
-        return {} if row is None else stored_object(self.path, row[0], row[1], "its hardware facts are")
+            rows = conn.execute("SELECT hardware_facts, id FROM profiles WHERE hardware_hash = ? ORDER BY id",
+                                (hardware_hash,)).fetchall()
+        for facts, pid in rows:
+            try:
+                return stored_object(self.path, facts, pid, "its hardware facts are")
+            except DamagedProfileError:
+                continue
+        return {}
 
     def _export_one(self, s: ProfileSummary) -> dict:
         best = self.best_of(s.id)
@@ -480,6 +556,20 @@ def _now() -> str:
 
 def _equal_facts(a: dict, b: dict) -> int:
     return sum(1 for k, v in a.items() if k in b and b[k] == v)
+
+
+_READ_ONLY_PLACE = ("SQLITE_READONLY_DIRECTORY", "SQLITE_READONLY_CANTINIT", "SQLITE_READONLY_CANTLOCK",
+                    "SQLITE_READONLY", "SQLITE_CANTOPEN")
+
+
+def _cannot_share_wal(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed for want of writing beside the store: the WAL's ``-shm`` it may not make,
+    a directory or file it may not write (not a lock, not a damaged file)."""
+    name = getattr(exc, "sqlite_errorname", None)  # (Python 3.11+)
+    if name is not None:
+        return name in _READ_ONLY_PLACE
+    text = str(exc)
+    return "readonly database" in text or "unable to open database file" in text
 
 
 def _describe(path: Path, exc: sqlite3.Error, waited_s: float = BUSY_TIMEOUT_S) -> str:

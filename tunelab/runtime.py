@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import EngineConfig, load_engine_config
+from .config import ENV_PROFILE, EngineConfig, load_engine_config
 from .errors import CollectiveTimeoutError, RankMismatchError, TunelabError, UsageError
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class Runtime:
         self._names = itertools.count()
         self._profiles_loaded: dict[tuple[str, str], str] = {}
         self._knobs_from = ""  # the model / framework whose profile set the job's knobs (rank 0's words)
+        self._chosen_done = False  # the profile setting (TUNELAB_PROFILE) was acted on: off said, or an id loaded
         self._watch: Any = None  # rank 0, with the retune setting, once a profile was loaded
         self._shut_down = False
 
@@ -202,10 +203,31 @@ class Runtime:
         Returns the one-line log (printed by rank 0).  A model already looked up is not looked up again
         (every rank skips alike: they make the same calls), so wrapping a tape every step costs nothing.
         ``legacy``: the model's signature as an earlier tunelab computed it, looked up when nothing is
-        stored under ``signature`` (a profile tuned before the signature changed still loads)."""
+        stored under ``signature`` (a profile tuned before the signature changed still loads).
+
+        The profile setting (``TUNELAB_PROFILE``) chooses: "auto" as above; "off", no lookup (said once);
+        a profile id, that profile, once a job, whatever its key (refused on every rank where its world
+        size is not the job's, warned where its model, framework or hardware are not the job's)."""
         if (signature, framework) in self._profiles_loaded:
             return self._profiles_loaded[(signature, framework)]
-        line, knobs, stored_as = self._on_rank0(lambda: self._lookup_profile(signature, framework, model_name, legacy))
+        choice = self.config.profile
+        if choice != "auto" and self._chosen_done:  # (said, or loaded, for an earlier model of the job)
+            self._profiles_loaded[(signature, framework)] = ""
+            return ""
+        if choice == "off":
+            line = (f"tunelab: {ENV_PROFILE}=off: no tuned profile is looked up; training with the knobs as given"
+                    if self.sync_comm.rank == 0 else "")
+            if line:
+                print(line, flush=True)
+            self._chosen_done = True
+            self._profiles_loaded[(signature, framework)] = line
+            return line
+        if choice == "auto":
+            look = lambda: self._lookup_profile(signature, framework, model_name, legacy)
+        else:
+            look = lambda: self._chosen_profile(int(choice), signature, framework, model_name, legacy)
+        line, knobs, stored_as = self._on_rank0(look)
+        self._chosen_done = choice != "auto"
         line = line if self.sync_comm.rank == 0 else ""  # (rank 0 speaks for the job)
         if knobs:
             self.coordinator.set_knobs(self.engine.knobs.replace(**knobs))
@@ -218,7 +240,11 @@ class Runtime:
             print(f"tunelab: retune off: {model_name or signature}'s profile changed the knobs of the profile "
                   "being watched (a job watches one model's profile)", flush=True)
         elif knobs and self.config.retune and self.sync_comm.rank == 0 and self._watch is None:
-            self._watch = self._watch_profile(self.engine.knobs.replace(**knobs), signature, framework, stored_as)
+            if stored_as is None:  # (a profile chosen by id, stored under another key: not this job's to retune)
+                print(f"tunelab: retune off: the profile {ENV_PROFILE} chose is stored under another model's or "
+                      "hardware's key; a job retunes only its own", flush=True)
+            else:
+                self._watch = self._watch_profile(self.engine.knobs.replace(**knobs), signature, framework, stored_as)
         self._profiles_loaded[(signature, framework)] = line
         return line
 
@@ -302,11 +328,18 @@ class Runtime:
 
     def has_profile(self, signature: str, framework: str, legacy: str | None = None) -> bool:
         """Whether a tuned config is stored for this job (collective; rank 0 reads the store); ``legacy``
-        as for :meth:`load_profile`."""
+        as for :meth:`load_profile`.  With the profile setting off: False; with a profile id: whether
+        that profile has one (what :meth:`load_profile` would load)."""
+        choice = self.config.profile
+        if choice == "off":
+            return False
+
         def look() -> bool:
             from .profiles import ProfileStore
 
             store = ProfileStore(create=False)
+            if choice != "auto":
+                return store.best_of(int(choice)) is not None
             return any(store.best(self.profile_key(sig, framework)) is not None
                        for sig in dict.fromkeys((signature, legacy or signature)))
 
@@ -324,18 +357,19 @@ class Runtime:
                 found = look()
             except StoreError as exc:
                 found = _LookupFailed(str(exc), store=True)
+            except UsageError as exc:  # (a profile setting that cannot be followed: said as such)
+                found = _LookupFailed(str(exc), usage=True)
             except Exception as exc:  # noqa: BLE001 - a defect too: said on every rank, not rank 0's alone
                 found = _LookupFailed(f"the profile lookup failed on rank 0: {type(exc).__name__}: {exc}")
         found = self._lookup_done(found)
         if isinstance(found, _LookupFailed):
-            raise (StoreError if found.store else TunelabError)(found.why)
+            raise (StoreError if found.store else UsageError if found.usage else TunelabError)(found.why)
         return found
 
     def _lookup_profile(self, signature: str, framework: str, model_name: str,
                         legacy: str | None = None) -> tuple[str, dict | None, str]:
         """(the line to print, the knobs to apply or None, the signature the profile is stored under)."""
         from .errors import StoreError
-        from .knobs import former_default, knob_text
         from .profiles import ProfileStore
 
         topo = self.topology
@@ -353,26 +387,53 @@ class Runtime:
             return f"tunelab: warning: {exc}; {instead}", None, signature
         if best is None:
             return f"tunelab: no tuned profile for {what} on this hardware: {instead}", None, signature
-        knobs = {k: v for k, v in best.knobs.items() if k not in self.config.pinned}
+        line, knobs = _loaded(self.config, store, best, what)
+        return line, knobs, signature
 
-        if best.gain_low is None and (best.outcome is not None or _kept_before_outcomes(store, best)):
-            why = (best.kept_reason() + ("" if best.ended in ("every knob is pinned", None) else f"; {best.ended}")
-                   if best.outcome is not None else "stored before tunelab recorded why")
-            # the default of that run: the knobs pinned while it tuned may differ from this job's, and so
-            # may a default that changed since (FORMER_DEFAULTS), which gives way to today's
-            ours = self.config.knobs.as_dict()
-            differ = {k: v for k, v in knobs.items() if ours.get(k, v) != v}
-            former = {k: v for k, v in differ.items() if former_default(k, v, best.updated)}
-            knobs.update({k: ours[k] for k in former})  # today's, stated: an earlier profile's must not stay
-            other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items() if k not in former)
-            since = ", ".join(f"{k}={knob_text(k, v)}, tunelab's default then, is {knob_text(k, ours[k])} now"
-                              for k, v in former.items())
-            return (f"tunelab: loaded profile {best.profile_id} for {what}: its tuning kept the default knobs "
-                    f"({why})" + (f"; that run's default had {other} (pinned then), applied here" if other else "")
-                    + (f"; its {since}, and that applies" if since else "")), knobs, signature
-        shown = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items())
-        return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
-                f"(measured {best.interval_text()} the default)"), knobs, signature
+    def _chosen_profile(self, profile_id: int, signature: str, framework: str, model_name: str,
+                        legacy: str | None = None) -> tuple[str, dict | None, str | None]:
+        """The profile the setting names by id (rank 0), as :meth:`_lookup_profile` gives one; the
+        signature it is stored under is None where its key is not this job's (another model, framework or
+        hardware: said in a warning line before the usual one).  UsageError where it cannot be loaded: no
+        such profile, no tuned configuration in it, or tuned for another world size (its knobs were
+        measured with other ranks); StoreError where the store cannot be read."""
+        from .errors import StoreError
+        from .profiles import ProfileStore
+
+        setting = f"{ENV_PROFILE}={profile_id}"
+        size = self.topology.size
+        try:
+            store = ProfileStore(create=False)
+            summary = store.get(profile_id)
+            best = store.best_of(profile_id) if summary is not None else None
+        except StoreError as exc:
+            raise StoreError(f"{setting}: {exc}") from None
+        if summary is None:
+            raise UsageError(f"{setting}: no profile with id {profile_id} in {store.path} "
+                             "(`tunelab profiles list` shows the ids)")
+        if summary.world_size != size:
+            raise UsageError(f"{setting}: profile {profile_id} was tuned for {summary.world_size} ranks, and this job "
+                             f"has {size}: its knobs were measured at another size (unset {ENV_PROFILE} to look "
+                             "up this job's own)")
+        if best is None:
+            raise UsageError(f"{setting}: profile {profile_id} has no tuned configuration yet")
+        key = self.profile_key(signature, framework)
+        others = []
+        if summary.model_signature not in (signature, legacy or signature):
+            others.append(f"the model {summary.model_name} [{summary.model_signature}], not this job's "
+                          f"{model_name or signature} [{signature}]")
+        if summary.framework != framework:
+            others.append(f"{summary.framework}, not {framework}")
+        if summary.hardware_hash != key.hardware_hash:
+            others.append(f"the hardware {summary.hardware_name} [{summary.hardware_hash}], not this job's "
+                          f"[{key.hardware_hash}]")
+        what = f"{model_name or signature} / {framework} / {size} ranks"
+        line, knobs = _loaded(self.config, store, best, what)
+        if not others:
+            return line, knobs, summary.model_signature
+        warning = (f"tunelab: warning: {setting}: profile {profile_id} was tuned for " + "; ".join(others)
+                   + ": loaded as the setting asks")
+        return f"{warning}\n{line}", knobs, None
 
     def _check_roots(self, roots: list[int], what: str) -> None:
         """Every rank's root, gathered: a root that is not a rank fails the call on every rank."""
@@ -443,7 +504,41 @@ class _LookupFailed:
     """Rank 0's profile lookup raised: broadcast in place of the knobs, so that every rank raises it
     (the others would otherwise wait on the broadcast until their timeout)."""
     why: str
-    store: bool = False  # a StoreError's text (raised as one), else a defect's
+    store: bool = False  # a StoreError's text (raised as one)
+    usage: bool = False  # a UsageError's (raised as one); neither: a defect's
+
+
+def _loaded(config: Any, store: Any, best: Any, what: str) -> tuple[str, dict]:
+    """(the line, the knobs to apply) for a stored best: the configuration its measurement ran with
+    (knobs added since it was stored at the value they had then: :func:`~tunelab.knobs.stored_knobs`),
+    less the knobs the job pins.  A best whose tuning kept the default is that run's default, and a
+    value that was tunelab's default then, and is not now, gives way to today's (said in the line)."""
+    from .knobs import ADDED_LATER, former_default, knob_text, stored_knobs
+
+    ran = stored_knobs(best.knobs).as_dict()
+    knobs = {k: v for k, v in ran.items() if k not in config.pinned}
+    if best.gain_low is None and (best.outcome is not None or _kept_before_outcomes(store, best)):
+        why = (best.kept_reason() + ("" if best.ended in ("every knob is pinned", None) else f"; {best.ended}")
+               if best.outcome is not None else "stored before tunelab recorded why")
+        # the default of that run: the knobs pinned while it tuned may differ from this job's, and so
+        # may a default that changed since (FORMER_DEFAULTS), which gives way to today's, as does a knob
+        # added since (the run had no such route: that was its default, not a choice)
+        ours = config.knobs.as_dict()
+        differ = {k: v for k, v in knobs.items() if ours.get(k, v) != v}
+        added = {k: v for k, v in differ.items() if k in ADDED_LATER and k not in best.knobs}
+        former = {k: v for k, v in differ.items() if k not in added and former_default(k, v, best.updated)}
+        knobs.update({k: ours[k] for k in (*former, *added)})  # today's, stated: an earlier profile's must not stay
+        other = ", ".join(f"{k}={knob_text(k, v)}" for k, v in differ.items() if k not in former and k not in added)
+        since = ", ".join([f"{k}={knob_text(k, v)}, tunelab's default then, is {knob_text(k, ours[k])} now"
+                           for k, v in former.items()]
+                          + [f"{k}={knob_text(k, v)} (stored before that knob existed) is {knob_text(k, ours[k])} now"
+                             for k, v in added.items()])
+        return (f"tunelab: loaded profile {best.profile_id} for {what}: its tuning kept the default knobs "
+                f"({why})" + (f"; that run's default had {other} (pinned then), applied here" if other else "")
+                + (f"; its {since}, and that applies" if since else "")), knobs
+    shown = ", ".join(f"{k}={knob_text(k, v)}" for k, v in knobs.items())
+    return (f"tunelab: loaded tuned profile {best.profile_id} for {what}: {shown} "
+            f"(measured {best.interval_text()} the default)"), knobs
 
 
 def _kept_before_outcomes(store: Any, best: Any) -> bool:

@@ -125,6 +125,7 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
     # A SIGTERM (a scheduler's, a kill) unwinds like Ctrl-C, so that launched ranks are stopped too.
     previous = _terminate_as_interrupt() if not inside_mpi_job() else None
+    sys.stdout = _GuardedOutput(sys.stdout)
     try:
         status = args.func(args)
         sys.stdout.flush()  # here, not at exit: a reader that went away is handled below like any other
@@ -150,7 +151,13 @@ def _main(argv: Sequence[str] | None) -> int:
             return 141
         sys.stderr.write(f"tunelab: error: {exc}\n")  # some other pipe broke: that is an error
         return 1
+    except _OutputError as exc:  # (a full disk, a quota, an I/O error: output lost, which the status must say)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        sys.stderr.write(f"tunelab: error: cannot write standard output: {exc.strerror or exc}\n")
+        return 1
     finally:
+        if isinstance(sys.stdout, _GuardedOutput):
+            sys.stdout = sys.stdout.stream
         if previous is not None:
             import signal
 
@@ -163,13 +170,19 @@ def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
     other path argument) or the profile store: ``--out`` naming the input by mistake must not destroy
     it.  Checked before any work."""
     from ..config import tunelab_home
+    from ..errors import StoreError
     from ..profiles import FILE_NAME
     from .types import output_file
 
     leaf = getattr(args, "_parser", None)
     if leaf is None:
         return
-    outputs, inputs = [], [("the profile store", tunelab_home() / FILE_NAME)]
+    outputs: list[tuple[str, Path]] = []
+    inputs: list[tuple[str, Path]] = []
+    try:
+        inputs.append(("the profile store", tunelab_home() / FILE_NAME))
+    except StoreError:  # no place for a store (no home, a bad TUNELAB_HOME): said by the commands that use one
+        pass
     for action in leaf._actions:
         value = getattr(args, action.dest, None)
         values = value if isinstance(value, list) else [value]
@@ -247,6 +260,37 @@ def _reader_gone() -> bool:
         return any(event & select.POLLERR for _, event in poll.poll(0))
     except (OSError, ValueError, AttributeError):  # no poll here, or stdout is not a file
         return False
+
+
+class _OutputError(OSError):
+    """Standard output did not take what was written to it (ENOSPC on /dev/full, EIO, EDQUOT)."""
+
+
+class _GuardedOutput:
+    """Standard output while a command runs: what fails to write or flush it is :class:`_OutputError`,
+    told apart from the command's other OSErrors (a broken pipe stays BrokenPipeError: a reader gone)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputError(exc.errno, exc.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputError(exc.errno, exc.strerror) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 class _Terminated(BaseException):

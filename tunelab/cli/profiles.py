@@ -58,7 +58,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from ..bench.common import format_table
 
     store = _store()
-    rows = store.profiles()
+    rows = store.profiles(with_damaged=True)  # (a damaged row is listed as such: `show ID` says what)
     if not rows:
         print(f"# no profiles in {store.path}")
         return 0
@@ -74,9 +74,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _gain_text(store: Any, summary: Any) -> str | None:
     """The best's gain as ``show`` gives it: the tuner's estimate with its interval, the interval alone
     where a store from before schema 3 kept no estimate (the ratio of the two means can lie outside it),
-    "default kept"; "damaged" for a best that cannot be read (``show`` says what)."""
+    "default kept"; "damaged" for a profile or best that cannot be read (``show`` says what)."""
     from ..profiles import DamagedProfileError
 
+    if summary.damage is not None:
+        return "damaged"
     if summary.best_score is None:
         return None
     try:
@@ -91,11 +93,13 @@ def _gain_text(store: Any, summary: Any) -> str | None:
 
 
 def _left_aligned(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
-    """Pad text columns so the (right-justifying) table shows them left-aligned."""
+    """Pad text columns so the (right-justifying) table shows them left-aligned (n/a: a damaged row's)."""
     for key in keys:
-        width = max(len(str(r[key])) for r in rows)
         for r in rows:
-            r[key] = str(r[key]).ljust(width)
+            r[key] = "n/a" if r[key] is None else str(r[key])
+        width = max(len(r[key]) for r in rows)
+        for r in rows:
+            r[key] = r[key].ljust(width)
     return rows
 
 

@@ -94,11 +94,10 @@ def link_gbps(text: str) -> float:
 
 
 def profile_id(text: str) -> int:
-    """A profile's id in the store: a positive integer that SQLite can hold."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    """A profile's id in the store: a positive integer that SQLite can hold, in ASCII digits only (int()
+    also reads "1_2" as 12 and other scripts' digits: a typo must not name another profile)."""
+    digits = text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 19  # (19: past 2**63 anyway)
+    value = int(text) if digits else 0
     if not 1 <= value < 2 ** 63:
         raise argparse.ArgumentTypeError(f"expected a profile id (a positive integer), got {text!r}")
     return value

@@ -444,10 +444,7 @@ class _Recorder:
 
 
 def _profile_id(store: Any, key: Any) -> int | None:
-    for summary in store.profiles():
-        if summary.key == key:
-            return summary.id
-    return None
+    return store.id_of(key)  # (by its key: no other profile's row is read, a damaged one included)
 
 
 def _mean_spread(result: dict) -> float:
