@@ -44,6 +44,35 @@ def test_hash_ignores_the_hostname(monkeypatch):
     assert "some-other-node-17" not in after.name
 
 
+def test_a_job_hashes_its_own_framework_at_major_minor_and_not_the_gpu_driver():
+    """A torch job's profile is found whether or not TensorFlow is installed beside torch, after a patch
+    release or a local build tag, and after a GPU driver update; another torch minor, another CUDA
+    version or another framework is other software.  The hash before 2026-11-29 (every recorded fact
+    but the hostname, as recorded) stays as ``legacy_hash``, checked here against a digest computed
+    independently of the code."""
+    import hashlib
+    import json
+
+    base = {"hostname": "n1", "cpu_model": "X", "cpu_cores": 8, "memory_gib": 64, "gpu_count": 2,
+            "gpu_model": "H100", "gpu_driver": "550.54", "cuda_version": "12.4", "nodes": 1,
+            "ranks_per_node": [2], "mpi_library": "MPICH 5.0.2", "frameworks": {"torch": "2.13.0+cpu"}}
+
+    def torch_hash(**changes):
+        return fingerprint_from_facts({**base, **changes}, "torch").hash
+
+    same = [torch_hash(), torch_hash(frameworks={"torch": "2.13.1", "tensorflow": "2.21.0"}),
+            torch_hash(gpu_driver="560.1", hostname="n2")]
+    assert len(set(same)) == 1
+    other = {torch_hash(frameworks={"torch": "2.14.0"}), torch_hash(cuda_version="12.6"),
+             torch_hash(gpu_count=4), fingerprint_from_facts(base, "tensorflow").hash}
+    assert len(other) == 4 and same[0] not in other
+    old = {k: v for k, v in base.items() if k != "hostname"}
+    digest = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert fingerprint_from_facts(base, "torch").legacy_hash == digest
+    assert fingerprint(1, [2], framework="torch").hash == fingerprint(1, [2], frameworks=("torch",),
+                                                                      framework="torch").hash
+
+
 def test_memory_is_rounded_so_tiny_differences_do_not_split_profiles(monkeypatch):
     monkeypatch.setattr(hardware, "_memory_bytes", lambda: (24 << 30) - (3 << 20))
     low = fingerprint(1, [2])
@@ -151,10 +180,11 @@ def test_gpu_fingerprint_names_driver_cuda_and_interconnect(tmp_path, monkeypatc
         == {"gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 2, "gpu_driver": "575.57.08",
             "cuda_version": "12.9", "gpu_interconnect": "NV18"}
     assert "2x NVIDIA H100 80GB HBM3 (80 GiB, NV18)" in fp.name
-    # another driver, another interconnect: another profile
+    # another interconnect or CUDA version: another profile; a driver update alone: the same one
     other = fingerprint_from_facts({**fp.facts, "gpu_interconnect": "PHB"})
     assert other.hash != fp.hash
-    assert fingerprint_from_facts({**fp.facts, "gpu_driver": "550.1"}).hash != fp.hash
+    assert fingerprint_from_facts({**fp.facts, "cuda_version": "12.4"}).hash != fp.hash
+    assert fingerprint_from_facts({**fp.facts, "gpu_driver": "550.1"}).hash == fp.hash
 
 
 def test_a_gpu_query_that_fails_is_said_rather_than_hashed_silently(tmp_path, monkeypatch, capsys):

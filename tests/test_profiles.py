@@ -227,8 +227,8 @@ def test_a_new_profile_is_seeded_from_the_hardware_most_like_this_one(home_store
     other = new_profile(store, ProfileKey("hw-other", model, "torch", 2), {**FACTS, "cpu_model": "Xeon", "gpu_count": 8})
     for score in (1.0, 2.0, 3.0):
         trial(store, other, score)
-    rt = SimpleNamespace(fingerprint=lambda: SimpleNamespace(name="new host", facts=dict(FACTS)),
-                         profile_key=lambda sig, fw: ProfileKey("hw-new", sig, fw, 2))
+    rt = SimpleNamespace(fingerprint=lambda framework=None: SimpleNamespace(name="new host", facts=dict(FACTS)),
+                         profile_keys=lambda sig, fw, legacy=None: [ProfileKey("hw-new", sig, fw, 2)])
     work = Workload(lambda: None, 1.0, model, "resnet50")
     recorder = _Recorder.create({"framework": "torch", "workload": "torch"}, rt, work, write=False)
     assert recorder.seeded_from is not None and recorder.seeded_from.id == similar
@@ -247,10 +247,13 @@ def test_tune_goes_on_in_a_profile_stored_under_the_models_earlier_key(home_stor
     second ``tune`` records (and where jobs find it: they look the earlier key up too)."""
     from types import SimpleNamespace
 
+    from tunelab.runtime import Runtime
     from tunelab.tuning.run import Workload, _Recorder
 
-    rt = SimpleNamespace(fingerprint=lambda: SimpleNamespace(name="host", facts=dict(FACTS)),
-                         profile_key=lambda sig, fw: ProfileKey(KEY.hardware_hash, sig, fw, 2))
+    rt = SimpleNamespace(fingerprint=lambda framework=None: SimpleNamespace(
+        name="host", facts=dict(FACTS), hash=KEY.hardware_hash, legacy_hash=KEY.hardware_hash),
+        topology=SimpleNamespace(size=2))
+    rt.profile_keys = lambda *args: Runtime.profile_keys(rt, *args)
     earlier = new_profile(store, ProfileKey(KEY.hardware_hash, "6p-ordered", "torch", 2))
     trial(store, earlier, 10.0)
     work = Workload(lambda: None, 1.0, "6p-sorted", "resnet50", legacy_signature="6p-ordered")
@@ -860,7 +863,7 @@ def test_a_read_only_store_loads_lists_shows_and_exports_and_a_write_says_where_
               "from tunelab.config import load_engine_config; from tunelab.profiles import ProfileKey; "
               f"key = ProfileKey(*{KEY.params()!r}); "
               "job = N(topology=N(size=2), config=load_engine_config({}), _knobs_from='', "
-              "profile_key=lambda s, f: key); print(Runtime._lookup_profile(job, key.model_signature, 'torch', 'r')[0])")
+              "profile_keys=lambda s, f, l=None: [key]); print(Runtime._lookup_profile(job, key.model_signature, 'torch', 'r')[0])")
     (tmp_path / "x.json").write_text(json.dumps(expected))
     (home / FILE_NAME).chmod(0o444)
     home.chmod(0o555)

@@ -19,13 +19,18 @@ OLD = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 5.0, "hierarchical": 
        "segment_bytes": 1 << 20}
 
 
-def fake_job(pinned=(), profile="auto", size=2, key=KEY):
-    """What ``Runtime._lookup_profile`` and ``_chosen_profile`` use of a job, without MPI."""
+def fake_job(pinned=(), profile="auto", size=2, key=KEY, legacy_hash=""):
+    """What ``Runtime._lookup_profile`` and ``_chosen_profile`` use of a job, without MPI: its keys come
+    from the runtime's own ``profile_keys``, over a fingerprint of ``key``'s hash (and ``legacy_hash``,
+    the hash of before 2026-11-29)."""
     chosen = {} if profile == "auto" else {"profile": profile}
     config = load_engine_config({}, **chosen, **{k: getattr(Knobs(), k) for k in pinned})
-    return SimpleNamespace(topology=SimpleNamespace(size=size), config=config, _knobs_from="",
-                           profile_key=lambda signature, framework: ProfileKey(key.hardware_hash, signature,
-                                                                               framework, size))
+    job = SimpleNamespace(topology=SimpleNamespace(size=size), config=config, _knobs_from="",
+                          fingerprint=lambda framework=None: SimpleNamespace(
+                              hash=key.hardware_hash, legacy_hash=legacy_hash, name="host", facts={}))
+    job.profile_keys = lambda *args: Runtime.profile_keys(job, *args)
+    job.profile_key = lambda *args: Runtime.profile_key(job, *args)
+    return job
 
 
 def test_a_profile_stored_before_a_knob_existed_applies_the_knobs_it_was_measured_with(tmp_path, monkeypatch):
@@ -46,6 +51,35 @@ def test_a_profile_stored_before_a_knob_existed_applies_the_knobs_it_was_measure
     line, knobs, _ = Runtime._lookup_profile(fake_job(), "m", "torch", "tiny")
     assert knobs["oneshot_max_bytes"] == 1 << 20 and knobs["doubling_max_bytes"] == 32 << 10
     assert "its oneshot_max_bytes=off (stored before that knob existed) is 1MiB now" in line, line
+
+
+def test_a_profile_stored_under_the_hardware_hash_of_before_loads_and_moves_at_the_next_tune(tmp_path, monkeypatch):
+    """Profiles stored before 2026-11-29 are keyed by a hash of every installed framework's full version
+    and the GPU driver: a job finds one under that hash (after today's key, and after the model's earlier
+    signature under today's hash), and its model's next ``tune`` moves it, trials and best, to today's key."""
+    from tunelab.tuning.run import _Recorder
+
+    monkeypatch.setenv("TUNELAB_HOME", str(tmp_path))
+    store = ProfileStore()
+    old_key = ProfileKey("L" * 16, "m", "torch", 2)
+    pid = store.upsert_profile(old_key, "host", {}, "tiny")
+    store.record_trial(pid, Knobs(cycle_time_ms=3.0).as_dict(), 110.0, 0.01, 3, 1.0, "r", "explore")
+    store.set_best(pid, Knobs(cycle_time_ms=3.0).as_dict(), 110.0, 100.0, 0.01, "r", gain_interval=(1.1, 1.05, 1.15))
+    job = fake_job(legacy_hash="L" * 16)
+    assert [k.hardware_hash + "/" + k.model_signature for k in job.profile_keys("m", "torch", "m-old")] == [
+        f"{KEY.hardware_hash}/m", f"{KEY.hardware_hash}/m-old", f"{'L' * 16}/m", f"{'L' * 16}/m-old"]
+    line, knobs, stored_as = Runtime._lookup_profile(job, "m", "torch", "tiny")
+    assert knobs["cycle_time_ms"] == 3.0 and stored_as == old_key, line
+    assert Runtime._lookup_profile(fake_job(), "m", "torch", "tiny")[1] is None  # (without it: not found)
+    workload = SimpleNamespace(signature="m", legacy_signature="m", name="tiny")
+    params = {"framework": "torch", "workload": "train"}
+    read = _Recorder.create(params, job, workload, write=False)  # --no-store: read where it is, moved nowhere
+    assert read.profile_id == pid and read.key == old_key and store.id_of(old_key) == pid
+    tuned = _Recorder.create(params, job, workload)
+    new_key = ProfileKey(KEY.hardware_hash, "m", "torch", 2)
+    assert tuned.profile_id == pid and tuned.key == new_key
+    assert store.id_of(new_key) == pid and store.id_of(old_key) is None
+    assert len(store.trials(pid)) == 1 and store.best(new_key).knobs["cycle_time_ms"] == 3.0
 
 
 def test_a_job_with_no_home_to_find_the_store_in_warns_and_uses_the_default_knobs(tmp_path, monkeypatch):

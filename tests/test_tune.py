@@ -433,7 +433,7 @@ def test_a_loaded_profile_whose_tuning_kept_the_default_names_the_knobs_it_appli
     store = ProfileStore()
     pid = store.upsert_profile(key, "host", {"nodes": 1}, "tiny")
     job = SimpleNamespace(topology=SimpleNamespace(size=2), config=SimpleNamespace(pinned=set(), knobs=Knobs()),
-                          profile_key=lambda signature, framework: key, _knobs_from="")
+                          profile_keys=lambda signature, framework, legacy=None: [key], _knobs_from="")
     store.set_best(pid, Knobs(segment_bytes=1 << 20).as_dict(), 99.0, 99.0, 0.02, "r", steps=30,
                    outcome="retuned: budget exhausted, default kept")
     line, knobs, _ = Runtime._lookup_profile(job, "m", "torch", "tiny")
@@ -572,7 +572,7 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
     key = SimpleNamespace()  # the store has no profile under it: nothing to warm-start from
     rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs(), timeout_s=60.0),
                          topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
-                         profile_key=lambda signature, framework: key)
+                         profile_keys=lambda signature, framework, legacy=None: [key])
     monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: None)
     spaces = {sig: runtime.Runtime._watch_profile(rt, Knobs(), sig, "torch", sig) for sig in ("cuda-161p-x", "161p-x")}
     assert "oneshot_max_bytes" in spaces["cuda-161p-x"].names

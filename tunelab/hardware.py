@@ -84,8 +84,12 @@ def fact_text(name: str, value: object) -> str:
 # --- Fingerprint: which tuning profile a run belongs to -------------------------------------------
 
 # Facts recorded for people but kept out of the hash: the same machine type under another name
-# (a rebuilt node, a cloud instance) should find the profile it already tuned.
-UNHASHED_FACTS = frozenset({"hostname"})
+# (a rebuilt node, a cloud instance) should find the profile it already tuned, and so should the
+# same GPUs after a driver update (the CUDA version, which the driver's update may raise, stays in).
+# Framework versions are hashed as major.minor, and only the job's own framework's (see
+# :func:`fingerprint_from_facts`): installing TensorFlow beside torch, or a patch release, changes
+# nothing the knobs depend on.
+UNHASHED_FACTS = frozenset({"hostname", "gpu_driver"})
 _NVIDIA_SMI_TIMEOUT_S = 15.0  # (a many-GPU node's topo -m can take seconds)
 _FRAMEWORK_DISTRIBUTIONS = {
     "torch": ("torch",),
@@ -100,13 +104,18 @@ class Fingerprint:
     name: str
     hash: str
     facts: dict
+    # the hash tunelab gave the same facts before 2026-11-29 (every installed framework's full version
+    # and the GPU driver in it): a profile stored under it is still found, and moves at its next tune
+    legacy_hash: str = ""
 
 
 def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
                 frameworks: tuple[str, ...] = ("torch", "tensorflow"),
                 emulated_link: str | None = None, lab_link: str | None = None,
-                usable_cores: int | None = None) -> Fingerprint:
+                usable_cores: int | None = None, framework: str | None = None) -> Fingerprint:
     """Fingerprint this host's hardware and software for a job of ``nodes`` nodes.
+    ``frameworks``: those whose installed versions the facts record; ``framework``: the job's own, the
+    only one whose version (major.minor) the hash takes (None: every recorded one's).
     ``emulated_link`` (e.g. ``"10 Gb/s"``) names the emulated link between emulated nodes: a
     config tuned behind one is not the best config without it, so it is part of the hash.
     ``usable_cores``: the cores the job's ranks on this host may run on together (the union of their
@@ -139,15 +148,31 @@ def fingerprint(nodes: int, ranks_per_node: list[int] | tuple,
         facts["emulated_link"] = emulated_link
     if lab_link:  # the shaped link between lab hosts (tunelab.lab): as much a part of the hardware
         facts["lab_link"] = lab_link
-    return fingerprint_from_facts(facts)
+    return fingerprint_from_facts(facts, framework)
 
 
-def fingerprint_from_facts(facts: dict) -> Fingerprint:
-    """The fingerprint of already-collected facts (e.g. gathered on rank 0 or read from a profile)."""
+def fingerprint_from_facts(facts: dict, framework: str | None = None) -> Fingerprint:
+    """The fingerprint of already-collected facts (e.g. gathered on rank 0 or read from a profile), for
+    a job of ``framework`` (None: every framework the facts record counts)."""
     hashed = {k: v for k, v in facts.items() if k not in UNHASHED_FACTS}
-    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    return Fingerprint(name=_readable_name(facts), hash=digest, facts=dict(facts))
+    versions = dict(facts.get("frameworks") or {})
+    if framework is not None:
+        versions = {k: v for k, v in versions.items() if k == framework}
+    if "frameworks" in facts:
+        hashed["frameworks"] = {k: _major_minor(str(v)) for k, v in versions.items()}
+    legacy = {k: v for k, v in facts.items() if k != "hostname"}
+    return Fingerprint(name=_readable_name(facts), hash=_digest(hashed), facts=dict(facts), legacy_hash=_digest(legacy))
+
+
+def _digest(facts: dict) -> str:
+    canonical = json.dumps(facts, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _major_minor(version: str) -> str:
+    """``2.13.0+cpu`` -> ``2.13``; a version that does not start with numbers stays as it is."""
+    match = re.match(r"\d+(\.\d+)?", version)
+    return match.group() if match else version
 
 
 def _layout(nodes: int, ranks_per_node: list[int] | tuple) -> list[int]:
@@ -320,8 +345,7 @@ def _readable_name(facts: dict) -> str:
         parts[-1] += f" (lab link {facts['lab_link']})"
     parts.append(_short_mpi(str(facts.get("mpi_library", "none"))))
     for framework, version in dict(facts.get("frameworks") or {}).items():
-        match = re.match(r"\d+(\.\d+)?", version)
-        parts.append(f"{framework} {match.group() if match else version}")
+        parts.append(f"{framework} {_major_minor(str(version))}")
     return " | ".join(parts)
 
 

@@ -169,13 +169,14 @@ class ProfileStore:
             self._touch(conn, row[0], now)
             conn.execute(f"INSERT OR REPLACE INTO best ({_BEST_COLUMNS}) VALUES ({_BEST_SLOTS})", row)
 
-    def rekey(self, profile_id: int, model_signature: str) -> None:
-        """Store a profile under another model signature (the same model's, as a newer tunelab computes
-        it); its trials and best stay as they are."""
+    def rekey(self, profile_id: int, key: ProfileKey) -> None:
+        """Store a profile under ``key`` (the same hardware and model's, as a newer tunelab computes the
+        hardware hash and the model signature); its trials and best stay as they are."""
         now = _now()
         with self._write() as conn:
             self._touch(conn, int(profile_id), now)
-            conn.execute("UPDATE profiles SET model_signature = ? WHERE id = ?", (str(model_signature), int(profile_id)))
+            conn.execute("UPDATE profiles SET hardware_hash = ?, model_signature = ?, framework = ?, world_size = ?"
+                         " WHERE id = ?", (*key.params(), int(profile_id)))
 
     def delete(self, profile_id: int) -> bool:
         """Remove a profile with its trials and best; False if there was no such profile."""

@@ -268,10 +268,10 @@ class Runtime:
             print(f"tunelab: warning: retune off after an error in the watch ({type(exc).__name__}: {exc}); "
                   "training goes on with its last lock", flush=True)
 
-    def _watch_profile(self, loaded: Any, signature: str, framework: str, stored_as: str) -> Any:
+    def _watch_profile(self, loaded: Any, signature: str, framework: str, stored_as: ProfileKey) -> Any:
         """The watch of a loaded profile (rank 0), or None where it cannot start (a store that cannot be
         read again, a damaged trial): said in one line, and the job trains on without it.  ``stored_as``:
-        the signature the profile is stored under (the model's earlier one, where it was found so)."""
+        the key the profile is stored under (an older one of the same job, where it was found so)."""
         from .profiles import ProfileStore
         from .tuning.plan import Plan
         from .tuning.result import RETUNE_RUN_PREFIX, samples_per_step, stored_observations
@@ -285,7 +285,7 @@ class Runtime:
                              device=signature.startswith("cuda-"), uniform_nodes=self.topology.homogeneous)
         try:
             store = ProfileStore(create=False)
-            best = store.best(self.profile_key(stored_as, framework))
+            best = store.best(stored_as)
             trials = store.trials(best.profile_id) if best else []
             # (only runs measured against this job's default: a re-opened search's ratios are to it)
             stored = stored_observations(trials, Plan().warm_start_noise, space.base, space.names)
@@ -306,8 +306,9 @@ class Runtime:
         return ProfileWatch(self.coordinator, space, loaded, stored, writer=writer, key=(signature, framework),
                             interval=claimed, samples_per_step=per_step or 1.0)
 
-    def fingerprint(self) -> Fingerprint:
-        """This job's hardware fingerprint: the host, the node layout and any emulated or lab link."""
+    def fingerprint(self, framework: str | None = None) -> Fingerprint:
+        """This job's hardware fingerprint: the host, the node layout and any emulated or lab link;
+        ``framework``: the job's, the only one whose version the hash takes (None: every installed one's)."""
         from .engine.link import describe_link
         from .hardware import fingerprint
 
@@ -318,13 +319,24 @@ class Runtime:
         lab = current_lab()
         lab_link = f"{lab.spec.link_gbps:g} Gb/s tc-shaped TCP" if lab is not None else None
         return fingerprint(topo.num_nodes, list(topo.node_sizes), emulated_link=link, lab_link=lab_link,
-                           usable_cores=topo.host_cores)
+                           usable_cores=topo.host_cores, framework=framework)
 
     def profile_key(self, signature: str, framework: str) -> ProfileKey:
         """The store key of this job: hardware fingerprint (with the node layout), model, framework, size."""
+        return self.profile_keys(signature, framework)[0]
+
+    def profile_keys(self, signature: str, framework: str, legacy: str | None = None) -> list[ProfileKey]:
+        """The keys this job's profile may be stored under, in the order they are looked up: today's
+        first, then under the model's earlier signature (``legacy``), each under today's hardware hash
+        and then under the hash of before 2026-11-29 (:attr:`~tunelab.hardware.Fingerprint.legacy_hash`:
+        every installed framework's full version and the GPU driver counted).  A profile found under an
+        older key loads, and moves to today's at its model's next ``tune``."""
         from .profiles import ProfileKey
 
-        return ProfileKey(self.fingerprint().hash, signature, framework, self.topology.size)
+        fp = self.fingerprint(framework)
+        return list(dict.fromkeys(ProfileKey(h, s, framework, self.topology.size)
+                                  for h in (fp.hash, fp.legacy_hash or fp.hash)
+                                  for s in (signature, legacy or signature)))
 
     def has_profile(self, signature: str, framework: str, legacy: str | None = None) -> bool:
         """Whether a tuned config is stored for this job (collective; rank 0 reads the store); ``legacy``
@@ -340,8 +352,7 @@ class Runtime:
             store = ProfileStore(create=False)
             if choice != "auto":
                 return store.best_of(int(choice)) is not None
-            return any(store.best(self.profile_key(sig, framework)) is not None
-                       for sig in dict.fromkeys((signature, legacy or signature)))
+            return any(store.best(key) is not None for key in self.profile_keys(signature, framework, legacy))
 
         return self._on_rank0(look)
 
@@ -367,8 +378,9 @@ class Runtime:
         return found
 
     def _lookup_profile(self, signature: str, framework: str, model_name: str,
-                        legacy: str | None = None) -> tuple[str, dict | None, str]:
-        """(the line to print, the knobs to apply or None, the signature the profile is stored under)."""
+                        legacy: str | None = None) -> tuple[str, dict | None, ProfileKey | None]:
+        """(the line to print, the knobs to apply or None, the key the profile is stored under: today's, or
+        an older one of the same job, :meth:`profile_keys`)."""
         from .errors import StoreError
         from .profiles import ProfileStore
 
@@ -377,23 +389,24 @@ class Runtime:
         # another model's profile may have set the job's knobs already: those stay (knobs are the job's)
         instead = (f"keeping the knobs of {self._knobs_from}'s profile" if self._knobs_from
                    else "using default knobs")
+        best = stored_as = None
         try:
             store = ProfileStore(create=False)
-            best = store.best(self.profile_key(signature, framework))
-            if best is None and legacy and legacy != signature:
-                best = store.best(self.profile_key(legacy, framework))
-                signature = signature if best is None else legacy
+            for key in self.profile_keys(signature, framework, legacy):
+                if (best := store.best(key)) is not None:
+                    stored_as = key
+                    break
         except StoreError as exc:
-            return f"tunelab: warning: {exc}; {instead}", None, signature
+            return f"tunelab: warning: {exc}; {instead}", None, None
         if best is None:
-            return f"tunelab: no tuned profile for {what} on this hardware: {instead}", None, signature
+            return f"tunelab: no tuned profile for {what} on this hardware: {instead}", None, None
         line, knobs = _loaded(self.config, store, best, what)
-        return line, knobs, signature
+        return line, knobs, stored_as
 
     def _chosen_profile(self, profile_id: int, signature: str, framework: str, model_name: str,
-                        legacy: str | None = None) -> tuple[str, dict | None, str | None]:
+                        legacy: str | None = None) -> tuple[str, dict | None, ProfileKey | None]:
         """The profile the setting names by id (rank 0), as :meth:`_lookup_profile` gives one; the
-        signature it is stored under is None where its key is not this job's (another model, framework or
+        key it is stored under is None where that key is not this job's (another model, framework or
         hardware: said in a warning line before the usual one).  UsageError where it cannot be loaded: no
         such profile, no tuned configuration in it, or tuned for another world size (its knobs were
         measured with other ranks); StoreError where the store cannot be read."""
@@ -417,20 +430,20 @@ class Runtime:
                              "up this job's own)")
         if best is None:
             raise UsageError(f"{setting}: profile {profile_id} has no tuned configuration yet")
-        key = self.profile_key(signature, framework)
+        keys = self.profile_keys(signature, framework, legacy)
         others = []
         if summary.model_signature not in (signature, legacy or signature):
             others.append(f"the model {summary.model_name} [{summary.model_signature}], not this job's "
                           f"{model_name or signature} [{signature}]")
         if summary.framework != framework:
             others.append(f"{summary.framework}, not {framework}")
-        if summary.hardware_hash != key.hardware_hash:
+        if summary.hardware_hash not in {k.hardware_hash for k in keys}:
             others.append(f"the hardware {summary.hardware_name} [{summary.hardware_hash}], not this job's "
-                          f"[{key.hardware_hash}]")
+                          f"[{keys[0].hardware_hash}]")
         what = f"{model_name or signature} / {framework} / {size} ranks"
         line, knobs = _loaded(self.config, store, best, what)
         if not others:
-            return line, knobs, summary.model_signature
+            return line, knobs, summary.key
         warning = (f"tunelab: warning: {setting}: profile {profile_id} was tuned for " + "; ".join(others)
                    + ": loaded as the setting asks")
         return f"{warning}\n{line}", knobs, None

@@ -359,22 +359,26 @@ class _Recorder:
     def create(cls, p: dict, rt: Any, workload: Workload, write: bool = True) -> _Recorder:
         from ..profiles import ProfileStore
 
-        fp = rt.fingerprint()
         framework = p["framework"] if p["workload"] != "replay" else "replay"
-        key = rt.profile_key(workload.signature, framework)
-        store = ProfileStore(create=write)
-        existing = _profile_id(store, key)
+        fp = rt.fingerprint(framework)
         legacy = workload.legacy_signature if workload.legacy_signature != workload.signature else None
-        if existing is None and legacy is not None:
-            # tuned before the key changed: tune on in that profile, moved to the new key (where a job
-            # that groups the parameters otherwise finds it too); read where it is under --no-store
-            legacy_key = rt.profile_key(legacy, framework)
-            if (legacy_id := _profile_id(store, legacy_key)) is not None:
-                existing = legacy_id
-                if write:
-                    store.rekey(legacy_id, workload.signature)
-                else:
-                    key = legacy_key
+        keys = rt.profile_keys(workload.signature, framework, legacy)
+        key = keys[0]
+        store = ProfileStore(create=write)
+        existing = found = None
+        for k in keys:
+            if (existing := _profile_id(store, k)) is not None:
+                found = k
+                break
+        if found is not None and found != key:
+            # tuned before a key changed (the model's signature, or the hardware hash of before 2026-11-29):
+            # tune on in that profile, moved to today's key (where a job that groups the parameters
+            # otherwise, or has TensorFlow installed beside torch, finds it too); read where it is under
+            # --no-store
+            if write:
+                store.rekey(existing, key)
+            else:
+                key = found
         # a new profile is seeded from the nearest one; so is one with no trials yet (its first run was
         # killed before it measured a block: the profile is made when a run starts)
         fresh = existing is None or not store.trials(existing)
