@@ -281,6 +281,30 @@ def test_an_error_the_script_caught_is_one_line_at_exit_and_the_rank_exits_clean
     assert proc.stderr.count("tunelab: at exit, after an error: stalled for more than 3 s") == 2, proc.stderr
 
 
+def test_an_error_the_job_never_met_fails_the_process_at_exit(tmp_path):
+    """Rank 0 leaves an allreduce in flight that rank 1 never makes, and neither rank waits for anything
+    that fails: the stall is found only by the shutdown at exit, said in one line per rank, and the job
+    exits non-zero (it exited 0: a launcher read the failed job as a success)."""
+    import subprocess
+    import sys
+
+    from tunelab.launch import mpiexec_command
+
+    script = tmp_path / "orphan.py"
+    script.write_text(
+        "import torch\nimport tunelab.torch as hvd\nhvd.init(timeout_s=3)\n"
+        "hvd.allreduce(torch.ones(2), name='warm')\n"
+        "h = hvd.allreduce_async(torch.ones(3), name='orphan') if hvd.rank() == 0 else None\n"
+        "print('body done', flush=True)\n")
+    proc = subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=120, check=False,
+                          env={**__import__("os").environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    assert proc.returncode != 0, (proc.stdout, proc.stderr[-2000:])
+    assert proc.stdout.count("body done") == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    said = "tunelab: error at exit (the job never waited for what failed): stalled for more than 3 s"
+    assert proc.stderr.count(said) == 2 and "'orphan'" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_in_place_collectives_on_tensors_a_backward_saved_raise_as_torch_in_place_ops_do():
     """The engine writes through views torch does not see; autograd's version counter moves anyway, so
     a backward that saved the tensor raises torch's own error (it computed with the reduced values)."""

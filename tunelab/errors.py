@@ -35,6 +35,17 @@ class ScenarioError(UsageError):
     A usage error: the command exits 2."""
 
 
+def seen(error: BaseException) -> BaseException:
+    """``error``, marked as raised to the job's own code (a wait, a submit): one it met and may have
+    handled.  An error the job never met, that only the runtime's shutdown at the interpreter's exit
+    finds (a collective left pending, say), fails the process instead (``runtime._shutdown_at_exit``)."""
+    try:
+        error.tunelab_seen = True  # type: ignore[attr-defined]
+    except AttributeError:  # (an exception type without a __dict__)
+        pass
+    return error
+
+
 class StoreLocationError(StoreError, UsageError):
     """The store's location, as ``TUNELAB_HOME`` gives it, cannot hold a store (it names a file): a
     setting to fix, so a usage error (exit 2), and still a StoreError for those that catch one."""

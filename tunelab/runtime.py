@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import dataclasses
 import itertools
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -614,13 +615,21 @@ def shutdown() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    """:func:`shutdown` at the interpreter's exit: an error the job met (a stall the script caught,
-    say) is said in one line, not as the traceback of an exit hook on every rank."""
+    """:func:`shutdown` at the interpreter's exit: an error is said in one line, not as the traceback of
+    an exit hook on every rank.  One the job met (a stall the script caught and went on from) leaves the
+    exit status as it is; one it never met (a collective it left pending, that the other ranks never
+    made) fails the process, exit status 1: the job did not do what it asked for, and a launcher or a
+    scheduler must not read it as success."""
     try:
         shutdown()
     except Exception as exc:  # noqa: BLE001 - nothing is left to hand it to
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"tunelab: at exit, after an error: {first}", file=sys.stderr, flush=True)
+        if getattr(exc, "tunelab_seen", False):
+            print(f"tunelab: at exit, after an error: {first}", file=sys.stderr, flush=True)
+            return
+        print(f"tunelab: error at exit (the job never waited for what failed): {first}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # (an exit hook cannot set the status otherwise)
 
 
 def abandon() -> None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RankMismatchError, StallError, TunelabError
+from ..errors import RankMismatchError, StallError, TunelabError, seen
 from ..knobs import Knobs
 from ..units import counted
 from .consensus import allgather_object, bcast_object, wait_or_timeout
@@ -90,7 +90,7 @@ class Handle:
             elif not self._done:  # (done, yet not acquired: another waiter held the latch just then)
                 raise TimeoutError(f"allreduce of {self.name!r} not done within {timeout} s")
         if self._error is not None:
-            raise self._error
+            raise seen(self._error)
         return self.out
 
     def _complete(self, error: BaseException | None = None) -> None:
@@ -254,7 +254,7 @@ class Coordinator:
         """Make ``reqs`` pending (all or none), and wake an idle coordinator."""
         with self._lock:
             if self._error is not None:  # (failed since the check above: _fail has emptied pending)
-                raise self._error
+                raise seen(self._error)
             if self._shutdown:
                 raise TunelabError("the coordinator is shut down")
             for r in reqs:
@@ -331,7 +331,8 @@ class Coordinator:
             self.timeline.close()
         if self.comm:  # (a null handle once freed: a second shutdown has nothing left to free)
             self.comm.Free()
-        self._raise_if_failed()
+        if self._error is not None:  # (raised as it is: whoever shut down says whether the job met it)
+            raise self._error
 
     def _waiting(self, change: int) -> None:
         """A thread starts (+1) or stops (-1) waiting on a handle (:meth:`Handle.wait`).  While one waits,
@@ -352,7 +353,7 @@ class Coordinator:
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise self._error
+            raise seen(self._error)
 
     # ---- background ---------------------------------------------------------------------------
     def _run(self) -> None:
