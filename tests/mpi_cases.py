@@ -699,6 +699,48 @@ def case_skipped_collectives(comm: MPI.Comm) -> dict:
     return out
 
 
+def case_skipped_then_next(comm: MPI.Comm) -> dict:
+    """The last rank skips one of the runtime's collectives and goes on with the next call the others
+    make: no rank may take the other call's data for its own (rank 0's first broadcast paired with the
+    last rank's second one gave the last rank rank 0's first tensor); every call either returns the
+    right result or raises, and the engine's allreduce still works afterwards."""
+    from tunelab import runtime
+    from tunelab.errors import TunelabError
+
+    last = comm.rank == comm.size - 1
+    out: dict = {}
+    for kind in ("broadcast", "allgather_object", "barrier"):
+        rt = runtime.init(comm, timeout_s=3)
+        calls = []
+
+        def first(rt=rt, kind=kind) -> object:
+            if kind == "broadcast":
+                a = np.full(3, 7.0)
+                rt.broadcast_(a, 0, "A")
+                return a.tolist()
+            if kind == "allgather_object":
+                return rt.allgather_object({"A": comm.rank}, "A")
+            return rt.barrier()
+
+        def second(rt=rt) -> object:
+            b = np.full(3, 1.0 if comm.rank == 0 else -1.0)
+            rt.broadcast_(b, 0, "B")
+            return b.tolist()
+
+        for name, call in ([] if last else [("first", first)]) + [("second", second)]:
+            try:
+                calls.append((name, "ok", call()))
+            except TunelabError as exc:
+                calls.append((name, type(exc).__name__, str(exc)))
+        after = rt.engine.allreduce(np.full(4, 1.0, np.float32))
+        try:
+            runtime.shutdown()
+        except TunelabError:
+            pass
+        out[kind] = {"calls": calls, "after": after.tolist()}
+    return out
+
+
 def case_dead_rank(comm: MPI.Comm) -> dict:
     """The last rank dies mid-run: the launcher must end the job (non-zero) instead of hanging."""
     engine = Engine(comm, load_engine_config(timeout_s=20))

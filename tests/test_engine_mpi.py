@@ -122,6 +122,26 @@ def test_a_rank_that_skips_a_runtime_collective_gives_a_timeout_and_shutdown_sti
     assert all(v["message"] == "" for v in results[-1].values())
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_skips_a_collective_and_goes_on_never_gets_another_calls_data(n):
+    """Every call of the runtime's first exchange carries the call's number and name: the last rank's
+    second broadcast meets rank 0's first one and both fail (RankMismatchError naming both calls); no
+    call returns another call's data; the engine's allreduce is unaffected."""
+    results = run_ok("skipped_then_next", n, limit_s=120)
+    for rank, res in enumerate(results):
+        for kind, got in res.items():
+            assert got["after"] == [float(n)] * 4, (rank, kind, got)
+            for name, how, value in got["calls"]:
+                if how == "ok":  # (a call that returned returned its own, right result)
+                    assert name == "second" and value == [1.0, 1.0, 1.0], (rank, kind, got)
+                else:
+                    assert how in ("RankMismatchError", "CollectiveTimeoutError", "TunelabError"), (rank, kind, got)
+            if rank == n - 1:  # (it skipped the first call: its second met the others' first)
+                assert got["calls"][0][1] == "RankMismatchError", (rank, kind, got)
+                assert "ranks are in different collectives" in got["calls"][0][2], (rank, kind, got)
+                assert "broadcast B (its collective #1)" in got["calls"][0][2], (rank, kind, got)
+
+
 def test_invalid_requests_fail_on_every_rank_with_a_reason():
     results = run_ok("bad_requests", 2, limit_s=120)
     for res in results:

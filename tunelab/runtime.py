@@ -62,6 +62,8 @@ class Runtime:
         self._chosen_done = False  # the profile setting (TUNELAB_PROFILE) was acted on: off said, or an id loaded
         self._watch: Any = None  # rank 0, with the retune setting, once a profile was loaded
         self._shut_down = False
+        self._sync_calls = 0  # this rank's synchronous collectives: each one's first exchange carries its number
+        self._sync_failed = ""  # the collective a timeout ended: the ranks' exchanges no longer line up after it
 
     @property
     def topology(self):
@@ -74,20 +76,52 @@ class Runtime:
     # ---- synchronous collectives on the caller's thread ----------------------------------------
     # Each exchange is waited for with the engine's timeout: a rank that skipped the call, stalled or
     # died makes the others raise CollectiveTimeoutError naming the call, instead of blocking for ever.
+    # Each call's first exchange is an allgather (:meth:`_allgather`) that carries the call's number and
+    # name on this rank: ranks in different calls (one skipped a broadcast, say) fail both calls on every
+    # rank, rather than pairing one rank's call with the other's next one (its data, silently).  After a
+    # timeout the ranks' exchanges no longer line up (the timed-out one is still posted), so later calls
+    # are refused in one line.
+    def _sync_usable(self) -> None:
+        if self._sync_failed:
+            raise TunelabError(f"tunelab's collectives stopped after a timeout in {self._sync_failed}: the ranks' "
+                               "exchanges no longer line up (shutdown() ends the job)")
+
     def _wait(self, req: Any, what: str) -> None:
         from .engine.consensus import wait_or_timeout
 
-        wait_or_timeout(req, self.config.timeout_s, what, self.sync_comm.rank)
+        try:
+            wait_or_timeout(req, self.config.timeout_s, what, self.sync_comm.rank)
+        except CollectiveTimeoutError:
+            self._sync_failed = self._sync_failed or what
+            raise
 
     def _allgather(self, obj: object, what: str) -> list:
         from .engine.consensus import allgather_object
 
-        return allgather_object(self.sync_comm, obj, self.config.timeout_s, what, self.sync_comm.rank)
+        self._sync_usable()
+        self._sync_calls += 1
+        try:
+            everyone = allgather_object(self.sync_comm, (self._sync_calls, what, obj), self.config.timeout_s, what,
+                                        self.sync_comm.rank)
+        except CollectiveTimeoutError:
+            self._sync_failed = self._sync_failed or what
+            raise
+        calls = [(n, w) for n, w, _ in everyone]
+        if any(c != calls[0] for c in calls[1:]):
+            raise RankMismatchError("ranks are in different collectives: " + "; ".join(
+                f"rank {r}: {w} (its collective #{n})" for r, (n, w) in enumerate(calls)))
+        return [o for _, _, o in everyone]
 
     def _bcast(self, obj: object, root: int, what: str, extra_s: float = 0.0) -> object:
         from .engine.consensus import bcast_object
 
-        return bcast_object(self.sync_comm, obj, root, self.config.timeout_s + extra_s, what, self.sync_comm.rank)
+        self._sync_usable()
+        try:
+            return bcast_object(self.sync_comm, obj, root, self.config.timeout_s + extra_s, what,
+                                self.sync_comm.rank)
+        except CollectiveTimeoutError:
+            self._sync_failed = self._sync_failed or what
+            raise
 
     def _lookup_done(self, obj: object) -> object:
         """Rank 0's profile lookup, broadcast: the others wait as long as the store may keep rank 0
@@ -115,16 +149,19 @@ class Runtime:
 
         self._wait(self.sync_comm.Ibcast([array.reshape(-1).view(np.uint8), MPI.BYTE], root=root), f"broadcast {what}")
 
-    def broadcast_object(self, obj: object, root: int) -> object:
-        self._check_roots(self._allgather(root, "broadcast_object"), "broadcast_object")
-        return self._bcast(obj, root, "broadcast_object")
+    def broadcast_object(self, obj: object, root: int, name: str | None = None) -> object:
+        """``root``'s ``obj`` (picklable) on every rank; ``name``, where given, is part of what the ranks
+        agree on (as a tensor's is)."""
+        what = f"broadcast_object {name}" if name else "broadcast_object"
+        self._check_roots(self._allgather(root, what), what)
+        return self._bcast(obj, root, what)
 
-    def allgather_object(self, obj: object) -> list:
-        """Every rank's ``obj`` (picklable), in rank order."""
-        return self._allgather(obj, "allgather_object")
+    def allgather_object(self, obj: object, name: str | None = None) -> list:
+        """Every rank's ``obj`` (picklable), in rank order (``name`` as for :meth:`broadcast_object`)."""
+        return self._allgather(obj, f"allgather_object {name}" if name else "allgather_object")
 
     def barrier(self) -> None:
-        self._wait(self.sync_comm.Ibarrier(), "barrier")
+        self._allgather(None, "barrier")  # (an allgather: its call's number and name travel with it)
 
     def alltoall(self, array: np.ndarray, splits: list[int] | None, what: str) -> tuple[np.ndarray, list[int]]:
         """Send ``splits[i]`` rows of ``array`` (dim 0, in order) to rank i (``None``: equal parts, the
@@ -711,7 +748,7 @@ def barrier() -> None:
 
 def allgather_object(obj: object, name: str | None = None) -> list:
     """Every rank's picklable ``obj``, in rank order."""
-    return current().allgather_object(obj)
+    return current().allgather_object(obj, name)
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -78,7 +78,7 @@ def init(comm: Any = None, **settings: object) -> None:
 
 
 def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None) -> object:
-    return _rt.current().broadcast_object(obj, root_rank)
+    return _rt.current().broadcast_object(obj, root_rank, name)
 
 
 __all__ = [

@@ -52,7 +52,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
 
 def allgather_object(obj: object, name: str | None = None) -> list:
     """Every rank's picklable ``obj``, in rank order."""
-    return _rt.current().allgather_object(obj)
+    return _rt.current().allgather_object(obj, name)
 
 
 # ---- broadcast ----------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def _on_host(obj: Any) -> Any:
 
 
 def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None) -> object:
-    return _rt.current().broadcast_object(obj, root_rank)
+    return _rt.current().broadcast_object(obj, root_rank, name)
 
 
 # ---- alltoall -----------------------------------------------------------------------------------
