@@ -732,6 +732,7 @@ def case_skipped_then_next(comm: MPI.Comm) -> dict:
                 calls.append((name, "ok", call()))
             except TunelabError as exc:
                 calls.append((name, type(exc).__name__, str(exc)))
+        comm.Barrier()  # (the ranks left the failed calls at different times: meet before the engine's check)
         after = rt.engine.allreduce(np.full(4, 1.0, np.float32))
         try:
             runtime.shutdown()

@@ -887,6 +887,35 @@ def test_a_read_only_store_loads_lists_shows_and_exports_and_a_write_says_where_
     assert left == [FILE_NAME] and (home / FILE_NAME).read_bytes() == before
 
 
+def test_a_read_only_store_whose_write_ahead_log_holds_changes_says_so_rather_than_reading_without_them(tmp_path):
+    """Copied while a writer had changes in its write-ahead log (the -wal file, no -shm beside it) into a
+    read-only directory: SQLite cannot apply that log there, and read "immutable" the file alone would
+    lack the changes (a profile's old best, silently); so a reader refuses in one line, saying what to do."""
+    prefix = _bound_by_file_modes()
+    source, site = tmp_path / "source", tmp_path / "site"
+    a, _ = populated(ProfileStore(source / FILE_NAME))
+    writer = sqlite3.connect(source / FILE_NAME)
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("UPDATE profiles SET model_name = 'renamed' WHERE id = ?", (a,))
+    writer.commit()
+    site.mkdir()
+    for name in (FILE_NAME, f"{FILE_NAME}-wal"):  # (as an image build might copy them, the writer still open)
+        (site / name).write_bytes((source / name).read_bytes())
+    writer.close()
+    assert (site / f"{FILE_NAME}-wal").stat().st_size > 0 and not (site / f"{FILE_NAME}-shm").exists()
+    site.chmod(0o555)
+    try:
+        listed = subprocess.run([*prefix, sys.executable, "-m", "tunelab.cli", "profiles", "list"], check=False,
+                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "TUNELAB_HOME": str(site)})
+    finally:
+        site.chmod(0o755)
+    assert listed.returncode == 1 and listed.stdout == "", (listed.stdout, listed.stderr)
+    assert listed.stderr.startswith(f"tunelab: error: {site / FILE_NAME}: its write-ahead log {FILE_NAME}-wal "
+                                    "holds changes"), listed.stderr
+    assert len(listed.stderr.splitlines()) == 1
+
+
 def test_one_damaged_row_leaves_the_other_profiles_usable(tmp_path):
     """A profile whose facts are not an object (or whose world size is 0) made `export A` fail naming it,
     `list` fail, and `tune` fail (it looked its key up among every summary, and its seed among them):

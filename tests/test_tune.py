@@ -26,9 +26,10 @@ def tunelab(*args, env=None, timeout=600, cwd=None):
 @pytest.mark.mpi
 def test_a_knob_a_tunelab_variable_sets_is_pinned_not_searched(tmp_path):
     """TUNELAB_SEGMENT_BYTES runs the engine on 16 KiB segments: tune searched segments anyway, and
-    its first reference block ran on 16 KiB under the default's 4 MiB label."""
+    its first reference block ran on 16 KiB under the default's 4 MiB label.  (The scenario's time
+    budget, far too short for 3 blocks, gives way to the --budget asked for.)"""
     scenario = tmp_path / "tiny.toml"
-    scenario.write_text(SCENARIO)
+    scenario.write_text(SCENARIO.replace("[tuning]\n", "[tuning]\ntime_budget_s = 0.5\n"))
     out = tmp_path / "tune.json"
     proc = tunelab("tune", "--scenario", str(scenario), "--budget", "3", "--no-store", "--no-report", "--json", str(out),
                    cwd=tmp_path, env={**os.environ, "TUNELAB_SEGMENT_BYTES": "16384", "TUNELAB_HOME": str(tmp_path / "h")})
@@ -36,6 +37,8 @@ def test_a_knob_a_tunelab_variable_sets_is_pinned_not_searched(tmp_path):
     result = json.loads(out.read_text())
     assert "segment_bytes" not in result["searched"], result["searched"]
     assert {s["knobs"]["segment_bytes"] for s in result["samples"]} == {16384}
+    assert "budget 3 exploration blocks (the default's included)" in proc.stdout and "s of tuning" not in proc.stdout
+    assert sum(s["phase"] == "explore" for s in result["samples"]) >= 3, result["samples"]
 
 
 @pytest.mark.mpi

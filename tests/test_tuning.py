@@ -500,10 +500,11 @@ def test_a_time_budget_ends_the_search_near_it_with_a_decision():
         remeasured += any(s.phase == "remeasure" for s in driver.samples)
         assert d.interval is None or not d.adopted or d.interval.low >= 1.01  # still the lock's rule
     assert timed >= 10 and remeasured >= 8  # the budget ended most, and left re-measurement its time
-    plain = run(land, 1, plan=Plan(budget_samples=20))
-    roomy = run(land, 1, plan=Plan(budget_samples=20, time_budget_s=1e6))
-    assert [(s.knobs, s.logs) for s in plain.samples] == [(s.knobs, s.logs) for s in roomy.samples]
-    assert plain.decisions == roomy.decisions
+    for steps in (None, 2):  # (re-measurement blocks sized by the noise, or as the plan sets them)
+        plain = run(land, 1, plan=Plan(budget_samples=20, remeasure_steps=steps))
+        roomy = run(land, 1, plan=Plan(budget_samples=20, remeasure_steps=steps, time_budget_s=1e6))
+        assert [(s.knobs, s.logs) for s in plain.samples] == [(s.knobs, s.logs) for s in roomy.samples]
+        assert plain.decisions == roomy.decisions
     with pytest.raises(ValueError, match="time_budget_s=0"):
         Plan(time_budget_s=0.0)
 

@@ -431,6 +431,12 @@ class ProfileStore:
                 conn.close()
                 if not _cannot_share_wal(exc):
                     raise
+            wal = Path(f"{self.path}-wal")
+            if wal.exists() and wal.stat().st_size > 0:  # (read as it is, the file would lack those changes)
+                raise StoreError(f"{self.path}: its write-ahead log {wal.name} holds changes that a reader cannot "
+                                 "apply where it may not write (a read-only directory): open the store once where "
+                                 "it is writable (`tunelab profiles list` there), or copy it after its last writer "
+                                 "closed")
             self._immutable = True
         return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, isolation_level=None)
 

@@ -62,7 +62,6 @@ class Runtime:
         self._chosen_done = False  # the profile setting (TUNELAB_PROFILE) was acted on: off said, or an id loaded
         self._watch: Any = None  # rank 0, with the retune setting, once a profile was loaded
         self._shut_down = False
-        self._sync_calls = 0  # this rank's synchronous collectives: each one's first exchange carries its number
         self._sync_failed = ""  # the collective a timeout ended: the ranks' exchanges no longer line up after it
 
     @property
@@ -76,11 +75,13 @@ class Runtime:
     # ---- synchronous collectives on the caller's thread ----------------------------------------
     # Each exchange is waited for with the engine's timeout: a rank that skipped the call, stalled or
     # died makes the others raise CollectiveTimeoutError naming the call, instead of blocking for ever.
-    # Each call's first exchange is an allgather (:meth:`_allgather`) that carries the call's number and
-    # name on this rank: ranks in different calls (one skipped a broadcast, say) fail both calls on every
-    # rank, rather than pairing one rank's call with the other's next one (its data, silently).  After a
-    # timeout the ranks' exchanges no longer line up (the timed-out one is still posted), so later calls
-    # are refused in one line.
+    # Each call's first exchange is an allgather (:meth:`_allgather`) that carries the call's kind and
+    # name on this rank: ranks in differently named calls (one skipped a broadcast, say, and went on to
+    # the next) fail both calls on every rank, rather than pairing one rank's call with the other's next
+    # one (its data, silently).  Calls of one kind and name cannot be told apart so (a count kept on each
+    # rank pairs the k-th call with the k-th whatever was skipped).  After a timeout the ranks' exchanges
+    # no longer line up (the timed-out one is still posted), so this rank refuses later calls in one
+    # line; its peers then time out in theirs.
     def _sync_usable(self) -> None:
         if self._sync_failed:
             raise TunelabError(f"tunelab's collectives stopped after a timeout in {self._sync_failed}: the ranks' "
@@ -99,18 +100,16 @@ class Runtime:
         from .engine.consensus import allgather_object
 
         self._sync_usable()
-        self._sync_calls += 1
         try:
-            everyone = allgather_object(self.sync_comm, (self._sync_calls, what, obj), self.config.timeout_s, what,
-                                        self.sync_comm.rank)
+            everyone = allgather_object(self.sync_comm, (what, obj), self.config.timeout_s, what, self.sync_comm.rank)
         except CollectiveTimeoutError:
             self._sync_failed = self._sync_failed or what
             raise
-        calls = [(n, w) for n, w, _ in everyone]
-        if any(c != calls[0] for c in calls[1:]):
+        calls = [w for w, _ in everyone]
+        if any(w != calls[0] for w in calls[1:]):
             raise RankMismatchError("ranks are in different collectives: " + "; ".join(
-                f"rank {r}: {w} (its collective #{n})" for r, (n, w) in enumerate(calls)))
-        return [o for _, _, o in everyone]
+                f"rank {r}: {w}" for r, w in enumerate(calls)))
+        return [o for _, o in everyone]
 
     def _bcast(self, obj: object, root: int, what: str, extra_s: float = 0.0) -> object:
         from .engine.consensus import bcast_object
@@ -654,18 +653,34 @@ def shutdown() -> None:
 def _shutdown_at_exit() -> None:
     """:func:`shutdown` at the interpreter's exit: an error is said in one line, not as the traceback of
     an exit hook on every rank.  One the job met (a stall the script caught and went on from) leaves the
-    exit status as it is; one it never met (a collective it left pending, that the other ranks never
-    made) fails the process, exit status 1: the job did not do what it asked for, and a launcher or a
-    scheduler must not read it as success."""
+    exit status as it is, and so does one that ended none of this rank's own work (a peer's collective
+    stalled it); one that ended a collective this rank submitted and never waited for (one it left in
+    flight, that the other ranks never made) fails this rank, exit status 1: its job did not do what it
+    asked for, and a launcher must not read it as success.  (The exit hooks registered before tunelab's,
+    MPI's finalize among them, do not run then; the launcher ends the job.)"""
+    runtime = _current
     try:
         shutdown()
     except Exception as exc:  # noqa: BLE001 - nothing is left to hand it to
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if getattr(exc, "tunelab_seen", False):
-            print(f"tunelab: at exit, after an error: {first}", file=sys.stderr, flush=True)
+        lost = [] if runtime is None else [h.name for h in runtime.coordinator.lost if not h.waited]
+        if getattr(exc, "tunelab_seen", False) or not lost:
+            with contextlib.suppress(Exception):  # (a closed standard error must not make a traceback)
+                print(f"tunelab: at exit, after an error: {first}", file=sys.stderr, flush=True)
             return
-        print(f"tunelab: error at exit (the job never waited for what failed): {first}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
+        from .units import counted
+
+        with contextlib.suppress(Exception):
+            print(f"tunelab: error at exit: {first} ({counted(len(lost), 'collective')} this rank submitted "
+                  f"never completed, and nothing waited for {'them' if len(lost) > 1 else 'it'}: "
+                  f"{', '.join(repr(n) for n in lost[:3])}{' ...' if len(lost) > 3 else ''})", file=sys.stderr)
+        for flush in (sys.stdout.flush, sys.stderr.flush):
+            with contextlib.suppress(Exception):
+                flush()
+        with contextlib.suppress(Exception):
+            import logging
+
+            logging.shutdown()
         os._exit(1)  # (an exit hook cannot set the status otherwise)
 
 

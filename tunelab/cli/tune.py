@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from ..errors import UsageError
@@ -43,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     budget = tune.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=positive_int, default=None, metavar="SAMPLES",
                         help="blocks to explore, the default's reference blocks included (default: the "
-                             "scenario's budget_samples; 20 where it sets none)")
+                             "scenario's budget_samples; 20 where it sets none); a scenario's time budget then "
+                             "does not apply")
     budget.add_argument("--time-budget", type=positive_float, default=None, metavar="SECONDS",
                         help="end the search within about this many seconds of training (warm-up and "
                              "re-measurement included): exploration stops while a round of re-measurement "
@@ -86,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         link_latency_us=args.link_latency_us, image_size=args.image_size, device=args.device,
         batch_size=args.batch_size, budget_samples=args.budget, time_budget_s=args.time_budget,
         knobs={**scenario.knobs, **dict(args.knob)} if args.knob else None)
+    if args.budget is not None:  # the budget asked for is the one budget: not cut short by the scenario's seconds
+        scenario = dataclasses.replace(scenario, time_budget_s=None)
     if args.model_file is not None:  # named on the command line: one that cannot be read is a usage error
         if not args.model_file.exists():
             raise UsageError(f"--model-file {args.model_file}: no such file")

@@ -60,7 +60,7 @@ class Handle:
     held from creation until the coordinator releases it (a ``threading.Event`` builds a condition
     and a lock in Python: microseconds on every gradient a hook submits)."""
 
-    __slots__ = ("_done", "_error", "_latch", "_owner", "name", "out")
+    __slots__ = ("_done", "_error", "_latch", "_owner", "name", "out", "waited")
 
     def __init__(self, name: str, out: np.ndarray, owner: Coordinator | None = None) -> None:
         self.name = name
@@ -70,11 +70,13 @@ class Handle:
         self._latch.acquire()
         self._done = False
         self._error: BaseException | None = None
+        self.waited = False  # whether anyone waited for it (its error, if any, then reached the job)
 
     def done(self) -> bool:
         return self._done
 
     def wait(self, timeout: float | None = None) -> np.ndarray:
+        self.waited = True
         if not self._done:
             owner = self._owner
             if owner is not None:
@@ -159,6 +161,7 @@ class Coordinator:
         self._requested: Knobs | None = None
         self._shutdown = False
         self._error: BaseException | None = None
+        self.lost: list[Handle] = []  # the handles a failure completed with its error (_fail)
         self._rejected: dict[str, BaseException] = {}  # calls ranks disagreed on, this cycle
         self._timeline_swap: tuple[Timeline | None, threading.Event] | None = None
         self._metas: list[tuple | None] = []  # per cached name: its metadata (None: renegotiate it)
@@ -403,6 +406,7 @@ class Coordinator:
             self._error = exc
             pending = list(self._pending.values())
             self._pending.clear()
+            self.lost = [r.handle for r in pending]  # this rank's own work the failure ended
         for r in pending:
             r.handle._complete(exc)
 

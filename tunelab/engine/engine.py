@@ -100,7 +100,10 @@ def _agree_on_settings(world: MPI.Comm, config: EngineConfig) -> None:
     from ..knobs import knob_text
 
     mine = {**config.knobs.as_dict(), "ranks_per_node": config.ranks_per_node, "link_gbps": config.link_gbps,
-            "link_latency_us": config.link_latency_us}
+            "link_latency_us": config.link_latency_us,
+            # (which profile a job loads: rank 0 looks it up and the others wait for its answer, so a
+            # rank told "off" alone would leave that answer unread)
+            "profile": config.profile}
     everyone = allgather_object(world, mine, config.timeout_s, "the engine's settings (init)", world.rank)
     differ = [k for k in mine if any(e[k] != everyone[0][k] for e in everyone)]
     if differ:

@@ -482,7 +482,9 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int) -> None:
     variables = list(variables)
     _rt.current().check_same([tuple(v.shape) for v in variables], "the shapes of the variables to broadcast")
     for i, v in enumerate(variables):
-        v.assign(broadcast(v, root_rank, name=f"variable.{i}.{v.name}"))
+        # (by place: a variable's name is not the same on every rank under Keras, whose names count the
+        # layers a process made, and ranks agree on a broadcast's name; the shapes were checked above)
+        v.assign(broadcast(v, root_rank, name=f"variable.{i}"))
 
 
 def allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op: str) -> tf.IndexedSlices:

@@ -530,7 +530,7 @@ class Driver:
         if not math.isfinite(seconds) or one <= 0:
             return steps
         fit = math.floor((seconds - self._round_s(finalists, 0)) / one)
-        return max(self.block_steps, min(steps, fit))
+        return max(min(steps, self.block_steps), min(steps, fit))
 
     def _resume_explore(self) -> tuple[Knobs, str, str] | None:
         """Every finalist dropped with budget left: explore again (what was re-measured is told)."""

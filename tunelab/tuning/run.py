@@ -375,10 +375,12 @@ class _Recorder:
             # tune on in that profile, moved to today's key (where a job that groups the parameters
             # otherwise, or has TensorFlow installed beside torch, finds it too); read where it is under
             # --no-store
-            if write:
-                store.rekey(existing, key)
-            else:
+            if not write:
                 key = found
+            elif _profile_id(store, key) is None:  # (another tune may have made today's key meanwhile: tune
+                store.rekey(existing, key)          # on in that one, and leave the earlier as it is)
+            else:
+                existing = _profile_id(store, key)
         # a new profile is seeded from the nearest one; so is one with no trials yet (its first run was
         # killed before it measured a block: the profile is made when a run starts)
         fresh = existing is None or not store.trials(existing)
