@@ -257,24 +257,28 @@ def test_the_wrapped_optimizer_across_its_life_matches_plain_torch():
         assert res["unpicklable_s"] < 5 and res["next_object"] == {"x": 0}, res
 
 
-def test_an_error_the_script_caught_is_one_line_at_exit_and_the_rank_exits_cleanly(tmp_path):
-    """A stall the script caught and went on from: at exit the runtime's shutdown meets the coordinator's
-    error again; it is said in one line per rank (it was an exit hook's traceback of ~15 lines on every
-    rank), and the process exits 0 (its resources freed on the way)."""
+def _two_ranks_run(tmp_path, text: str):
+    """``text`` as a script, run on 2 ranks by mpiexec with a store of its own (the completed process)."""
+    import os
     import subprocess
     import sys
 
     from tunelab.launch import mpiexec_command
 
-    script = tmp_path / "caught.py"
-    script.write_text(
-        "import torch\nimport tunelab.torch as hvd\nhvd.init(timeout_s=3)\n"
-        "try:\n    hvd.allreduce(torch.ones(2), name='only0') if hvd.rank() == 0 else None\n"
-        "    hvd.allreduce(torch.ones(2), name='everyone')\nexcept Exception as exc:\n"
-        "    print('caught', type(exc).__name__, flush=True)\n")
-    proc = subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, str(script)], capture_output=True,
-                          text=True, timeout=120, check=False,
-                          env={**__import__("os").environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=120, check=False, env={**os.environ, "TUNELAB_HOME": str(tmp_path / "home")})
+
+
+def test_an_error_the_script_caught_is_one_line_at_exit_and_the_rank_exits_cleanly(tmp_path):
+    """A stall the script caught and went on from: at exit the runtime's shutdown meets the coordinator's
+    error again; it is said in one line per rank (it was an exit hook's traceback of ~15 lines on every
+    rank), and the process exits 0 (its resources freed on the way)."""
+    proc = _two_ranks_run(tmp_path, "import torch\nimport tunelab.torch as hvd\nhvd.init(timeout_s=3)\n"
+                          "try:\n    hvd.allreduce(torch.ones(2), name='only0') if hvd.rank() == 0 else None\n"
+                          "    hvd.allreduce(torch.ones(2), name='everyone')\nexcept Exception as exc:\n"
+                          "    print('caught', type(exc).__name__, flush=True)\n")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("StallError") == 2, proc.stdout  # (the ranks' lines may interleave)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -286,20 +290,10 @@ def test_an_error_the_job_never_met_fails_the_process_at_exit(tmp_path):
     that fails: the stall is found only by the shutdown at exit, said in one line per rank, and rank 0,
     whose own collective never completed, exits 1, so the job does (it exited 0: a launcher read the
     failed job as a success); rank 1 lost nothing of its own and exits as its script did."""
-    import subprocess
-    import sys
-
-    from tunelab.launch import mpiexec_command
-
-    script = tmp_path / "orphan.py"
-    script.write_text(
-        "import torch\nimport tunelab.torch as hvd\nhvd.init(timeout_s=3)\n"
-        "hvd.allreduce(torch.ones(2), name='warm')\n"
-        "h = hvd.allreduce_async(torch.ones(3), name='orphan') if hvd.rank() == 0 else None\n"
-        "print('body done', flush=True)\n")
-    proc = subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, str(script)], capture_output=True,
-                          text=True, timeout=120, check=False,
-                          env={**__import__("os").environ, "TUNELAB_HOME": str(tmp_path / "home")})
+    proc = _two_ranks_run(tmp_path, "import torch\nimport tunelab.torch as hvd\nhvd.init(timeout_s=3)\n"
+                          "hvd.allreduce(torch.ones(2), name='warm')\n"
+                          "h = hvd.allreduce_async(torch.ones(3), name='orphan') if hvd.rank() == 0 else None\n"
+                          "print('body done', flush=True)\n")
     assert proc.returncode != 0, (proc.stdout, proc.stderr[-2000:])
     assert proc.stdout.count("body done") == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     said = "tunelab: error at exit: stalled for more than 3 s"
