@@ -63,6 +63,7 @@ class Runtime:
         self._watch: Any = None  # rank 0, with the retune setting, once a profile was loaded
         self._shut_down = False
         self._sync_failed = ""  # the collective a timeout ended: the ranks' exchanges no longer line up after it
+        self._fingerprints: dict[str | None, Fingerprint] = {}  # by framework (:meth:`fingerprint`)
 
     @property
     def topology(self):
@@ -87,24 +88,27 @@ class Runtime:
             raise TunelabError(f"tunelab's collectives stopped after a timeout in {self._sync_failed}: the ranks' "
                                "exchanges no longer line up (shutdown() ends the job)")
 
-    def _wait(self, req: Any, what: str) -> None:
-        from .engine.consensus import wait_or_timeout
-
+    @contextlib.contextmanager
+    def _timed(self, what: str) -> Iterator[None]:
+        """Around an exchange of ``what``: a timeout in it stops this rank's later calls (:meth:`_sync_usable`)."""
         try:
-            wait_or_timeout(req, self.config.timeout_s, what, self.sync_comm.rank)
+            yield
         except CollectiveTimeoutError:
             self._sync_failed = self._sync_failed or what
             raise
+
+    def _wait(self, req: Any, what: str) -> None:
+        from .engine.consensus import wait_or_timeout
+
+        with self._timed(what):
+            wait_or_timeout(req, self.config.timeout_s, what, self.sync_comm.rank)
 
     def _allgather(self, obj: object, what: str) -> list:
         from .engine.consensus import allgather_object
 
         self._sync_usable()
-        try:
+        with self._timed(what):
             everyone = allgather_object(self.sync_comm, (what, obj), self.config.timeout_s, what, self.sync_comm.rank)
-        except CollectiveTimeoutError:
-            self._sync_failed = self._sync_failed or what
-            raise
         calls = [w for w, _ in everyone]
         if any(w != calls[0] for w in calls[1:]):
             raise RankMismatchError("ranks are in different collectives: " + "; ".join(
@@ -115,12 +119,9 @@ class Runtime:
         from .engine.consensus import bcast_object
 
         self._sync_usable()
-        try:
+        with self._timed(what):
             return bcast_object(self.sync_comm, obj, root, self.config.timeout_s + extra_s, what,
                                 self.sync_comm.rank)
-        except CollectiveTimeoutError:
-            self._sync_failed = self._sync_failed or what
-            raise
 
     def _lookup_done(self, obj: object) -> object:
         """Rank 0's profile lookup, broadcast: the others wait as long as the store may keep rank 0
@@ -160,7 +161,7 @@ class Runtime:
         return self._allgather(obj, f"allgather_object {name}" if name else "allgather_object")
 
     def barrier(self) -> None:
-        self._allgather(None, "barrier")  # (an allgather: its call's number and name travel with it)
+        self._allgather(None, "barrier")  # (an allgather: what the call is travels with it)
 
     def alltoall(self, array: np.ndarray, splits: list[int] | None, what: str) -> tuple[np.ndarray, list[int]]:
         """Send ``splits[i]`` rows of ``array`` (dim 0, in order) to rank i (``None``: equal parts, the
@@ -345,7 +346,14 @@ class Runtime:
 
     def fingerprint(self, framework: str | None = None) -> Fingerprint:
         """This job's hardware fingerprint: the host, the node layout and any emulated or lab link;
-        ``framework``: the job's, the only one whose version the hash takes (None: every installed one's)."""
+        ``framework``: the job's, the only one whose version the hash takes (None: every installed one's).
+        Taken once a runtime and framework (on a GPU host it runs ``nvidia-smi``): none of it changes
+        while the runtime lives."""
+        if framework not in self._fingerprints:
+            self._fingerprints[framework] = self._take_fingerprint(framework)
+        return self._fingerprints[framework]
+
+    def _take_fingerprint(self, framework: str | None) -> Fingerprint:
         from .engine.link import describe_link
         from .hardware import fingerprint
 

@@ -317,9 +317,10 @@ class Driver:
             return "every knob is pinned"
         if self._explored >= self.plan.budget_samples:
             return f"budget of {counted(self.plan.budget_samples, 'exploration block')} spent"
-        if self._time_left() < self._reserve_s():
+        left = self._time_left()
+        if left < self._reserve_s():
             return (f"time budget of {self.plan.time_budget_s:g} s spent"
-                    + (f" (its last {self._time_left():.0f} s left to re-measure)" if self._time_left() > 0 else ""))
+                    + (f" (its last {left:.0f} s left to re-measure)" if left > 0 else ""))
         if self.strategy.converged():
             return "converged (no meaningful expected improvement)"
         if self._stint >= self._stint_goal and self._since_ref == 0:
@@ -497,17 +498,20 @@ class Driver:
             return math.inf
         return self.plan.time_budget_s - (self.elapsed_s - self._epoch_start[0])
 
+    def _round_blocks(self, finalists: int) -> int:
+        """Blocks in a round of re-measurement of ``finalists``: theirs and the references between them."""
+        return finalists + math.ceil(finalists / self.plan.reference_every)
+
     def _round_s(self, finalists: int, steps: int) -> float:
         """What a round of re-measurement of ``finalists`` blocks of ``steps`` measured steps is expected
-        to take, with its reference blocks and every block's discarded steps, at this search's mean step
-        so far (0 before a block was measured: nothing tells it yet)."""
-        return self._blocks_s(finalists + math.ceil(finalists / self.plan.reference_every), steps)
+        to take, with its reference blocks and every block's discarded steps (:meth:`_step_s`)."""
+        return self._round_blocks(finalists) * (steps + self.plan.discard_steps) * self._step_s()
 
-    def _blocks_s(self, blocks: int, steps: int) -> float:
+    def _step_s(self) -> float:
+        """This search's mean measured step so far (0 before a block was measured: nothing tells it yet)."""
         epoch = [s for s in self.samples if s.epoch == self.epoch]
         measured = sum(s.steps for s in epoch)
-        step_s = sum(s.seconds for s in epoch) / measured if measured else 0.0
-        return blocks * (steps + self.plan.discard_steps) * step_s
+        return sum(s.seconds for s in epoch) / measured if measured else 0.0
 
     def _reserve_s(self) -> float:
         """What one more exploration block needs left: itself, the reference block that closes exploration
@@ -520,16 +524,17 @@ class Driver:
         # (the finalist is not known yet; the strategy is not asked, which would move its random state)
         steps = self._choose_remeasure_steps(None)
         steps = self._fit_steps(steps, self.plan.finalists, self.plan.time_budget_s / 3)
-        return self._blocks_s(2, self.block_steps) + self._round_s(self.plan.finalists, steps)
+        return 2 * (self.block_steps + self.plan.discard_steps) * self._step_s() \
+            + self._round_s(self.plan.finalists, steps)
 
     def _fit_steps(self, steps: int, finalists: int, seconds: float | None = None) -> int:
         """``steps`` for each re-measurement block, fewer where a round of them would not fit in ``seconds``
         (the time budget left by default), not fewer than an exploration block's."""
         seconds = self._time_left() if seconds is None else seconds
-        one = self._round_s(finalists, 1) - self._round_s(finalists, 0)  # a round's seconds per measured step
-        if not math.isfinite(seconds) or one <= 0:
+        block_step_s = self._round_blocks(finalists) * self._step_s()  # a round's seconds per step of each block
+        if not math.isfinite(seconds) or block_step_s <= 0:
             return steps
-        fit = math.floor((seconds - self._round_s(finalists, 0)) / one)
+        fit = math.floor(seconds / block_step_s) - self.plan.discard_steps
         return max(min(steps, self.block_steps), min(steps, fit))
 
     def _resume_explore(self) -> tuple[Knobs, str, str] | None:

@@ -377,10 +377,10 @@ class _Recorder:
             # --no-store
             if not write:
                 key = found
-            elif _profile_id(store, key) is None:  # (another tune may have made today's key meanwhile: tune
-                store.rekey(existing, key)          # on in that one, and leave the earlier as it is)
-            else:
-                existing = _profile_id(store, key)
+            elif (today := _profile_id(store, key)) is None:  # (another tune may have made today's key
+                store.rekey(existing, key)                     # meanwhile: tune on in that one, and leave
+            else:                                              # the earlier as it is)
+                existing = today
         # a new profile is seeded from the nearest one; so is one with no trials yet (its first run was
         # killed before it measured a block: the profile is made when a run starts)
         fresh = existing is None or not store.trials(existing)
