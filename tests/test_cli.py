@@ -333,6 +333,7 @@ def test_a_reader_that_goes_away_stops_the_command_quietly():
 @pytest.mark.parametrize(("name", "value", "fragment"), [
     ("TUNELAB_SEGMENT_BYTES", "12XB", "knob segment_bytes must be a number"),
     ("TUNELAB_TIMEOUT_S", "abc", "timeout_s must be a number > 0"),
+    ("TUNELAB_STALL_WARNING_S", "0", "stall_warning_s must be a number > 0"),
     ("TUNELAB_RANKS_PER_NODE", "0", "ranks_per_node"),
 ])
 def test_a_bad_environment_variable_is_named_in_one_line_and_a_usage_error(name, value, fragment):

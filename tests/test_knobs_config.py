@@ -67,6 +67,19 @@ def test_bad_environment_values_name_the_setting():
     assert load_engine_config({}, ranks_per_node=2.0).ranks_per_node == 2
 
 
+def test_the_timeout_leaves_room_for_a_slow_rank_and_a_warning_comes_long_before_it():
+    """A rank evaluating or saving alone must not end the job by default (torch.distributed waits 10
+    minutes); the warning (Horovod's 60 s) is its own setting, from the environment or init()."""
+    cfg = load_engine_config({})
+    assert (cfg.timeout_s, cfg.stall_warning_s) == (600.0, 60.0)
+    cfg = load_engine_config({"TUNELAB_TIMEOUT_S": "30", "TUNELAB_STALL_WARNING_S": "2.5"})
+    assert (cfg.timeout_s, cfg.stall_warning_s) == (30.0, 2.5)
+    assert load_engine_config({"TUNELAB_STALL_WARNING_S": "2.5"}, stall_warning_s=9).stall_warning_s == 9.0
+    for bad in ("soon", "0", "-1"):
+        with pytest.raises(ValueError, match=r"TUNELAB_STALL_WARNING_S='.*': stall_warning_s must be a number > 0"):
+            load_engine_config({"TUNELAB_STALL_WARNING_S": bad})
+
+
 def test_emulated_link_settings_are_checked():
     cfg = load_engine_config({"TUNELAB_RANKS_PER_NODE": "2", "TUNELAB_LINK_GBPS": "25",
                               "TUNELAB_LINK_LATENCY_US": "5"})

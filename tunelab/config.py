@@ -20,6 +20,7 @@ from .units import check_link
 ENV_PREFIX = "TUNELAB_"
 ENV_RANKS_PER_NODE = "TUNELAB_RANKS_PER_NODE"
 ENV_TIMEOUT_S = "TUNELAB_TIMEOUT_S"
+ENV_STALL_WARNING_S = "TUNELAB_STALL_WARNING_S"
 ENV_BACKEND = "TUNELAB_KERNEL_BACKEND"
 ENV_TIMELINE = "TUNELAB_TIMELINE"
 ENV_HOME = "TUNELAB_HOME"
@@ -31,11 +32,21 @@ ENV_LAB_STATE = "TUNELAB_LAB_STATE"  # set by the launcher in lab ranks: the sta
 ENV_PROFILE = "TUNELAB_PROFILE"      # which stored profile a job loads: auto (its own key's), off, or an id
 
 
+# How long a rank waits for the others: a stop long enough for a rank that evaluates or saves a
+# checkpoint while its peers wait in their next collective (torch.distributed's NCCL default, 10
+# minutes), and a warning long before it that names what is waited for (Horovod's stall check, 60 s).
+# A rank that leaves the job (its script ended or raised) ends its peers' waits at once instead: the
+# coordinator's negotiation carries it.
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_STALL_WARNING_S = 60.0
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     knobs: Knobs = field(default_factory=Knobs)
     ranks_per_node: int | None = None  # emulate nodes of this many ranks (None: real hosts)
-    timeout_s: float = 60.0            # how long a rank waits for the others before failing
+    timeout_s: float = DEFAULT_TIMEOUT_S  # how long a rank waits for the others before failing
+    stall_warning_s: float = DEFAULT_STALL_WARNING_S  # how long it waits before saying so (and what it waits for)
     backend: str = "auto"             # GPU kernels for CUDA tensors: auto | cupy | numba-cuda | cpu (refuse them)
     pinned: frozenset[str] = frozenset()
     timeline: str | None = None        # Chrome-trace path (``{rank}`` expands per rank)
@@ -64,14 +75,15 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
         merged.update(layer)
     knob_values = {k: v for k, v in merged.items() if k in SPECS}
     other = {k: v for k, v in merged.items() if k not in SPECS}
-    unknown = set(other) - {"ranks_per_node", "timeout_s", "backend", "timeline", "link_gbps",
+    unknown = set(other) - {"ranks_per_node", "timeout_s", "stall_warning_s", "backend", "timeline", "link_gbps",
                             "link_latency_us", "retune", "profile"}
     if unknown:
         raise ValueError(f"unknown engine setting {min(unknown)!r}")
     rpn = other.get("ranks_per_node")
     if rpn is not None:
         rpn = _positive_int("ranks_per_node", rpn)
-    timeout = _positive_float("timeout_s", other.get("timeout_s", 60.0))
+    timeout = _positive_float("timeout_s", other.get("timeout_s", DEFAULT_TIMEOUT_S))
+    warning = _positive_float("stall_warning_s", other.get("stall_warning_s", DEFAULT_STALL_WARNING_S))
     gbps = other.get("link_gbps")
     if gbps is not None:
         gbps = _link_setting("link_gbps", gbps)
@@ -79,6 +91,7 @@ def load_engine_config(environ: Mapping[str, str] | None = None,
             raise SettingsConflictError("link_gbps emulates the link between emulated nodes: set ranks_per_node too")
     latency = _link_setting("link_latency_us", other.get("link_latency_us", 0.0))
     return EngineConfig(knobs=Knobs(**knob_values), ranks_per_node=rpn, timeout_s=timeout,
+                        stall_warning_s=warning,
                         backend=_backend(other.get("backend", "auto")), pinned=frozenset(knob_values),
                         timeline=str(other["timeline"]) if other.get("timeline") else None,
                         link_gbps=gbps, link_latency_us=latency, retune=_flag("retune", other.get("retune", False)),
@@ -154,10 +167,12 @@ def check_environment(environ: Mapping[str, str] | None = None,
     a scenario or explicitly: the environment is the lowest layer): EnvironmentSettingError naming the
     variable and its value when one is not valid (what needs two settings together is checked later)."""
     env = os.environ if environ is None else environ
-    variables = {"ranks_per_node": ENV_RANKS_PER_NODE, "timeout_s": ENV_TIMEOUT_S, "backend": ENV_BACKEND,
+    variables = {"ranks_per_node": ENV_RANKS_PER_NODE, "timeout_s": ENV_TIMEOUT_S,
+                 "stall_warning_s": ENV_STALL_WARNING_S, "backend": ENV_BACKEND,
                  "link_gbps": ENV_LINK_GBPS, "link_latency_us": ENV_LINK_LATENCY_US, "retune": ENV_RETUNE,
                  "profile": ENV_PROFILE}
-    checks = {"ranks_per_node": _positive_int, "timeout_s": _positive_float, "link_gbps": _link_setting,
+    checks = {"ranks_per_node": _positive_int, "timeout_s": _positive_float, "stall_warning_s": _positive_float,
+              "link_gbps": _link_setting,
               "link_latency_us": _link_setting, "retune": _flag, "profile": profile_choice,
               "backend": lambda name, value: _backend(value)}
     for name, value in _env_layer(env).items():
@@ -180,6 +195,8 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, object]:
         layer["ranks_per_node"] = environ[ENV_RANKS_PER_NODE]
     if environ.get(ENV_TIMEOUT_S):
         layer["timeout_s"] = environ[ENV_TIMEOUT_S]
+    if environ.get(ENV_STALL_WARNING_S):
+        layer["stall_warning_s"] = environ[ENV_STALL_WARNING_S]
     if environ.get(ENV_BACKEND):
         layer["backend"] = environ[ENV_BACKEND]
     if environ.get(ENV_LINK_GBPS):

@@ -17,6 +17,11 @@ class StallError(TunelabError):
     """Some ranks submitted a tensor that others did not submit within the stall timeout."""
 
 
+class RankExitedError(TunelabError):
+    """A rank shut down (its script ended, or raised) while collectives of other ranks waited for it:
+    they can never complete, so they fail at once instead of waiting for the timeout."""
+
+
 class StoreError(TunelabError):
     """The profile store cannot be used (corrupt, foreign, newer schema, locked); the file is left as is."""
 

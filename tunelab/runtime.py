@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config import ENV_PROFILE, EngineConfig, load_engine_config
-from .errors import CollectiveTimeoutError, RankMismatchError, TunelabError, UsageError
+from .errors import CollectiveTimeoutError, RankExitedError, RankMismatchError, TunelabError, UsageError
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -90,10 +90,11 @@ class Runtime:
 
     @contextlib.contextmanager
     def _timed(self, what: str) -> Iterator[None]:
-        """Around an exchange of ``what``: a timeout in it stops this rank's later calls (:meth:`_sync_usable`)."""
+        """Around an exchange of ``what``: a timeout in it, or a peer that left the job during it, stops
+        this rank's later calls (:meth:`_sync_usable`)."""
         try:
             yield
-        except CollectiveTimeoutError:
+        except (CollectiveTimeoutError, RankExitedError):
             self._sync_failed = self._sync_failed or what
             raise
 
@@ -101,14 +102,15 @@ class Runtime:
         from .engine.consensus import wait_or_timeout
 
         with self._timed(what):
-            wait_or_timeout(req, self.config.timeout_s, what, self.sync_comm.rank)
+            wait_or_timeout(req, self.config.timeout_s, what, self.sync_comm.rank, gone=self._gone)
 
     def _allgather(self, obj: object, what: str) -> list:
         from .engine.consensus import allgather_object
 
         self._sync_usable()
         with self._timed(what):
-            everyone = allgather_object(self.sync_comm, (what, obj), self.config.timeout_s, what, self.sync_comm.rank)
+            everyone = allgather_object(self.sync_comm, (what, obj), self.config.timeout_s, what, self.sync_comm.rank,
+                                        gone=self._gone)
         calls = [w for w, _ in everyone]
         if any(w != calls[0] for w in calls[1:]):
             raise RankMismatchError("ranks are in different collectives: " + "; ".join(
@@ -121,7 +123,11 @@ class Runtime:
         self._sync_usable()
         with self._timed(what):
             return bcast_object(self.sync_comm, obj, root, self.config.timeout_s + extra_s, what,
-                                self.sync_comm.rank)
+                                self.sync_comm.rank, gone=self._gone)
+
+    def _gone(self) -> tuple[int, ...]:
+        """The ranks the coordinator saw leave the job (shut down): a peer's wait for them ends."""
+        return self.coordinator.left
 
     def _lookup_done(self, obj: object) -> object:
         """Rank 0's profile lookup, broadcast: the others wait as long as the store may keep rank 0
@@ -331,9 +337,10 @@ class Runtime:
             print(f"tunelab: warning: retune off: the profile's trials could not be read ({exc})", flush=True)
             return None
         # rank 0 writes on the training's thread: a store locked by another process must not hold it for
-        # as long as the others' gradients may wait for it (the stall timeout), or every rank fails; a
-        # write that waits longer is given up (the writer says so, and training goes on)
-        store.busy_timeout_s = min(store.busy_timeout_s, self.config.timeout_s / 4)
+        # as long as the others' gradients may wait for it (the stall timeout: every rank would fail),
+        # nor long enough to be warned of as a stall; a write that waits longer is given up (the writer
+        # says so, and training goes on)
+        store.busy_timeout_s = min(store.busy_timeout_s, self.config.timeout_s / 4, self.config.stall_warning_s / 2)
         writer = StoreWriter(store, best.profile_id, f"{RETUNE_RUN_PREFIX}{uuid.uuid4().hex[:8]}") if best else None
         # the store keeps samples/s; a step's samples are read from the profile's own trials
         per_step = samples_per_step(trials)
@@ -618,7 +625,7 @@ def _displs(counts: list[int]) -> list[int]:
 
 def init(comm: MPI.Comm | None = None, **settings: object) -> Runtime:
     """Create the runtime (idempotent).  ``settings``: knobs and engine settings (ranks_per_node,
-    timeout_s, timeline, ...), taking precedence over ``TUNELAB_*`` variables."""
+    timeout_s, stall_warning_s, timeline, ...), taking precedence over ``TUNELAB_*`` variables."""
     global _current
     if _current is None:
         _current = Runtime(comm, load_engine_config(**settings))

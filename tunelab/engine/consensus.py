@@ -9,15 +9,20 @@ mismatch every rank gathers the descriptions and raises the same message.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import pickle
+import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..config import DEFAULT_STALL_WARNING_S
 from ..dtypes import dtype_name_from_code
-from ..errors import CollectiveTimeoutError, RankMismatchError
+from ..errors import CollectiveTimeoutError, RankExitedError, RankMismatchError
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -43,18 +48,50 @@ def signature_hash(header: tuple[int, ...], rows: list[tuple[int, ...]]) -> int:
 _PARKED: list[tuple[MPI.Request, object]] = []
 
 
+# How long a wait for other ranks runs before it says so: the engine made last sets it from its
+# settings (``stall_warning_s``), process-wide, like the TUNELAB_* environment it comes from.
+_warning_s = DEFAULT_STALL_WARNING_S
+
+
+def set_stall_warning(seconds: float) -> None:
+    global _warning_s
+    _warning_s = seconds
+
+
+def warning_deadline(start: float, timeout_s: float) -> float:
+    """When a wait that began at ``start`` says it is still waiting (never, where it fails first)."""
+    return start + _warning_s if _warning_s < timeout_s else math.inf
+
+
+def say_still_waiting(who: str, what: str, timeout_s: float) -> None:
+    """One line on standard error: ``who`` has waited ``stall_warning_s`` for the other ranks to
+    ``what`` ("reach the barrier"; a rank evaluating or saving a checkpoint alone, a rank stuck, or one
+    that skipped the call), and fails when ``timeout_s`` has passed."""
+    with contextlib.suppress(Exception):  # (a closed standard error must not end the wait)
+        print(f"tunelab: warning: {who}waited {_warning_s:g} s so far for the other ranks to {what}; "
+              f"an error after {timeout_s:g} s (TUNELAB_TIMEOUT_S)", file=sys.stderr, flush=True)
+
+
 def park(req: MPI.Request, keep: object = None) -> None:
     """Keep an active request (and ``keep``) alive for the life of the process (see ``_PARKED``)."""
     _PARKED.append((req, keep))
 
 
+# How long a wait goes on after the coordinator saw a rank leave: an exchange that rank made before it
+# left completes here within it (its data came before the coordinator's word that it left)
+LEFT_GRACE_S = 1.0
+
+
 def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, spin_s: float = 0.0,
-                    keep: object = None) -> None:
+                    keep: object = None, gone: Callable[[], tuple[int, ...]] | None = None) -> None:
     """Wait for ``req``; CollectiveTimeoutError after ``timeout_s``.  Polls briefly (for ``spin_s``
     seconds when given, yielding the core between polls: a round trip between hosts takes tens of
     microseconds, and a sleep at least 50 us more), then sleeps between polls.  On a timeout the request
     (which holds its buffers) and ``keep`` (what else it writes into, such as the communicator an
-    ``Idup`` makes) are kept alive for good rather than freed while MPI may still use them."""
+    ``Idup`` makes) are kept alive for good rather than freed while MPI may still use them.  ``gone``:
+    the ranks known to have left the job (shut down): a wait that one of them has not completed
+    within ``LEFT_GRACE_S`` of that raises RankExitedError naming them, rather than wait for the
+    timeout."""
     if req.Test():
         return
     if spin_s > 0.0:
@@ -63,16 +100,32 @@ def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, sp
             if req.Test():
                 return
             _yield()
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline, warn_at = start + timeout_s, warning_deadline(start, timeout_s)
+    left: tuple[int, ...] = ()
+    grace_end = math.inf
     tests = 0
     while not req.Test():
         tests += 1
         if tests > _SPIN_TESTS:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if gone is not None and not left:
+                left = tuple(r for r in gone() if r != rank)
+                if left:
+                    grace_end = now + LEFT_GRACE_S
+            if now > grace_end:
+                park(req, keep)
+                raise RankExitedError(
+                    f"rank {rank}: {_ranks(list(left))} shut down (a script that ended or raised) while this rank "
+                    f"waited for {'it' if len(left) == 1 else 'them'} in {what}")
+            if now > deadline:
                 park(req, keep)
                 raise CollectiveTimeoutError(
                     f"rank {rank}: other ranks did not reach {what} within {timeout_s:g} s "
                     "(a rank died, stalled, or skipped the call)")
+            if now > warn_at:
+                say_still_waiting(f"rank {rank}: ", f"reach {what}", timeout_s)
+                warn_at = math.inf
             time.sleep(0.00005)
 
 
@@ -108,7 +161,8 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {listed}" if len(ranks) == 1 else f"ranks {listed}"
 
 
-def allgather_object(comm: MPI.Comm, obj: object, timeout_s: float, what: str, rank: int) -> list:
+def allgather_object(comm: MPI.Comm, obj: object, timeout_s: float, what: str, rank: int,
+                     gone: Callable[[], tuple[int, ...]] | None = None) -> list:
     """Every rank's ``obj`` (picklable), in rank order, as ``comm.allgather`` gives it, but through
     non-blocking collectives waited for with a timeout: a peer that stopped (its thread failed
     between two exchanges) makes this raise CollectiveTimeoutError instead of blocking for ever."""
@@ -117,7 +171,7 @@ def allgather_object(comm: MPI.Comm, obj: object, timeout_s: float, what: str, r
     data, error = _pickled(obj)
     sizes = np.empty(comm.size, dtype=np.int64)
     mine = np.array([_UNPICKLABLE if error else data.size], dtype=np.int64)
-    wait_or_timeout(comm.Iallgather(mine, sizes), timeout_s, what, rank)
+    wait_or_timeout(comm.Iallgather(mine, sizes), timeout_s, what, rank, gone=gone)
     if error is not None:
         raise error
     failed = [r for r, n in enumerate(sizes) if n == _UNPICKLABLE]
@@ -126,22 +180,23 @@ def allgather_object(comm: MPI.Comm, obj: object, timeout_s: float, what: str, r
     offsets = np.zeros(comm.size, dtype=np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
     everyone = np.empty(int(sizes.sum()), dtype=np.uint8)
-    wait_or_timeout(comm.Iallgatherv(data, [everyone, sizes, offsets, MPI.BYTE]), timeout_s, what, rank)
+    wait_or_timeout(comm.Iallgatherv(data, [everyone, sizes, offsets, MPI.BYTE]), timeout_s, what, rank, gone=gone)
     return [pickle.loads(everyone[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
 
 
-def bcast_object(comm: MPI.Comm, obj: object, root: int, timeout_s: float, what: str, rank: int) -> object:
+def bcast_object(comm: MPI.Comm, obj: object, root: int, timeout_s: float, what: str, rank: int,
+                 gone: Callable[[], tuple[int, ...]] | None = None) -> object:
     """``obj`` of ``root`` on every rank, as ``comm.bcast`` gives it, with a timeout (as
     :func:`allgather_object`)."""
     data, error = _pickled(obj) if rank == root else (None, None)
     size = np.array([_UNPICKLABLE if error else (0 if data is None else data.size)], dtype=np.int64)
-    wait_or_timeout(comm.Ibcast(size, root=root), timeout_s, what, rank)
+    wait_or_timeout(comm.Ibcast(size, root=root), timeout_s, what, rank, gone=gone)
     if error is not None:
         raise error
     if size[0] == _UNPICKLABLE:  # root's own error is the one it raises; the others say whose it was
         raise RankMismatchError(f"{what}: the root, rank {root}, could not pickle its object")
     buf = data if data is not None else np.empty(int(size[0]), dtype=np.uint8)
-    wait_or_timeout(comm.Ibcast(buf, root=root), timeout_s, what, rank)
+    wait_or_timeout(comm.Ibcast(buf, root=root), timeout_s, what, rank, gone=gone)
     return pickle.loads(buf.tobytes())
 
 

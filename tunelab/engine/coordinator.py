@@ -5,7 +5,9 @@ coordinator thread of each rank takes part in one small non-blocking allreduce (
 of:
 
 * control bits: "I have no new tensor names", "I want to shut down", "nothing of mine is
-  stalled", and rank 0's "no knob change pending";
+  stalled" (and "... waited long enough to warn of"), "I am not leaving" (shutting down with
+  nothing pending: what others wait for from me never comes), "nothing is pending here", and rank
+  0's "no knob change pending";
 * a bit set over the tensor names negotiated before (the *cache*: names get the same id
   on every rank the first time they are negotiated), one bit per name ready here.
 
@@ -18,7 +20,9 @@ after cached ones), fused by the engine under the current knobs, and their handl
 complete.  Any error is decided from data every rank has, so all ranks raise it at the
 same cycle instead of some of them hanging.  A call the ranks disagree on (shape, dtype, op,
 group) fails through its own handles on every rank, and the coordinator goes on serving later
-calls; a stall or a rank that stops cycling fails the coordinator for good.
+calls; a stall or a rank that stops cycling fails the coordinator for good.  A rank that leaves
+(shuts down, as a script that ended or raised does at exit) fails the others' pending calls at once,
+naming it; a stall is said in one line after ``stall_warning_s``, long before it fails.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import RankMismatchError, StallError, TunelabError, seen
+from ..errors import RankExitedError, RankMismatchError, StallError, TunelabError, seen
 from ..knobs import Knobs
 from ..units import counted
-from .consensus import allgather_object, bcast_object, wait_or_timeout
+from .consensus import allgather_object, bcast_object, say_still_waiting, wait_or_timeout
 from .device import device_buffer, empty_like
 from .engine import check_reducible, memory_span, refuse_overlaps
 from .timeline import Timeline
@@ -49,6 +53,9 @@ _NO_KNOB_CHANGE = 8
 _NOT_JOINED = 16  # AND: nobody has joined
 _ALL_JOINED = 32  # AND: everybody has joined
 _ALL_WAITING = 64  # AND: a thread of every rank is blocked on a handle
+_NO_STALL_WARNING = 128  # AND: no request anywhere has waited past the warning without being warned of
+_NONE_LEAVING = 256  # AND: no rank is shutting down with nothing pending (it will submit nothing more)
+_NOTHING_PENDING = 512  # AND: no rank has a request pending
 _OPS = ("sum", "average", "min", "max")
 _IDLE_FACTOR = 10
 _QUIET_CYCLES = 3  # empty cycles in a row before a rank goes idle
@@ -110,13 +117,14 @@ class _Request:
     compared with the name cache's every cycle).  A plain slotted class: one is built for every
     gradient a hook submits, and a dataclass's default factories and ``__post_init__`` cost more."""
 
-    __slots__ = ("array", "group", "handle", "meta", "name", "op", "out_view", "since")
+    __slots__ = ("array", "group", "handle", "meta", "name", "op", "out_view", "since", "warned")
 
     def __init__(self, name: str, array: Any, handle: Handle, op: str, group: str | None,
                  out_view: Any = None) -> None:
         self.name, self.array, self.handle, self.op, self.group = name, array, handle, op, group
         self.out_view = out_view  # the output as a device buffer (device tensors only)
         self.since = time.monotonic()
+        self.warned = False  # named in a stall warning already
         dtype = array.dtype
         dname = _DTYPE_NAMES.get(dtype)
         if dname is None:  # (numpy builds a dtype's name in Python: microseconds, on every gradient)
@@ -162,6 +170,7 @@ class Coordinator:
         self._shutdown = False
         self._error: BaseException | None = None
         self.lost: list[Handle] = []  # the handles a failure completed with its error (_fail)
+        self.left: tuple[int, ...] = ()  # the ranks seen leaving the job (shut down, nothing pending)
         self._rejected: dict[str, BaseException] = {}  # calls ranks disagreed on, this cycle
         self._timeline_swap: tuple[Timeline | None, threading.Event] | None = None
         self._metas: list[tuple | None] = []  # per cached name: its metadata (None: renegotiate it)
@@ -437,8 +446,18 @@ class Coordinator:
             flags |= _NO_NEW_NAMES
         if shutdown and not pending:
             flags |= _SHUTDOWN
-        if all(now - r.since <= self.stall_timeout_s for r in pending):
+        waited = now - min((r.since for r in pending), default=now)  # by the oldest request
+        if waited <= self.stall_timeout_s:
             flags |= _NO_STALL
+        warn_s = self.engine.config.stall_warning_s
+        if waited <= warn_s or warn_s >= self.stall_timeout_s or all(r.warned or now - r.since <= warn_s
+                                                                    for r in pending):
+            flags |= _NO_STALL_WARNING
+        if not pending:
+            flags |= _NOTHING_PENDING
+        leaving = shutdown and not pending and not self._joined
+        if not leaving:
+            flags |= _NONE_LEAVING
         if self.rank != 0 or requested is None or requested == self.engine.knobs:
             flags |= _NO_KNOB_CHANGE
         if self._waiters > 0:
@@ -469,8 +488,18 @@ class Coordinator:
             return False
         if not flags & _NO_KNOB_CHANGE:
             self._apply_knobs(self._bcast(requested if self.rank == 0 else None, "the knob change"))
+        if not flags & _NONE_LEAVING and not self.left:  # (the first cycle a rank leaves in, alike everywhere)
+            everyone = self._allgather(leaving, "the ranks leaving")
+            self.left = tuple(rank for rank, left in enumerate(everyone) if left)
+        if not flags & (_NONE_LEAVING | _NOTHING_PENDING):
+            # A rank left while calls are pending: they can never complete.  (Every rank sees the same
+            # bits: every rank ends here.  A rank that left while nothing is pending anywhere, one that
+            # finished first at the job's end, waits for the others' shutdown as before.)
+            return self._end_for_leavers(pending, leaving)
         if not flags & _NO_STALL:
             self._report_stall(pending, now)
+        if not flags & _NO_STALL_WARNING:
+            self._report_stall(pending, now, warn_s)
         bits = (both >> 64) & ((1 << len(self._names)) - 1)
         ready = []  # the set bits, lowest first
         while bits:
@@ -623,7 +652,24 @@ class Coordinator:
         for r in reqs:
             r.handle._complete(errors[r.name])
 
-    def _report_stall(self, pending: list[_Request], now: float) -> None:
+    def _end_for_leavers(self, pending: list[_Request], leaving: bool) -> bool:
+        """Some rank left (``self.left``) while calls are pending somewhere: none of them can complete, and
+        no later call can either.  Every rank is here at the same cycle: a rank that left finishes
+        its shutdown (True); every other one fails for good (RankExitedError, naming who left and what
+        of its own waited), as a stall does, so its job hears of it at its next wait or submit."""
+        if leaving:
+            return True
+        gone = self.left
+        who, them = (f"ranks {', '.join(map(str, gone))}", "them") if len(gone) > 1 else (f"rank {gone[0]}", "it")
+        names = sorted(r.name for r in pending)
+        waited = (f"tensor {names[0]!r}{f' and {len(names) - 1} more' if len(names) > 1 else ''} waited for {them} "
+                  "here" if names else f"other ranks' collectives waited for {them}")
+        raise RankExitedError(f"{who} shut down (a script that ended or raised) while {waited}; a rank that has "
+                              "shut down takes part in no later collective (for ranks with uneven data, use join())")
+
+    def _report_stall(self, pending: list[_Request], now: float, warn_s: float | None = None) -> None:
+        """StallError naming what some ranks submitted and others did not; with ``warn_s``, rank 0 says
+        it in one line instead (each request is warned of once) and the wait goes on."""
         everyone = self._allgather(sorted(r.name for r in pending), "the stall report")
         # by the ranks that submitted them: one line names the first tensor of each such set (those that
         # fewest ranks submitted first), so that a model one rank holds more of than the others shows
@@ -638,6 +684,13 @@ class Coordinator:
             missing = [rank for rank in range(self.size) if rank not in have]
             more = f" and {len(names) - 1} more like it" if len(names) > 1 else ""
             problems.append(f"tensor {names[0]!r} (submitted by ranks {list(have)}, missing on ranks {missing}){more}")
+        if warn_s is not None:
+            for r in pending:
+                if now - r.since > warn_s:
+                    r.warned = True
+            if problems and self.rank == 0:
+                say_still_waiting("", "submit " + "; ".join(problems), self.stall_timeout_s)
+            return
         if problems:
             raise StallError(f"stalled for more than {self.stall_timeout_s:g} s: {'; '.join(problems)}")
 

@@ -41,7 +41,14 @@ from ..kernels import ReduceOp, get_backend
 from ..kernels.base import half_kind
 from ..knobs import Knobs
 from . import algorithms
-from .consensus import DEVICE_ROW, agree, allgather_object, describe_mismatch, signature_hash
+from .consensus import (
+    DEVICE_ROW,
+    agree,
+    allgather_object,
+    describe_mismatch,
+    set_stall_warning,
+    signature_hash,
+)
 from .device import device_buffer, device_index, empty_like
 from .fusion import Bucket, Entry, Layout, plan_buckets
 from .link import EmulatedLink
@@ -125,6 +132,7 @@ class Engine:
         self.config = config or load_engine_config()
         # Every exchange below is collective: the first is timed, so that a rank that never makes its
         # engine (it died, or never calls init()) fails the others here instead of leaving them waiting.
+        set_stall_warning(self.config.stall_warning_s)
         world = private_copy(comm or MPI.COMM_WORLD, self.config.timeout_s, "the engine's setup (init)")
         try:
             _agree_on_settings(world, self.config)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..kernels import KernelBackend, ReduceOp
+from .consensus import say_still_waiting, warning_deadline
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -56,6 +57,7 @@ class RingAllreduce:
         # (below) reads, and a peer that sends nothing within ``timeout_s`` ends the job with a line
         self.timeout_s = timeout_s
         self.deadline = math.inf  # of the transfer under way (inf: none)
+        self.warn_at = math.inf   # when the watchdog says it is still waiting for that transfer
         self.what = ""
         if math.isfinite(timeout_s) and comm.size > 1:
             _watch(self)
@@ -88,11 +90,12 @@ class RingAllreduce:
         try:
             self._run(addr, count, dtype, op, segment_bytes, reduce, scratch, sync)
         finally:
-            self.deadline = math.inf
+            self.deadline = self.warn_at = math.inf
 
     def _arm(self, what: str) -> None:
         """A blocking transfer starts: it must end within the timeout."""
-        self.deadline, self.what = time.monotonic() + self.timeout_s, what
+        now = time.monotonic()
+        self.deadline, self.warn_at, self.what = now + self.timeout_s, warning_deadline(now, self.timeout_s), what
 
     def _run(self, addr: int, count: int, dtype: np.dtype, op: ReduceOp, segment_bytes: int,
              reduce: Reduce, scratch: Callable[[int], int], sync: Callable[[], None] | None) -> None:
@@ -248,6 +251,12 @@ def _watchdog() -> None:
         now = time.monotonic()
         with _watch_lock:
             late = [r for r in _WATCHED if r.deadline < now]
+            slow = [r for r in _WATCHED if r.warn_at < now]
+        for ring in slow:
+            from mpi4py import MPI
+
+            ring.warn_at = math.inf
+            say_still_waiting(f"rank {MPI.COMM_WORLD.rank}: ", f"send in {ring.what} between nodes", ring.timeout_s)
         if late:
             from mpi4py import MPI
 

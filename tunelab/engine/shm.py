@@ -9,6 +9,7 @@ pipeline piece cost two barriers instead of three.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -159,23 +160,29 @@ class NodeBarrier:
         import time
 
         from ..errors import CollectiveTimeoutError
+        from .consensus import say_still_waiting, warning_deadline
 
         for _ in range(self.spin):
             if slot[0] >= epoch:
                 return
-        deadline = None
+        deadline = warn_at = None
         spins = 0
         while slot[0] < epoch:
             spins += 1
             os.sched_yield()
             if spins % 1024 == 0:
                 now = time.monotonic()
-                deadline = deadline or now + self.timeout_s
+                if deadline is None:
+                    deadline, warn_at = now + self.timeout_s, warning_deadline(now, self.timeout_s)
                 if now > deadline:
                     name = what() if callable(what) else what
                     raise CollectiveTimeoutError(
                         f"rank {self.local.rank} of its node: peers did not reach {name} within "
                         f"{self.timeout_s:g} s (a rank died, stalled, or skipped the call)")
+                if now > warn_at:
+                    say_still_waiting(f"rank {self.local.rank} of its node: ", f"reach {what() if callable(what) else what}",
+                                      self.timeout_s)
+                    warn_at = math.inf
                 if spins > 200_000:
                     time.sleep(0.0001)  # long waits: stop burning the core
 
