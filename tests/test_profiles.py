@@ -794,8 +794,8 @@ def test_a_retunes_check_blocks_are_stored_as_trials(tmp_path):
 
 def test_a_store_write_gives_up_after_its_own_busy_timeout(tmp_path):
     """A job's retune writes on rank 0's training thread: a store another process holds locked must not
-    keep it there for the store's 60 s (the stall timeout: every rank would fail).  The watch's store
-    waits at most a quarter of the job's timeout (and half its stall warning), then its writer gives up,
+    keep it there for the store's 60 s (the others' gradients wait for it: a stall).  The watch's store
+    waits at most a quarter of the job's timeout and of its stall warning, then its writer gives up,
     says so, and training goes on."""
     import sqlite3
 

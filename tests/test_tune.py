@@ -573,7 +573,7 @@ def test_gpu_jobs_show_search_and_retune_the_device_knob_and_are_not_seeded_by_t
     monkeypatch.setattr(watch, "ProfileWatch", lambda coordinator, space, loaded, stored, writer=None, key=None,
                         interval=None, samples_per_step=1.0: space)
     key = SimpleNamespace()  # the store has no profile under it: nothing to warm-start from
-    rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs(), timeout_s=60.0),
+    rt = SimpleNamespace(engine=SimpleNamespace(knobs=Knobs()), config=SimpleNamespace(pinned=(), knobs=Knobs(), timeout_s=60.0, stall_warning_s=60.0),
                          topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                          profile_keys=lambda signature, framework, legacy=None: [key])
     monkeypatch.setattr("tunelab.profiles.ProfileStore.best", lambda self, k: None)
@@ -676,7 +676,7 @@ def test_a_loaded_profile_is_held_to_its_claimed_gain_only_where_the_job_runs_it
     same = stored_knobs(stored)  # (knobs the stored best does not name: those it ran with)
     for pinned, loaded in (((), same), (("cycle_time_ms",), same.replace(cycle_time_ms=7.0)),
                            (("doubling_max_bytes",), same.replace(doubling_max_bytes=same.doubling_max_bytes + 4096))):
-        rt = SimpleNamespace(engine=SimpleNamespace(knobs=loaded), config=SimpleNamespace(pinned=pinned, knobs=Knobs(), timeout_s=60.0),
+        rt = SimpleNamespace(engine=SimpleNamespace(knobs=loaded), config=SimpleNamespace(pinned=pinned, knobs=Knobs(), timeout_s=60.0, stall_warning_s=60.0),
                              topology=SimpleNamespace(num_nodes=1, homogeneous=True), coordinator=None,
                              profile_key=lambda signature, framework: None)
         runtime.Runtime._watch_profile(rt, loaded, "sig", "torch", "sig")

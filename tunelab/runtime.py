@@ -85,7 +85,7 @@ class Runtime:
     # line; its peers then time out in theirs.
     def _sync_usable(self) -> None:
         if self._sync_failed:
-            raise TunelabError(f"tunelab's collectives stopped after a timeout in {self._sync_failed}: the ranks' "
+            raise TunelabError(f"tunelab's collectives stopped after {self._sync_failed}: the ranks' "
                                "exchanges no longer line up (shutdown() ends the job)")
 
     @contextlib.contextmanager
@@ -94,8 +94,9 @@ class Runtime:
         this rank's later calls (:meth:`_sync_usable`)."""
         try:
             yield
-        except (CollectiveTimeoutError, RankExitedError):
-            self._sync_failed = self._sync_failed or what
+        except (CollectiveTimeoutError, RankExitedError) as exc:
+            left = isinstance(exc, RankExitedError)
+            self._sync_failed = self._sync_failed or (f"a rank left during {what}" if left else f"a timeout in {what}")
             raise
 
     def _wait(self, req: Any, what: str) -> None:
@@ -340,7 +341,7 @@ class Runtime:
         # as long as the others' gradients may wait for it (the stall timeout: every rank would fail),
         # nor long enough to be warned of as a stall; a write that waits longer is given up (the writer
         # says so, and training goes on)
-        store.busy_timeout_s = min(store.busy_timeout_s, self.config.timeout_s / 4, self.config.stall_warning_s / 2)
+        store.busy_timeout_s = min(store.busy_timeout_s, self.config.timeout_s / 4, self.config.stall_warning_s / 4)
         writer = StoreWriter(store, best.profile_id, f"{RETUNE_RUN_PREFIX}{uuid.uuid4().hex[:8]}") if best else None
         # the store keeps samples/s; a step's samples are read from the profile's own trials
         per_step = samples_per_step(trials)

@@ -64,12 +64,12 @@ def warning_deadline(start: float, timeout_s: float) -> float:
 
 
 def say_still_waiting(who: str, what: str, timeout_s: float) -> None:
-    """One line on standard error: ``who`` has waited ``stall_warning_s`` for the other ranks to
-    ``what`` ("reach the barrier"; a rank evaluating or saving a checkpoint alone, a rank stuck, or one
-    that skipped the call), and fails when ``timeout_s`` has passed."""
+    """One line on standard error: ``who`` ("rank 3: ", or "") has waited ``stall_warning_s`` for
+    ``what`` ("the other ranks to reach the barrier"; a rank evaluating or saving a checkpoint alone, a
+    rank stuck, or one that skipped the call), and fails when ``timeout_s`` has passed."""
     with contextlib.suppress(Exception):  # (a closed standard error must not end the wait)
-        print(f"tunelab: warning: {who}waited {_warning_s:g} s so far for the other ranks to {what}; "
-              f"an error after {timeout_s:g} s (TUNELAB_TIMEOUT_S)", file=sys.stderr, flush=True)
+        print(f"tunelab: warning: {who}waited {_warning_s:g} s so far for {what}; it fails after {timeout_s:g} s "
+              "(see TUNELAB_TIMEOUT_S)", file=sys.stderr, flush=True)
 
 
 def park(req: MPI.Request, keep: object = None) -> None:
@@ -124,7 +124,7 @@ def wait_or_timeout(req: MPI.Request, timeout_s: float, what: str, rank: int, sp
                     f"rank {rank}: other ranks did not reach {what} within {timeout_s:g} s "
                     "(a rank died, stalled, or skipped the call)")
             if now > warn_at:
-                say_still_waiting(f"rank {rank}: ", f"reach {what}", timeout_s)
+                say_still_waiting(f"rank {rank}: ", f"the other ranks to reach {what}", timeout_s)
                 warn_at = math.inf
             time.sleep(0.00005)
 

@@ -171,6 +171,7 @@ class Coordinator:
         self._error: BaseException | None = None
         self.lost: list[Handle] = []  # the handles a failure completed with its error (_fail)
         self.left: tuple[int, ...] = ()  # the ranks seen leaving the job (shut down, nothing pending)
+        self._warned = False  # a stall was warned of, and nothing was reduced since: no second line for it
         self._rejected: dict[str, BaseException] = {}  # calls ranks disagreed on, this cycle
         self._timeline_swap: tuple[Timeline | None, threading.Event] | None = None
         self._metas: list[tuple | None] = []  # per cached name: its metadata (None: renegotiate it)
@@ -450,8 +451,8 @@ class Coordinator:
         if waited <= self.stall_timeout_s:
             flags |= _NO_STALL
         warn_s = self.engine.config.stall_warning_s
-        if waited <= warn_s or warn_s >= self.stall_timeout_s or all(r.warned or now - r.since <= warn_s
-                                                                    for r in pending):
+        if waited <= warn_s or warn_s >= self.stall_timeout_s or self._warned or \
+                all(r.warned or now - r.since <= warn_s for r in pending):
             flags |= _NO_STALL_WARNING
         if not pending:
             flags |= _NOTHING_PENDING
@@ -512,6 +513,7 @@ class Coordinator:
         ready = self._whole_groups(ready)
         self._stuck = bool(flags & _ALL_WAITING) and not ready
         if ready:
+            self._warned = False  # (a stall ended: the next one is warned of again)
             self._execute(ready)
             for i in ready:
                 self._used[i] = self.cycles
@@ -684,12 +686,12 @@ class Coordinator:
             missing = [rank for rank in range(self.size) if rank not in have]
             more = f" and {len(names) - 1} more like it" if len(names) > 1 else ""
             problems.append(f"tensor {names[0]!r} (submitted by ranks {list(have)}, missing on ranks {missing}){more}")
-        if warn_s is not None:
+        if warn_s is not None:  # one line for the stall: what a rank submits while it lasts is not said again
             for r in pending:
-                if now - r.since > warn_s:
-                    r.warned = True
+                r.warned = True
+            self._warned = True
             if problems and self.rank == 0:
-                say_still_waiting("", "submit " + "; ".join(problems), self.stall_timeout_s)
+                say_still_waiting("", "every rank to submit " + "; ".join(problems), self.stall_timeout_s)
             return
         if problems:
             raise StallError(f"stalled for more than {self.stall_timeout_s:g} s: {'; '.join(problems)}")

@@ -256,7 +256,7 @@ def _watchdog() -> None:
             from mpi4py import MPI
 
             ring.warn_at = math.inf
-            say_still_waiting(f"rank {MPI.COMM_WORLD.rank}: ", f"send in {ring.what} between nodes", ring.timeout_s)
+            say_still_waiting(f"rank {MPI.COMM_WORLD.rank}: ", f"its neighbour to send in {ring.what} between nodes", ring.timeout_s)
         if late:
             from mpi4py import MPI
 

@@ -180,7 +180,7 @@ class NodeBarrier:
                         f"rank {self.local.rank} of its node: peers did not reach {name} within "
                         f"{self.timeout_s:g} s (a rank died, stalled, or skipped the call)")
                 if now > warn_at:
-                    say_still_waiting(f"rank {self.local.rank} of its node: ", f"reach {what() if callable(what) else what}",
+                    say_still_waiting(f"rank {self.local.rank} of its node: ", f"the node's other ranks to reach {what() if callable(what) else what}",
                                       self.timeout_s)
                     warn_at = math.inf
                 if spins > 200_000:
