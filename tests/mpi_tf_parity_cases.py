@@ -469,6 +469,33 @@ def resumed_on_root(comm, r: int, n: int) -> dict:
     return {"kind": kind, "diff": diff, "slots": slots, "iterations": int(model.optimizer.iterations.numpy())}
 
 
+def horovod_order(r: int, n: int) -> dict:
+    """Horovod's signatures: a tape with gradient_predivide_factor and num_groups (its average numpy's),
+    the Keras optimizer's positional arguments in horovod.tensorflow.keras's order (the 7th is the
+    predivide factor: read as backward_passes_per_step, it accumulated and left the variable alone),
+    the Keras allreduce with its name second and its op sixth, reducescatter's second positional
+    argument (device_dense, not the op), and Horovod's Adasum refused in one line."""
+    xs = _arr(n, (5,), 7)
+    mean = np.mean(xs, axis=0)
+    out = {}
+    v = tf.Variable(xs[r])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v * v)
+    (g,) = tl.DistributedGradientTape(tape, gradient_predivide_factor=4.0, num_groups=2,
+                                      load_profile=False).gradient(loss, [v])
+    out["predivide_tape"] = float(np.abs(g.numpy() - 2 * mean).max())
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), None, "", "", hvd.Compression.none, False, 4.0,
+                                   hvd.Average, load_profile=False)
+    w = tf.Variable(np.zeros(5, dtype=np.float32))
+    opt.apply_gradients([(tf.constant(xs[r]), w)])
+    out["keras_order"] = float(np.abs(w.numpy() + mean).max())
+    out["keras_allreduce"] = float(hvd.allreduce(float(r + 1), "k.sum", None, 1.0, 1.0, hvd.Sum))
+    out["reducescatter"] = tl.reducescatter(tf.ones([n]), "", name="rs.order").numpy().tolist()
+    out["adasum_tape"] = _err(lambda: tl.DistributedGradientTape(tf.GradientTape(), op=tl.Adasum))
+    out["adasum_keras"] = _err(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hvd.Adasum))
+    return out
+
+
 def case_tf_parity(comm) -> dict:
     hvd.init(comm)
     r, n = hvd.rank(), hvd.size()
@@ -478,6 +505,7 @@ def case_tf_parity(comm) -> dict:
            "bcast_opt": broadcast_optimizer_variables(r, n),
            "sparse": embedding_training(r, n, False), "sparse_as_dense": embedding_training(r, n, True),
            "bpps_avg": fit_accumulated(r, n, True), "bpps_sum": fit_accumulated(r, n, False),
-           "lr": lr_callbacks(r, n), "lazy": lazily_built_broadcast(r, n), "fp16": mixed_precision(r, n), "resume": resumed_on_root(comm, r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()]}
+           "lr": lr_callbacks(r, n), "lazy": lazily_built_broadcast(r, n), "fp16": mixed_precision(r, n), "resume": resumed_on_root(comm, r, n), "built": [hvd.mpi_built(), hvd.gloo_built(), hvd.nccl_built()],
+           "horovod_order": horovod_order(r, n)}
     hvd.shutdown()
     return out

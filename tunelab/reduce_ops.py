@@ -11,6 +11,40 @@ Average = "average"
 Sum = "sum"
 Min = "min"
 Max = "max"
+# Horovod's other two: named, so that a script that mentions them runs (``op=hvd.Adasum if
+# args.use_adasum else hvd.Average``), and refused in one line where one is asked for
+Adasum = "adasum"
+Product = "product"
+_UNSUPPORTED = {Adasum: "Adasum (adaptive summation)", Product: "Product"}
+
+
+class ProcessSet:
+    """Horovod's process set, as far as tunelab has one: every collective runs on all ranks, so the
+    global set (``global_process_set``) is the only one a call takes."""
+
+    def __init__(self, ranks: object = None) -> None:
+        self.ranks = ranks
+
+    def __repr__(self) -> str:
+        return "ProcessSet(global)" if self is global_process_set else f"ProcessSet({self.ranks!r})"
+
+
+global_process_set = ProcessSet()
+
+
+def check_process_set(process_set: object) -> None:
+    """ValueError unless ``process_set`` is None or the global one."""
+    if process_set is not None and process_set is not global_process_set:
+        raise ValueError(f"process_set={process_set!r}: tunelab runs every collective on all ranks (only "
+                         "global_process_set, Horovod's default, is supported)")
+
+
+def check_op(op: str) -> str:
+    """``op`` where tunelab reduces with it; ValueError naming Horovod's Adasum or Product otherwise."""
+    if op in _UNSUPPORTED:
+        raise ValueError(f"op={_UNSUPPORTED[op]} is not supported by tunelab: use Average (Horovod's default), "
+                         "Sum, Min or Max")
+    return op
 
 
 def resolve_op(op: str | None, average: bool | None = None) -> str:
@@ -20,7 +54,7 @@ def resolve_op(op: str | None, average: bool | None = None) -> str:
         raise ValueError("pass op or the older average, not both (op=Average or op=Sum replaces average=)")
     if average is not None:
         return Average if average else Sum
-    return Average if op is None else op
+    return Average if op is None else check_op(op)
 
 
 def scale_factors(prescale: float, postscale: float) -> tuple[float, float]:

@@ -767,6 +767,16 @@ def gloo_built() -> bool:
     return False
 
 
+def mpi_enabled() -> bool:
+    """Whether tunelab's collectives run over MPI in this job: True once initialized (they always do)."""
+    return is_initialized()
+
+
+def gloo_enabled() -> bool:
+    """tunelab has no Gloo controller: False."""
+    return False
+
+
 def nccl_built() -> bool:
     """tunelab does not use NCCL (GPU tensors go through its own CUDA kernels)."""
     return False

@@ -24,17 +24,19 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("tunelab.tensorflow needs TensorFlow: pip install 'tunelab[tensorflow]'") from exc
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, Max, Min, Sum
+from ..reduce_ops import Adasum, Average, Max, Min, ProcessSet, Product, Sum, global_process_set
 from ..runtime import (
     allgather_object,
     barrier,
     cross_rank,
     cross_size,
     gloo_built,
+    gloo_enabled,
     is_initialized,
     local_rank,
     local_size,
     mpi_built,
+    mpi_enabled,
     mpi_threads_supported,
     nccl_built,
     rank,
@@ -82,6 +84,7 @@ def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None) -
 
 
 __all__ = [
+    "Adasum",
     "Average",
     "BroadcastGlobalVariablesCallback",
     "Compression",
@@ -92,6 +95,8 @@ __all__ = [
     "Max",
     "MetricAverageCallback",
     "Min",
+    "ProcessSet",
+    "Product",
     "Sum",
     "SyncBatchNormalization",
     "allgather",
@@ -104,7 +109,9 @@ __all__ = [
     "broadcast_variables",
     "cross_rank",
     "cross_size",
+    "global_process_set",
     "gloo_built",
+    "gloo_enabled",
     "grouped_allreduce",
     "grouped_reducescatter",
     "init",
@@ -115,6 +122,7 @@ __all__ = [
     "local_size",
     "model_signature",
     "mpi_built",
+    "mpi_enabled",
     "mpi_threads_supported",
     "nccl_built",
     "rank",

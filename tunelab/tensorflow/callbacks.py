@@ -73,7 +73,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in [start_epoch, end_epoch):
     at each epoch's first batch (``staircase``), or every batch at the fractional epoch
-    ``epoch + batch / steps_per_epoch``.  A constant ``multiplier`` m means ``m ** epoch``.
+    ``epoch + batch / steps_per_epoch``.  A constant ``multiplier`` m means ``m ** (epoch - start_epoch)``
+    (Horovod's meaning since 0.23: the rate is ``initial_lr`` when the schedule starts; it was
+    ``m ** epoch`` here, a rate ``m ** start_epoch`` too low, silently).
 
     ``momentum_correction`` is accepted for Horovod's signature but not applied: Keras 3 optimizers
     hold momentum as a constant of the traced train step, which a callback cannot change."""
@@ -85,7 +87,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if initial_lr is None:
             raise ValueError("LearningRateScheduleCallback needs initial_lr")
         self.initial_lr, self.start_epoch, self.end_epoch = float(initial_lr), start_epoch, end_epoch
-        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** epoch)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** (epoch - start_epoch))
         self.staircase, self.momentum_correction = staircase, momentum_correction
         self.steps_per_epoch, self.verbose = steps_per_epoch, verbose
         self.current_epoch = 0

@@ -19,7 +19,15 @@ import numpy as np
 import tensorflow as tf
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, Sum, integer_average, is_integer_average, resolve_op, scale_factors
+from ..reduce_ops import (
+    Average,
+    Sum,
+    check_process_set,
+    integer_average,
+    is_integer_average,
+    resolve_op,
+    scale_factors,
+)
 
 
 class _NoneCompressor:
@@ -219,12 +227,14 @@ def _grouped(tensors: list[tf.Tensor], base: str, how: str, compression: type, g
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: str | None = None, compression: type = Compression.none,
                       grouped: bool = True, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, *, positions: Sequence[int] | None = None) -> list[tf.Tensor]:
+                      postscale_factor: float = 1.0, *, positions: Sequence[int] | None = None,
+                      device_dense: str = "", device_sparse: str = "", ignore_name_scope: bool = False) -> list[tf.Tensor]:
     """Allreduce several tensors in one request (as one group unless ``grouped=False``), each times
     ``prescale_factor`` before and its result times ``postscale_factor`` after.  Differentiable: the
     gradient of each output is the same reduction of its incoming gradient, with the same factors.
     ``positions``: each tensor's number in its name (``name.<position>``; default 0, 1, ...): a
-    gradient list with gaps keeps every gradient's own name."""
+    gradient list with gaps keeps every gradient's own name.  ``device_dense``, ``device_sparse``,
+    ``ignore_name_scope``: Horovod's, accepted by keyword and unused."""
     if not tensors:
         return []
     base = name or auto_name("tf.allreduce")
@@ -284,9 +294,12 @@ def _scale(t: tf.Tensor, factor: float) -> tf.Tensor:
 @tf.autograph.experimental.do_not_convert
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: str | None = None,
               compression: type = Compression.none, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> tf.Tensor:
+              postscale_factor: float = 1.0, *, device_dense: str = "", device_sparse: str = "",
+              ignore_name_scope: bool = False) -> tf.Tensor:
     """Allreduce one tensor (see :func:`grouped_allreduce`); ``IndexedSlices`` are gathered, as Horovod
-    does, into ``IndexedSlices`` of every rank's rows (averaged values divided by ``size()``)."""
+    does, into ``IndexedSlices`` of every rank's rows (averaged values divided by ``size()``).
+    ``device_dense``, ``device_sparse``, ``ignore_name_scope``: Horovod's, accepted by keyword and unused
+    (tunelab reduces tensors where they live, and names them by ``name`` alone)."""
     if isinstance(tensor, tf.IndexedSlices):
         how = resolve_op(op, average)
         if how not in (Average, Sum):
@@ -439,9 +452,12 @@ def grouped_reducescatter(tensors: Sequence[Any], op: str | None = Average, name
 
 
 @tf.autograph.experimental.do_not_convert
-def reducescatter(tensor: Any, op: str | None = Average, name: str | None = None,
-                  compression: type = Compression.none) -> tf.Tensor:
-    """:func:`grouped_reducescatter` of one tensor."""
+def reducescatter(tensor: Any, device_dense: str = "", compression: type = Compression.none, op: str | None = Average,
+                  name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
+    """:func:`grouped_reducescatter` of one tensor.  Horovod's signature in its order (``device_dense``,
+    ``ignore_name_scope``: accepted and unused; a second positional argument is not the op;
+    ``process_set``: the global one only)."""
+    check_process_set(process_set)
     return grouped_reducescatter([tensor], op, name or auto_name("tf.reducescatter"), compression)[0]
 
 
@@ -498,9 +514,10 @@ def allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op: str) -> tf.I
 
 
 def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
-                     sparse_as_dense: bool) -> list[Any]:
+                     sparse_as_dense: bool, predivide: float = 1.0) -> list[Any]:
     """Allreduce a list of gradients (None kept): dense ones in one request, IndexedSlices by allgather
-    unless ``sparse_as_dense``.  One rank in all: each gradient is its own allreduce (a sum or an
+    unless ``sparse_as_dense``; dense ones divided by ``predivide`` before the reduction and multiplied
+    by it after (Horovod's ``gradient_predivide_factor``: an average of smaller addends).  One rank in all: each gradient is its own allreduce (a sum or an
     average over one rank), so it is returned as it is (dense where asked) without a request."""
     if _rt.current().topology.size == 1:
         return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
@@ -512,7 +529,8 @@ def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
     # branch taken on one rank) leaves a gap there, rather than shifting every later name onto another
     # gradient (which reduced one rank's c with another's b, silently)
     reduced = grouped_allreduce([grads[i] for i in dense], name=name, op=op, compression=compression,
-                                grouped=False, positions=dense)
+                                grouped=False, prescale_factor=1.0 / predivide, postscale_factor=predivide,
+                                positions=dense)
     for i, r in zip(dense, reduced):
         out[i] = r
     for i, g in enumerate(grads):

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # (typing's from Python 3.11; tunelab runs on 3.10)
 
 from .. import runtime as _rt
-from ..reduce_ops import Average
+from ..reduce_ops import Average, check_process_set, resolve_op
 from .ops import Compression, py_function, reduce_gradients
 
 
@@ -80,12 +80,22 @@ class DistributedGradientTape:
     A model is looked up once per job: wrappers made anew every step (the usual Horovod pattern) or
     inside a ``tf.function`` trace reuse the first lookup."""
 
-    def __init__(self, tape: tf.GradientTape, compression: type = Compression.none, op: str = Average,
-                 sparse_as_dense: bool = False, load_profile: bool = True, model_name: str = "",
-                 device_dense: str = "", device_sparse: str = "") -> None:
-        # (device_dense, device_sparse: Horovod's, accepted and unused, as DistributedOptimizer does)
-        self._tape, self._compression, self._op = tape, compression, op
+    def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                 compression: type = Compression.none, sparse_as_dense: bool = False, op: str = Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                 process_set: Any = None, scale_local_gradients: bool = True, *, load_profile: bool = True,
+                 model_name: str = "") -> None:
+        # Horovod's signature, in its order (a positional argument means what it means there); tunelab's
+        # own settings after it, by keyword.  device_dense, device_sparse: accepted and unused (tunelab
+        # reduces tensors where they live); num_groups, groups: checked, and the engine's fusion decides
+        # how gradients travel together (their sums are the same); scale_local_gradients: Horovod's for
+        # local variables, which a tape of tunelab's does not have; process_set: the global one only.
+        _check_grouping(num_groups, groups)
+        check_process_set(process_set)
+        op = resolve_op(op)  # (here: Horovod's Adasum is refused when the tape is made, not at its first step)
+        self._tape, self._compression, self._op = gradtape, compression, op
         self._sparse_as_dense = sparse_as_dense
+        self._predivide = _predivide(gradient_predivide_factor, op)
         self._profile_pending, self._model_name = load_profile, model_name
 
     def __getattr__(self, item: str) -> Any:
@@ -111,8 +121,33 @@ class DistributedGradientTape:
         grads = self._tape.gradient(target, sources, output_gradients,
                                     unconnected_gradients=unconnected_gradients or tf.UnconnectedGradients.NONE)
         flat = reduce_gradients(tf.nest.flatten(grads, expand_composites=False), "tape.gradients", self._op,
-                                self._compression, self._sparse_as_dense)
+                                self._compression, self._sparse_as_dense, self._predivide)
         return tf.nest.pack_sequence_as(grads, _report_step(flat, lambda: variables_signature(tf.nest.flatten(sources))))
+
+
+def _predivide(factor: float, op: str) -> float:
+    """Horovod's ``gradient_predivide_factor`` f, checked: gradients divided by f before the sum, and the
+    sum by ``size() / f`` after (an average all the same, with smaller addends: half precision's range)."""
+    import math
+    import numbers
+
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
+    if factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    return float(factor)
+
+
+def _check_grouping(num_groups: int, groups: Any) -> None:
+    """Horovod's ``num_groups`` (a count >= 0) and ``groups`` (a count, or lists of variables), checked;
+    both only say which gradients travel together, which the engine's fusion decides here."""
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool) and groups >= 0):
+        return
+    if isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
+        return
+    raise ValueError(f"groups must be a number of groups or lists of variables, got {groups!r}")
 
 
 def _scaled(g: Any, scale: float) -> Any:
@@ -123,16 +158,36 @@ def _scaled(g: Any, scale: float) -> Any:
     return g * tf.cast(scale, g.dtype)
 
 
-def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
-                         device_sparse: str = "", compression: type = Compression.none,
-                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: str = Average,
-                         average_aggregated_gradients: bool = False, load_profile: bool = True,
+def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False, device_dense: str = "",
+                         device_sparse: str = "", compression: type = Compression.none, sparse_as_dense: bool = False,
+                         backward_passes_per_step: int = 1, op: str = Average, gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0, groups: Any = None,
+                         process_set: Any = None, scale_local_gradients: bool = True, *, load_profile: bool = True,
                          model_name: str = "") -> Any:
+    """``horovod.tensorflow``'s ``DistributedOptimizer``, in its order (``use_locking``: TF1's, unused):
+    :func:`keras_distributed_optimizer`, which ``tunelab.tensorflow.keras`` gives in the order of
+    ``horovod.tensorflow.keras``."""
+    return keras_distributed_optimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense, gradient_predivide_factor, op,
+        backward_passes_per_step, average_aggregated_gradients, num_groups, groups, process_set, scale_local_gradients,
+        load_profile=load_profile, model_name=model_name)
+
+
+def keras_distributed_optimizer(optimizer: Any, name: str | None = None, device_dense: str = "", device_sparse: str = "",
+                                compression: type = Compression.none, sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: str = Average,
+                                backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                                num_groups: int = 0, groups: Any = None, process_set: Any = None,
+                                scale_local_gradients: bool = True, *, load_profile: bool = True,
+                                model_name: str = "") -> Any:
     """A Keras 3 optimizer of the same class and config whose ``apply`` (and so ``apply_gradients``
     and ``model.fit``) first averages the gradients over all ranks.
 
-    ``device_dense``/``device_sparse`` are accepted for Horovod's signature (tunelab reduces tensors
-    where they live).  ``backward_passes_per_step`` k > 1 updates the variables every k-th step with the sum of the k
+    Horovod's signature, in ``horovod.tensorflow.keras``'s order (tunelab's ``load_profile`` and
+    ``model_name`` after it, by keyword): ``device_dense``/``device_sparse`` are accepted and unused
+    (tunelab reduces tensors where they live); ``num_groups``/``groups`` are checked, and the engine's
+    fusion decides which gradients travel together; ``gradient_predivide_factor`` f divides gradients
+    by f before the sum and the sum by ``size() / f`` after.  ``backward_passes_per_step`` k > 1 updates the variables every k-th step with the sum of the k
     rank-averaged gradients, divided by k when ``average_aggregated_gradients`` (Keras' own
     ``gradient_accumulation_steps`` does the accumulating; the allreduce still runs every step).
 
@@ -147,6 +202,10 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     scaler, reducing before its check (every rank skips the same steps); a plain one is refused."""
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    op = resolve_op(op)
+    predivide = _predivide(gradient_predivide_factor, op)
+    _check_grouping(num_groups, groups)
+    check_process_set(process_set)
     import keras
 
     if getattr(type(optimizer), "_tunelab_distributed", False):
@@ -181,7 +240,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
             variables = trainable_variables if trainable_variables is not None else self._trainable_variables
             self._tunelab_signature = variables_signature(variables)
             _load_profile(variables, model_name)
-        grads = _report_step(reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense),
+        grads = _report_step(reduce_gradients(list(grads), "optimizer.gradients", op, compression, sparse_as_dense,
+                                              predivide),
                              lambda: getattr(self, "_tunelab_signature", ""))
         if scale != 1.0:
             grads = [_scaled(g, scale) for g in grads]
@@ -279,6 +339,6 @@ def load_model(filepath: Any, custom_optimizers: Sequence[type] | None = None, c
     if distributed.get("backward_passes_per_step", saved) != saved:
         raise ValueError(f"{filepath}: the saved optimizer accumulates {saved} passes, not "
                          f"backward_passes_per_step={distributed['backward_passes_per_step']}")
-    wrapped = DistributedOptimizer(loaded, compression=compression, **distributed)  # (its state taken)
+    wrapped = keras_distributed_optimizer(loaded, compression=compression, **distributed)  # (its state taken)
     model.optimizer = wrapped
     return model

@@ -17,16 +17,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("tunelab.torch needs PyTorch: pip install 'tunelab[torch]'") from exc
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, Max, Min, Sum
+from ..reduce_ops import Adasum, Average, Max, Min, ProcessSet, Product, Sum, global_process_set
 from ..runtime import (
     barrier,
     cross_rank,
     cross_size,
     gloo_built,
+    gloo_enabled,
     is_initialized,
     local_rank,
     local_size,
     mpi_built,
+    mpi_enabled,
     mpi_threads_supported,
     nccl_built,
     rank,
@@ -73,12 +75,15 @@ def init(comm: Any = None, **settings: object) -> None:
 
 
 __all__ = [
+    "Adasum",
     "Average",
     "Compression",
     "DistributedOptimizer",
     "Handle",
     "Max",
     "Min",
+    "ProcessSet",
+    "Product",
     "Sum",
     "SyncBatchNorm",
     "allgather",
@@ -96,7 +101,9 @@ __all__ = [
     "broadcast_parameters",
     "cross_rank",
     "cross_size",
+    "global_process_set",
     "gloo_built",
+    "gloo_enabled",
     "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",
@@ -108,6 +115,7 @@ __all__ = [
     "local_size",
     "model_signature",
     "mpi_built",
+    "mpi_enabled",
     "mpi_threads_supported",
     "nccl_built",
     "parameters_signature",

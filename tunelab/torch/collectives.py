@@ -111,8 +111,10 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
             broadcast_(p.data if isinstance(p, torch.nn.Parameter) else p, root_rank, name)
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None) -> None:
     """Make every rank's optimizer state (moments, step counts, hyper-parameters) equal to root's.
+    ``model``: Horovod's, which it reads for sparse embeddings to make a state that does not exist yet;
+    here root's state itself travels, whatever it holds, so it is accepted and not needed.
 
     Root's state travels in host memory, and each rank's ``load_state_dict`` puts it where that rank's
     parameters are: a CUDA tensor pickled as it is would be unpickled on the device it had on root

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, Sum, resolve_op
+from ..reduce_ops import Average, Sum, check_process_set, resolve_op
 from ._convert import Compression, engine_view
 from .collectives import allgather
 from .ops import Handle, allreduce_async_, grouped_allreduce_async
@@ -612,9 +612,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          compression: type = Compression.none, backward_passes_per_step: int = 1,
                          op: str = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: int | Sequence[Sequence[torch.nn.Parameter]] | None = None,
-                         sparse_as_dense: bool = False,
+                         sparse_as_dense: bool = False, process_set: Any = None, *,
                          load_profile: bool = True, model_name: str = "") -> Any:
-    """Wrap ``optimizer`` so gradients are allreduced across ranks before each ``step()``.
+    """Wrap ``optimizer`` so gradients are allreduced across ranks before each ``step()``.  Horovod's
+    signature, in its order (``process_set``: the global one only); tunelab's own settings by keyword.
 
     With ``load_profile`` (collective), the best knobs stored by ``tunelab tune`` for this hardware,
     model (its parameters' shapes) and world size are applied, logged in one line on rank 0;
@@ -636,6 +637,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         wrapped.step = _scheduler_tracked_step(wrapped, optimizer)
     if num_groups and groups is not None:
         raise ValueError("pass either num_groups or groups, not both")
+    check_process_set(process_set)
     wrapped._tl_setup(named_parameters, compression, backward_passes_per_step, op,
                       num_groups or groups, gradient_predivide_factor, sparse_as_dense)
     if load_profile:
