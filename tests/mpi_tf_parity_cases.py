@@ -493,6 +493,16 @@ def horovod_order(r: int, n: int) -> dict:
     out["reducescatter"] = tl.reducescatter(tf.ones([n]), "", name="rs.order").numpy().tolist()
     out["adasum_tape"] = _err(lambda: tl.DistributedGradientTape(tf.GradientTape(), op=tl.Adasum))
     out["adasum_keras"] = _err(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hvd.Adasum))
+    # a worker-local variable (Horovod's local_variables) is left out of the broadcast: each rank keeps its own
+    keras.utils.set_random_seed(300 + r)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(3)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0), load_profile=False), loss="mse",
+                  jit_compile=False)
+    local = model.layers[0].kernel
+    model.fit(np.ones((PER_RANK, 6), np.float32), np.zeros((PER_RANK, 3), np.float32), batch_size=PER_RANK, epochs=1,
+              verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[local])])
+    seen = hvd.allgather_object([float(np.asarray(local).sum()), float(np.asarray(model.layers[1].kernel).sum())])
+    out["local_kept"] = len({a for a, _ in seen}) == n and len({b for _, b in seen}) == 1
     return out
 
 

@@ -36,6 +36,7 @@ HOROVOD = {  # name -> Horovod's parameters, in order
     "tf.reducescatter": ["tensor", "device_dense", "compression", "op", "name", "process_set", "ignore_name_scope"],
     "keras.allreduce": ["value", "name", "average", "prescale_factor", "postscale_factor", "op", "compression"],
     "keras.reducescatter": ["value", "name", "op"],
+    "tf.BroadcastGlobalVariablesCallback": ["root_rank", "device", "local_variables"],
 }
 
 

@@ -20,17 +20,29 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     ``tf.distribute`` strategy Keras builds a model that has no ``Input`` (a subclassed model, a
     ``Sequential`` of layers alone), and its optimizer, only while it traces the first step: at the
     start there is nothing to send, and each rank would train its own random initial weights (Horovod
-    broadcasts after the first batch for this reason)."""
+    broadcasts after the first batch for this reason).
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    ``local_variables`` (a variable or a list), or :meth:`register_local_var`: the model's variables
+    each rank keeps as its own (Horovod's worker-local variables), left out of the broadcast."""
+
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self._sent: set[int] | None = None
+        self._local: dict[int, Any] = {}  # by id (a Keras 3 variable has no ref(); the dict keeps it alive)
+        if local_variables is not None:
+            for var in local_variables if isinstance(local_variables, (list, tuple)) else [local_variables]:
+                self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast: each rank keeps its own."""
+        self._local[id(var)] = var
 
     def _parts(self) -> tuple[list[Any], list[Any] | None]:
         opt = getattr(self.model, "optimizer", None)
         built = opt is not None and getattr(opt, "built", False)
-        return list(self.model.weights), list(opt.variables) if built else None
+        weights = [w for w in self.model.weights if id(w) not in self._local] if self._local else list(self.model.weights)
+        return weights, list(opt.variables) if built else None
 
     def on_train_begin(self, logs: Any = None) -> None:
         # what every rank has built: a rank that resumed from a file (``load_model``, root alone in
