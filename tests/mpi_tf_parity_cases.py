@@ -491,6 +491,10 @@ def horovod_order(r: int, n: int) -> dict:
     out["keras_order"] = float(np.abs(w.numpy() + mean).max())
     out["keras_allreduce"] = float(hvd.allreduce(float(r + 1), "k.sum", None, 1.0, 1.0, hvd.Sum))
     out["reducescatter"] = tl.reducescatter(tf.ones([n]), "", name="rs.order").numpy().tolist()
+    out["reducescatter_scaled"] = tl.reducescatter(tf.ones([n]), op=tl.Sum, name="rs.scaled", prescale_factor=2.0,
+                                                   postscale_factor=3.0).numpy().tolist()
+    out["grouped_reducescatter"] = [t.numpy().tolist() for t in tl.grouped_reducescatter(
+        [tf.ones([n])], "", tl.Compression.none, tl.Sum, name="grs.order")]
     out["adasum_tape"] = _err(lambda: tl.DistributedGradientTape(tf.GradientTape(), op=tl.Adasum))
     out["adasum_keras"] = _err(lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hvd.Adasum))
     # a worker-local variable (Horovod's local_variables) is left out of the broadcast: each rank keeps its own

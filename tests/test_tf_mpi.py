@@ -193,6 +193,7 @@ def test_horovod_parity(n):
         order = res["horovod_order"]
         assert order["predivide_tape"] < 1e-5 and order["keras_order"] < 1e-5, order
         assert order["keras_allreduce"] == n * (n + 1) / 2 and order["reducescatter"] == [1.0], order
+        assert order["reducescatter_scaled"] == [6.0 * n] and order["grouped_reducescatter"] == [[float(n)]], order
         assert order["local_kept"], order
         for key in ("adasum_tape", "adasum_keras"):
             assert order[key].startswith("ValueError: op=Adasum (adaptive summation) is not supported by tunelab"), order

@@ -30,8 +30,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self._sent: set[int] | None = None
         self._local: dict[int, Any] = {}  # by id (a Keras 3 variable has no ref(); the dict keeps it alive)
-        if local_variables is not None:
-            for var in local_variables if isinstance(local_variables, (list, tuple)) else [local_variables]:
+        if local_variables is not None:  # (one variable, or any collection of them)
+            one = hasattr(local_variables, "shape") and hasattr(local_variables, "dtype")
+            for var in [local_variables] if one else local_variables:
                 self.register_local_var(var)
 
     def register_local_var(self, var: Any) -> None:

@@ -407,14 +407,23 @@ def _my_rows(total: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 @tf.autograph.experimental.do_not_convert
-def grouped_reducescatter(tensors: Sequence[Any], op: str | None = Average, name: str | None = None,
-                          compression: type = Compression.none) -> list[tf.Tensor]:
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compression: type = Compression.none,
+                          op: str | None = Average, process_set: Any = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0, *, name: str | None = None) -> list[tf.Tensor]:
     """Reduce each tensor over all ranks (Sum or Average) and keep this rank's rows of dim 0, split as
     Horovod does; one grouped request.  Differentiable (floating dtypes): the gradient of a rank's rows
-    is every rank's incoming gradient gathered back in rank order (divided by ``size()`` for Average)."""
+    is every rank's incoming gradient gathered back in rank order (divided by ``size()`` for Average).
+    Horovod's signature in its order (``device_dense``: accepted and unused; ``process_set``: the global
+    one only; each tensor times ``prescale_factor`` before, its rows times ``postscale_factor`` after);
+    ``name`` by keyword."""
+    check_process_set(process_set)
     how = resolve_op(op)
     if how not in ("sum", "average"):
         raise ValueError(f"reducescatter supports Sum and Average, got {how!r}")
+    pre, post = scale_factors(prescale_factor, postscale_factor)
+    if pre != 1.0 or post != 1.0:  # (the factors around the reduction: TF differentiates them itself)
+        return [_scale(r, post) for r in grouped_reducescatter([_scale(tf.convert_to_tensor(t), pre) for t in tensors],
+                                                               compression=compression, op=how, name=name)]
     dense = [tf.convert_to_tensor(t) for t in tensors]
     if any(t.shape.rank == 0 for t in dense):
         raise ValueError("reducescatter needs tensors with at least one dimension")
@@ -453,12 +462,14 @@ def grouped_reducescatter(tensors: Sequence[Any], op: str | None = Average, name
 
 @tf.autograph.experimental.do_not_convert
 def reducescatter(tensor: Any, device_dense: str = "", compression: type = Compression.none, op: str | None = Average,
-                  name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> tf.Tensor:
+                  name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """:func:`grouped_reducescatter` of one tensor.  Horovod's signature in its order (``device_dense``,
     ``ignore_name_scope``: accepted and unused; a second positional argument is not the op;
     ``process_set``: the global one only)."""
-    check_process_set(process_set)
-    return grouped_reducescatter([tensor], op, name or auto_name("tf.reducescatter"), compression)[0]
+    return grouped_reducescatter([tensor], compression=compression, op=op, process_set=process_set,
+                                 prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                 name=name or auto_name("tf.reducescatter"))[0]
 
 
 def _broadcast(t: tf.Tensor, root_rank: int, what: str) -> tf.Tensor:
@@ -528,8 +539,11 @@ def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
     # each gradient named by its place in the whole list: a gradient that is None on some ranks only (a
     # branch taken on one rank) leaves a gap there, rather than shifting every later name onto another
     # gradient (which reduced one rank's c with another's b, silently)
-    reduced = grouped_allreduce([grads[i] for i in dense], name=name, op=op, compression=compression,
-                                grouped=False, prescale_factor=1.0 / predivide, postscale_factor=predivide,
+    # (with a predivide factor f, as Horovod: a sum of g / f, times f / size after; an average of g / f
+    # would divide float16 addends by size too, before the sum, and lose the small ones)
+    how, post = (op, 1.0) if predivide == 1.0 else (Sum, predivide / _rt.current().topology.size)
+    reduced = grouped_allreduce([grads[i] for i in dense], name=name, op=how, compression=compression,
+                                grouped=False, prescale_factor=1.0 / predivide, postscale_factor=post,
                                 positions=dense)
     for i, r in zip(dense, reduced):
         out[i] = r

@@ -99,6 +99,8 @@ class DistributedGradientTape:
         self._profile_pending, self._model_name = load_profile, model_name
 
     def __getattr__(self, item: str) -> Any:
+        if item == "_tape":  # (not set yet: copy.copy, unpickling)
+            raise AttributeError(item)
         return getattr(self._tape, item)
 
     def __enter__(self) -> Self:
