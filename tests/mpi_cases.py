@@ -673,9 +673,11 @@ def case_ring_stall(comm: MPI.Comm, timeout_s: float = 3.0, doubling: bool = Fal
 
 def case_skipped_collectives(comm: MPI.Comm) -> dict:
     """The last rank skips a collective of the runtime (a broadcast, an allgather, a barrier) and goes
-    on to shut down, or shuts down while the others are in join(): the others get a timeout naming the
-    call (not a hang), every rank's join or shutdown still finishes, and the job ends cleanly."""
+    on to shut down, or shuts down while the others are in join(): the others are told it left, naming
+    the call (not a hang, and not the timeout they waited out before), every rank's join or shutdown
+    still finishes, and the job ends cleanly."""
     from tunelab import runtime
+    from tunelab.errors import RankExitedError
 
     out: dict = {}
     for kind in ("broadcast", "allgather", "barrier", "join"):
@@ -692,8 +694,8 @@ def case_skipped_collectives(comm: MPI.Comm) -> dict:
                     rt.barrier()
                 else:
                     rt.coordinator.join()
-            except CollectiveTimeoutError as exc:
-                message = str(exc)
+            except (CollectiveTimeoutError, RankExitedError) as exc:
+                message = f"{type(exc).__name__}: {exc}"
         runtime.shutdown()
         out[kind] = {"message": message, "elapsed_s": time.monotonic() - t0}
     return out

@@ -110,13 +110,14 @@ def test_one_ranks_invalid_arguments_fail_that_call_everywhere_and_leave_the_nex
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_rank_that_skips_a_runtime_collective_gives_a_timeout_and_shutdown_still_ends(n):
+def test_a_rank_that_skips_a_runtime_collective_and_shuts_down_is_seen_leaving_and_shutdown_still_ends(n):
     results = run_ok("skipped_collectives", n, limit_s=120)
     names = {"broadcast": "broadcast weights", "allgather": "allgather_object", "barrier": "barrier"}
-    for res in results[:-1]:
-        for kind, what in names.items():
-            assert f"did not reach {what} within 3 s" in res[kind]["message"], (kind, res[kind])
-            assert res[kind]["elapsed_s"] < 15, (kind, res[kind])
+    for rank, res in enumerate(results[:-1]):
+        for kind, what in names.items():  # (within the 1 s grace once the coordinator saw it leave; the 3 s timeout before)
+            said = f"RankExitedError: rank {rank}: rank {n - 1} shut down (a script that ended or raised) while this rank "
+            assert res[kind]["message"] == said + f"waited for it in {what}", (kind, res[kind])
+            assert res[kind]["elapsed_s"] < 2.9, (kind, res[kind])
         # a rank shutting down counts as joined: the others' join returns, and every shutdown finishes
         assert res["join"]["message"] == "" and res["join"]["elapsed_s"] < 10, res["join"]
     assert all(v["message"] == "" for v in results[-1].values())
