@@ -39,6 +39,17 @@ def check_process_set(process_set: object) -> None:
                          "global_process_set, Horovod's default, is supported)")
 
 
+def predivide_factor(factor: float, op: str) -> float:
+    """Horovod's ``gradient_predivide_factor`` f, checked (both adapters): gradients are divided by f
+    before the sum, and the sum by ``size() / f`` after (an average all the same, of smaller addends:
+    half precision's range).  ValueError unless a number > 0, and other than 1 only with Average."""
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
+    if factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor needs op=Average")
+    return float(factor)
+
+
 def check_op(op: str) -> str:
     """``op`` where tunelab reduces with it; ValueError naming Horovod's Adasum or Product otherwise."""
     if op in _UNSUPPORTED:

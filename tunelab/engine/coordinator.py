@@ -671,7 +671,7 @@ class Coordinator:
 
     def _report_stall(self, pending: list[_Request], now: float, warn_s: float | None = None) -> None:
         """StallError naming what some ranks submitted and others did not; with ``warn_s``, rank 0 says
-        it in one line instead (each request is warned of once) and the wait goes on."""
+        it in one line instead (once a stall: until something is reduced again) and the wait goes on."""
         everyone = self._allgather(sorted(r.name for r in pending), "the stall report")
         # by the ranks that submitted them: one line names the first tensor of each such set (those that
         # fewest ranks submitted first), so that a model one rank holds more of than the others shows

@@ -246,6 +246,8 @@ def _watchdog() -> None:
     """Every quarter of a second: a blocking transfer past its deadline means a peer died, stalled
     or skipped the call, and MPI gives no way to stop waiting for it; say so in one line and end the
     job (MPI_Abort), rather than wait for ever."""
+    from mpi4py import MPI  # (imported already: a ring exists)
+
     while True:
         time.sleep(0.25)
         now = time.monotonic()
@@ -253,13 +255,9 @@ def _watchdog() -> None:
             late = [r for r in _WATCHED if r.deadline < now]
             slow = [r for r in _WATCHED if r.warn_at < now]
         for ring in slow:
-            from mpi4py import MPI
-
             ring.warn_at = math.inf
             say_still_waiting(f"rank {MPI.COMM_WORLD.rank}: ", f"its neighbour to send in {ring.what} between nodes", ring.timeout_s)
         if late:
-            from mpi4py import MPI
-
             ring = late[0]
             line = (f"tunelab: error: rank {MPI.COMM_WORLD.rank}: nothing came within {ring.timeout_s:g} s in "
                     f"{ring.what} between nodes (a rank died, stalled, or skipped the call); ending the job")

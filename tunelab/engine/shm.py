@@ -174,13 +174,13 @@ class NodeBarrier:
                 now = time.monotonic()
                 if deadline is None:
                     deadline, warn_at = now + self.timeout_s, warning_deadline(now, self.timeout_s)
-                if now > deadline:
+                if now > deadline or now > warn_at:
                     name = what() if callable(what) else what
-                    raise CollectiveTimeoutError(
-                        f"rank {self.local.rank} of its node: peers did not reach {name} within "
-                        f"{self.timeout_s:g} s (a rank died, stalled, or skipped the call)")
-                if now > warn_at:
-                    say_still_waiting(f"rank {self.local.rank} of its node: ", f"the node's other ranks to reach {what() if callable(what) else what}",
+                    if now > deadline:
+                        raise CollectiveTimeoutError(
+                            f"rank {self.local.rank} of its node: peers did not reach {name} within "
+                            f"{self.timeout_s:g} s (a rank died, stalled, or skipped the call)")
+                    say_still_waiting(f"rank {self.local.rank} of its node: ", f"the node's other ranks to reach {name}",
                                       self.timeout_s)
                     warn_at = math.inf
                 if spins > 200_000:

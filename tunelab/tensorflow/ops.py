@@ -527,8 +527,8 @@ def allreduce_indexed_slices(grad: tf.IndexedSlices, name: str, op: str) -> tf.I
 def reduce_gradients(grads: list[Any], name: str, op: str, compression: type,
                      sparse_as_dense: bool, predivide: float = 1.0) -> list[Any]:
     """Allreduce a list of gradients (None kept): dense ones in one request, IndexedSlices by allgather
-    unless ``sparse_as_dense``; dense ones divided by ``predivide`` before the reduction and multiplied
-    by it after (Horovod's ``gradient_predivide_factor``: an average of smaller addends).  One rank in all: each gradient is its own allreduce (a sum or an
+    unless ``sparse_as_dense``; with ``predivide`` f (Horovod's ``gradient_predivide_factor``), dense
+    ones divided by f and summed, the sum times f / size.  One rank in all: each gradient is its own allreduce (a sum or an
     average over one rank), so it is returned as it is (dense where asked) without a request."""
     if _rt.current().topology.size == 1:
         return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g

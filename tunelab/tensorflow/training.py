@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # (typing's from Python 3.11; tunelab runs on 3.10)
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, check_process_set, resolve_op
+from ..reduce_ops import Average, check_process_set, predivide_factor, resolve_op
 from .ops import Compression, py_function, reduce_gradients
 
 
@@ -95,7 +95,7 @@ class DistributedGradientTape:
         op = resolve_op(op)  # (here: Horovod's Adasum is refused when the tape is made, not at its first step)
         self._tape, self._compression, self._op = gradtape, compression, op
         self._sparse_as_dense = sparse_as_dense
-        self._predivide = _predivide(gradient_predivide_factor, op)
+        self._predivide = predivide_factor(gradient_predivide_factor, op)
         self._profile_pending, self._model_name = load_profile, model_name
 
     def __getattr__(self, item: str) -> Any:
@@ -125,19 +125,6 @@ class DistributedGradientTape:
         flat = reduce_gradients(tf.nest.flatten(grads, expand_composites=False), "tape.gradients", self._op,
                                 self._compression, self._sparse_as_dense, self._predivide)
         return tf.nest.pack_sequence_as(grads, _report_step(flat, lambda: variables_signature(tf.nest.flatten(sources))))
-
-
-def _predivide(factor: float, op: str) -> float:
-    """Horovod's ``gradient_predivide_factor`` f, checked: gradients divided by f before the sum, and the
-    sum by ``size() / f`` after (an average all the same, with smaller addends: half precision's range)."""
-    import math
-    import numbers
-
-    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not math.isfinite(factor) or factor <= 0:
-        raise ValueError(f"gradient_predivide_factor must be a number > 0, got {factor!r}")
-    if factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor needs op=Average")
-    return float(factor)
 
 
 def _check_grouping(num_groups: int, groups: Any) -> None:
@@ -205,7 +192,7 @@ def keras_distributed_optimizer(optimizer: Any, name: str | None = None, device_
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     op = resolve_op(op)
-    predivide = _predivide(gradient_predivide_factor, op)
+    predivide = predivide_factor(gradient_predivide_factor, op)
     _check_grouping(num_groups, groups)
     check_process_set(process_set)
     import keras

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .. import runtime as _rt
-from ..reduce_ops import Average, Sum, check_process_set, resolve_op
+from ..reduce_ops import Average, Sum, check_process_set, predivide_factor, resolve_op
 from ._convert import Compression, engine_view
 from .collectives import allgather
 from .ops import Handle, allreduce_async_, grouped_allreduce_async
@@ -43,11 +43,8 @@ class _DistributedMixin:
         op = resolve_op(op)  # (None: Average, as everywhere)
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        if predivide != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor needs op=Average")
-        if predivide <= 0:
-            raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
-        self._tl_predivide, self._tl_sparse_as_dense, self._tl_skip = float(predivide), sparse_as_dense, False
+        self._tl_predivide = predivide_factor(predivide, op)
+        self._tl_sparse_as_dense, self._tl_skip = sparse_as_dense, False
         self._tl_sparse: list[torch.nn.Parameter] = []
         params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._tl_given_names = _given_names(named_parameters)
